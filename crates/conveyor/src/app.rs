@@ -1,0 +1,302 @@
+//! The app: owns mounts and shared state, starts subscriptions, shuts down gracefully.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::dispatch::{Run, Shutdown};
+use crate::error::Error;
+use crate::extract::Context;
+use crate::handler::{Endpoint, Handler};
+use crate::mount::{Dispatch, MountOptions};
+use crate::state::StateMap;
+use crate::transport::{Source, SubscribeSettings};
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+type MountTask = BoxFuture<Result<(), Error>>;
+type Start = Box<dyn FnOnce(Run) -> BoxFuture<Result<MountTask, Error>> + Send>;
+type Check = Box<dyn Fn(&Context) -> Result<(), Error> + Send>;
+
+/// The default time in-flight handlers get to finish at shutdown.
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A service: handlers mounted on queues, and the state they share.
+///
+/// `run` starts every subscription (failing at once if one cannot start), runs until
+/// SIGINT or SIGTERM, then shuts down gracefully: it stops receiving, gives in-flight
+/// handlers up to the shutdown timeout to finish and settles them, and releases at once
+/// every delivery that was received but not started.
+///
+/// ```
+/// use conveyor::{App, Json, MemoryBroker, Publisher};
+///
+/// async fn greet(Json(name): Json<String>) {
+///     println!("hello, {name}");
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), conveyor::Error> {
+/// let broker = MemoryBroker::new();
+/// broker.publish_json("greetings", "world").await?;
+/// let idle = broker.clone();
+/// App::new("greeter")
+///     .mount(broker.queue("greetings"), greet, |m| m)
+///     .run_until(async move { idle.wait_idle().await })
+///     .await
+/// # }
+/// ```
+pub struct App {
+    name: String,
+    state: StateMap,
+    mounts: Vec<Mount>,
+    shutdown_timeout: Duration,
+}
+
+struct Mount {
+    queue: String,
+    options: MountOptions,
+    batch_handler: bool,
+    check: Check,
+    start: Start,
+}
+
+impl App {
+    /// An app with no mounts; `name` appears in its logs.
+    pub fn new(name: impl Into<String>) -> Self {
+        App {
+            name: name.into(),
+            state: StateMap::default(),
+            mounts: Vec::new(),
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+        }
+    }
+
+    /// Adds a shared value that handlers extract with [`State<T>`](crate::State). One
+    /// value per type; a second of the same type replaces the first.
+    pub fn with_state<T: Clone + Send + Sync + 'static>(mut self, value: T) -> Self {
+        self.state.insert(value);
+        self
+    }
+
+    /// How long in-flight handlers get to finish at shutdown (default 30 s). Handlers
+    /// still running then are cancelled and their deliveries released to the broker.
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// Mounts `handler` on `source`, with the settings `configure` makes from the
+    /// defaults (sequential dispatch, the default failure policy).
+    ///
+    /// ```
+    /// # use conveyor::{App, Json, MemoryBroker};
+    /// # async fn handle(Json(n): Json<u64>) {}
+    /// let broker = MemoryBroker::new();
+    /// let app = App::new("orders")
+    ///     .mount(broker.queue("orders.fifo"), handle, |m| m.workers(4).by_key());
+    /// ```
+    pub fn mount<S, H, Args>(
+        mut self,
+        source: S,
+        handler: H,
+        configure: impl FnOnce(MountOptions) -> MountOptions,
+    ) -> Self
+    where
+        S: Source,
+        H: Handler<Args>,
+    {
+        let options = configure(MountOptions::default());
+        let endpoint = Arc::new(handler.into_endpoint());
+        let checked = endpoint.clone();
+        let mut settings = SubscribeSettings::new(options.max_in_flight());
+        settings.batch_size = options.batch_size();
+        settings.prefetch = options.prefetch_window();
+        settings.concurrent = options.dispatch() != Dispatch::Sequential;
+        self.mounts.push(Mount {
+            queue: source.queue_name().to_string(),
+            batch_handler: <H::Endpoint as Endpoint>::BATCH,
+            options,
+            check: Box::new(move |cx| checked.check(cx)),
+            start: Box::new(move |run| {
+                Box::pin(async move {
+                    let subscriber = source.subscribe(settings).await?;
+                    let task: MountTask = Box::pin(endpoint.drive(subscriber, run));
+                    Ok(task)
+                })
+            }),
+        });
+        self
+    }
+
+    /// Runs until SIGINT or SIGTERM, then shuts down gracefully.
+    pub async fn run(self) -> Result<(), Error> {
+        self.run_until(shutdown_signal()).await
+    }
+
+    /// Runs until `signal` completes, then shuts down gracefully. Returns early with the
+    /// error if a subscription cannot start or ends by itself.
+    pub async fn run_until(self, signal: impl Future<Output = ()> + Send) -> Result<(), Error> {
+        let mut running = self.start().await?;
+        let early = tokio::select! {
+            () = signal => None,
+            ended = running.mounts.join_next() => ended,
+        };
+        let result = match early {
+            Some(Ok(Err(error))) => Err(error),
+            Some(Err(join_error)) => {
+                Err(Error::config(format!("a mount task failed: {join_error}")))
+            }
+            Some(Ok(Ok(()))) | None => Ok(()),
+        };
+        if let Err(error) = &result {
+            tracing::error!(app = running.name, %error, "shutting down after a mount failed");
+        }
+        let shut = running.shutdown().await;
+        result.and(shut)
+    }
+
+    /// Checks every mount, starts every subscription, and returns the running app. A
+    /// mount that cannot work (bad settings, missing state) or a subscription that cannot
+    /// start fails here with a clear error, and nothing is left running.
+    pub async fn start(self) -> Result<RunningApp, Error> {
+        let state = Arc::new(self.state);
+        let (stop, shutdown) = Shutdown::new();
+        let mut starts = Vec::with_capacity(self.mounts.len());
+        for mount in self.mounts {
+            let cx = Context::new(mount.queue.as_str().into(), state.clone());
+            validate(&mount.queue, &mount.options, mount.batch_handler)?;
+            (mount.check)(&cx)?;
+            starts.push((mount.start, cx, mount.options));
+        }
+        let mut tasks = Vec::with_capacity(starts.len());
+        for (start, cx, options) in starts {
+            let run = Run {
+                cx,
+                options,
+                shutdown: shutdown.clone(),
+            };
+            tasks.push(start(run).await?);
+        }
+        let mut mounts = JoinSet::new();
+        for task in tasks {
+            mounts.spawn(task);
+        }
+        tracing::info!(app = self.name, mounts = mounts.len(), "started");
+        Ok(RunningApp {
+            name: self.name,
+            stop,
+            mounts,
+            shutdown_timeout: self.shutdown_timeout,
+        })
+    }
+}
+
+impl fmt::Debug for App {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("App")
+            .field("name", &self.name)
+            .field("state", &self.state)
+            .field(
+                "mounts",
+                &self.mounts.iter().map(|m| &m.queue).collect::<Vec<_>>(),
+            )
+            .field("shutdown_timeout", &self.shutdown_timeout)
+            .finish()
+    }
+}
+
+fn validate(queue: &str, options: &MountOptions, batch_handler: bool) -> Result<(), Error> {
+    let bad = |what: String| Err(Error::config(format!("mount on `{queue}`: {what}")));
+    match options.dispatch() {
+        Dispatch::Workers(0) | Dispatch::Lanes(0) => {
+            return bad("workers(0) can run nothing; use at least 1".into());
+        }
+        Dispatch::Workers(_) | Dispatch::Lanes(_) if batch_handler => {
+            return bad("a batch handler runs one batch at a time; drop workers(..)".into());
+        }
+        _ => {}
+    }
+    match options.batch_size() {
+        Some(_) if !batch_handler => {
+            bad("batch(..) needs a batch handler, whose first argument is `Batch<P>`".into())
+        }
+        Some(0) => bad("batch(0) can hold nothing; use at least 1".into()),
+        _ => Ok(()),
+    }
+}
+
+/// A started app. Shut it down with [`shutdown`](Self::shutdown); dropping it cancels
+/// every mount at once, releasing their deliveries to the broker.
+pub struct RunningApp {
+    name: String,
+    stop: watch::Sender<bool>,
+    mounts: JoinSet<Result<(), Error>>,
+    shutdown_timeout: Duration,
+}
+
+impl RunningApp {
+    /// Stops receiving, lets in-flight handlers finish within the shutdown timeout and
+    /// settles them, releases received-but-unstarted deliveries, then returns. Handlers
+    /// still running at the timeout are cancelled and their deliveries released.
+    pub async fn shutdown(mut self) -> Result<(), Error> {
+        tracing::info!(app = self.name, "shutting down");
+        let _ = self.stop.send(true);
+        let mut first_error = None;
+        let drained = tokio::time::timeout(self.shutdown_timeout, async {
+            while let Some(joined) = self.mounts.join_next().await {
+                if let Ok(Err(error)) = joined {
+                    first_error.get_or_insert(error);
+                }
+            }
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                app = self.name,
+                timeout = ?self.shutdown_timeout,
+                "handlers still running at the shutdown timeout were cancelled; their messages go back to the broker"
+            );
+            self.mounts.shutdown().await;
+        }
+        tracing::info!(app = self.name, "stopped");
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+impl fmt::Debug for RunningApp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunningApp")
+            .field("name", &self.name)
+            .field("mounts", &self.mounts.len())
+            .finish()
+    }
+}
+
+/// Resolves on SIGINT (Ctrl-C) or, on Unix, SIGTERM.
+pub async fn shutdown_signal() {
+    let interrupt = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
+}

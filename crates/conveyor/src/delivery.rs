@@ -1,0 +1,211 @@
+//! One received message and how it is settled.
+
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::headers::Headers;
+use crate::message::PartitionKey;
+use crate::outcome::Settlement;
+
+/// Settles deliveries on behalf of a transport.
+///
+/// A transport implements this once per subscription (or queue) and shares it through an
+/// `Arc` among its deliveries, each of which carries a `tag` that identifies it to the
+/// transport; so making a delivery allocates nothing for settlement.
+///
+/// `settle` is called exactly once per delivery and must not block: a transport that needs
+/// I/O queues the work (an AMQP ack, an SQS `DeleteMessageBatch`) and flushes it itself,
+/// at the latest when its subscriber is closed.
+pub trait Settle: Send + Sync + 'static {
+    /// Settles the delivery identified by `tag`.
+    fn settle(&self, tag: u64, settlement: Settlement<'_>);
+}
+
+/// One received message: payload, headers, partition key, receive count, and the duty to
+/// be settled exactly once.
+///
+/// The dispatcher settles a delivery after its handler has finished, never before. A
+/// delivery dropped unsettled (a cancelled handler, a shutdown) is released back to its
+/// queue, so nothing is lost.
+pub struct Delivery {
+    payload: Bytes,
+    headers: Headers,
+    partition_key: Option<PartitionKey>,
+    receive_count: Option<u32>,
+    redelivered: bool,
+    queue: Arc<str>,
+    lane: Option<usize>,
+    settler: Option<(Arc<dyn Settle>, u64)>,
+}
+
+impl Delivery {
+    /// A delivery of `payload` from `queue`, settled by `settler` under `tag`.
+    ///
+    /// For transports. The builder methods add what the broker says about the message.
+    pub fn new(payload: Bytes, queue: Arc<str>, settler: Arc<dyn Settle>, tag: u64) -> Self {
+        Delivery {
+            payload,
+            headers: Headers::new(),
+            partition_key: None,
+            receive_count: None,
+            redelivered: false,
+            queue,
+            lane: None,
+            settler: Some((settler, tag)),
+        }
+    }
+
+    /// Sets the headers.
+    pub fn with_headers(mut self, headers: Headers) -> Self {
+        self.headers = headers;
+        self
+    }
+
+    /// Sets the partition key.
+    pub fn with_partition_key(mut self, key: Option<PartitionKey>) -> Self {
+        self.partition_key = key;
+        self
+    }
+
+    /// Sets how many times the broker has handed this message out, this time included
+    /// (1 on first delivery). Also marks the delivery redelivered when above 1.
+    pub fn with_receive_count(mut self, count: u32) -> Self {
+        self.receive_count = Some(count);
+        self.redelivered |= count > 1;
+        self
+    }
+
+    /// Marks the delivery as redelivered, for brokers that only keep a flag.
+    pub fn with_redelivered(mut self, redelivered: bool) -> Self {
+        self.redelivered = redelivered;
+        self
+    }
+
+    /// The payload bytes.
+    pub fn payload(&self) -> &Bytes {
+        &self.payload
+    }
+
+    /// The headers.
+    pub fn headers(&self) -> &Headers {
+        &self.headers
+    }
+
+    /// The partition key, if the message has one.
+    pub fn partition_key(&self) -> Option<&PartitionKey> {
+        self.partition_key.as_ref()
+    }
+
+    /// How many times the broker has handed this message out, this one included, where
+    /// the broker keeps count.
+    pub fn receive_count(&self) -> Option<u32> {
+        self.receive_count
+    }
+
+    /// Whether the broker handed this message out before.
+    pub fn redelivered(&self) -> bool {
+        self.redelivered
+    }
+
+    /// Which attempt this is, counting from 1: the receive count where the broker keeps
+    /// one, otherwise 2 for a redelivery and 1 for a first delivery.
+    pub fn attempt(&self) -> u32 {
+        self.receive_count
+            .unwrap_or(if self.redelivered { 2 } else { 1 })
+    }
+
+    /// The queue the delivery came from.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    /// The queue name, shared.
+    pub fn queue_name(&self) -> &Arc<str> {
+        &self.queue
+    }
+
+    /// The lane that runs this delivery, under `workers(n).by_key()` dispatch.
+    pub fn lane(&self) -> Option<usize> {
+        self.lane
+    }
+
+    pub(crate) fn set_lane(&mut self, lane: usize) {
+        self.lane = Some(lane);
+    }
+
+    /// Settles the delivery. Called by the dispatcher once its handler has finished.
+    pub fn settle(mut self, settlement: Settlement<'_>) {
+        if let Some((settler, tag)) = self.settler.take() {
+            settler.settle(tag, settlement);
+        }
+    }
+}
+
+impl Drop for Delivery {
+    fn drop(&mut self) {
+        if let Some((settler, tag)) = self.settler.take() {
+            settler.settle(tag, Settlement::Release);
+        }
+    }
+}
+
+impl fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Delivery")
+            .field("queue", &self.queue)
+            .field("partition_key", &self.partition_key)
+            .field("receive_count", &self.receive_count)
+            .field("redelivered", &self.redelivered)
+            .field("headers", &self.headers)
+            .field("payload_len", &self.payload.len())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<(u64, String)>>);
+
+    impl Settle for Recorder {
+        fn settle(&self, tag: u64, settlement: Settlement<'_>) {
+            if let Ok(mut seen) = self.0.lock() {
+                seen.push((tag, format!("{settlement:?}")));
+            }
+        }
+    }
+
+    fn delivery(recorder: &Arc<Recorder>, tag: u64) -> Delivery {
+        Delivery::new(Bytes::from_static(b"x"), "q".into(), recorder.clone(), tag)
+    }
+
+    #[test]
+    fn settles_exactly_once() {
+        let recorder = Arc::new(Recorder::default());
+        delivery(&recorder, 7).settle(Settlement::Ack);
+        assert_eq!(*recorder.0.lock().unwrap(), vec![(7, "Ack".to_string())]);
+    }
+
+    #[test]
+    fn dropped_unsettled_is_released() {
+        let recorder = Arc::new(Recorder::default());
+        drop(delivery(&recorder, 3));
+        assert_eq!(
+            *recorder.0.lock().unwrap(),
+            vec![(3, "Release".to_string())]
+        );
+    }
+
+    #[test]
+    fn attempt_counts_from_one() {
+        let recorder = Arc::new(Recorder::default());
+        assert_eq!(delivery(&recorder, 1).attempt(), 1);
+        assert_eq!(delivery(&recorder, 2).with_redelivered(true).attempt(), 2);
+        assert_eq!(delivery(&recorder, 3).with_receive_count(5).attempt(), 5);
+    }
+}

@@ -1,0 +1,110 @@
+//! Batch dispatch: one batch at a time, of what the subscriber already has.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use futures_util::FutureExt;
+
+use super::settle::{Failure, REJECTED_BY_HANDLER, settle_failed};
+use super::{Run, error_chain, finish};
+use crate::batch::{Batch, BatchOutcome, IntoBatchOutcome};
+use crate::delivery::Delivery;
+use crate::error::Error;
+use crate::handler::CallBatch;
+use crate::mount::DEFAULT_BATCH_SIZE;
+use crate::outcome::Settlement;
+use crate::payload::FromPayload;
+use crate::transport::Subscriber;
+
+pub(super) async fn drive<H: CallBatch, S: Subscriber>(
+    handler: Arc<H>,
+    mut subscriber: S,
+    mut run: Run,
+) -> Result<(), Error> {
+    let size = run.options.batch_size().unwrap_or(DEFAULT_BATCH_SIZE);
+    let mut gathered = Vec::with_capacity(size);
+    let ended = loop {
+        let received = tokio::select! {
+            biased;
+            // Deliveries gathered so far are released when `gathered` is dropped below.
+            () = run.shutdown.requested() => break false,
+            received = subscriber.recv_batch(size, &mut gathered) => received,
+        };
+        match received {
+            None => break true,
+            Some(Ok(())) => handle_batch(&*handler, &mut gathered, &run).await,
+            Some(Err(error)) => {
+                tracing::warn!(queue = run.cx.queue(), error = %error_chain(&error), "receive failed");
+                tokio::select! {
+                    biased;
+                    () = run.shutdown.requested() => break false,
+                    () = tokio::time::sleep(std::time::Duration::from_millis(500)) => {}
+                }
+            }
+        }
+    };
+    drop(gathered);
+    finish(subscriber, &run, ended).await
+}
+
+/// Decodes each delivery (rejecting those that fail on their own), runs the handler once
+/// on the rest, and settles each by its outcome.
+async fn handle_batch<H: CallBatch>(handler: &H, gathered: &mut Vec<Delivery>, run: &Run) {
+    let mut payloads = Vec::with_capacity(gathered.len());
+    let mut keys = Vec::with_capacity(gathered.len());
+    let mut deliveries = Vec::with_capacity(gathered.len());
+    for delivery in gathered.drain(..) {
+        match H::Payload::from_payload(delivery.payload()) {
+            Ok(payload) => {
+                payloads.push(payload);
+                keys.push(delivery.partition_key().cloned());
+                deliveries.push(delivery);
+            }
+            Err(error) => {
+                tracing::error!(queue = run.cx.queue(), %error, "rejecting a message the handler cannot take");
+                delivery.settle(Settlement::Reject {
+                    reason: &error.to_string(),
+                });
+            }
+        }
+    }
+    if deliveries.is_empty() {
+        return;
+    }
+    let future = match handler.call(Batch::new(payloads, keys), &run.cx) {
+        Ok(future) => future,
+        Err(rejection) => {
+            tracing::error!(queue = run.cx.queue(), error = %rejection, "rejecting a batch the handler cannot take");
+            let reason = rejection.to_string();
+            for delivery in deliveries {
+                delivery.settle(Settlement::Reject { reason: &reason });
+            }
+            return;
+        }
+    };
+    let failure = match AssertUnwindSafe(future).catch_unwind().await {
+        Ok(output) => match output.into_batch_outcome() {
+            Ok(BatchOutcome::All(outcome)) => {
+                for delivery in deliveries {
+                    delivery.settle(outcome.settlement(REJECTED_BY_HANDLER));
+                }
+                return;
+            }
+            Ok(BatchOutcome::Each(outcomes)) if outcomes.len() == deliveries.len() => {
+                for (delivery, outcome) in deliveries.into_iter().zip(outcomes) {
+                    delivery.settle(outcome.settlement(REJECTED_BY_HANDLER));
+                }
+                return;
+            }
+            Ok(BatchOutcome::Each(outcomes)) => Failure::Mismatch {
+                outcomes: outcomes.len(),
+                messages: deliveries.len(),
+            },
+            Err(error) => Failure::Error(error),
+        },
+        Err(panic) => Failure::Panic(panic),
+    };
+    for delivery in deliveries {
+        settle_failed(delivery, &failure, run);
+    }
+}

@@ -1,0 +1,123 @@
+//! `workers(n).by_key()`: `n` ordered lanes keyed by the partition key.
+//!
+//! Each lane is one long-lived task that runs its deliveries one at a time, in the order
+//! the dispatcher handed them over. The dispatcher picks the lane by a stable hash of the
+//! partition key, so one key never spreads over two lanes; keyless deliveries rotate.
+//! When the chosen lane is full the dispatcher waits instead of passing another delivery
+//! ahead, so nothing is reordered and read-ahead stays at `n` running, `n` waiting in
+//! lanes and one in the dispatcher's hand.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+use super::{Received, Run, finish, handle_one, receive};
+use crate::delivery::Delivery;
+use crate::error::Error;
+use crate::handler::CallOne;
+use crate::mount::LANE_BUFFER;
+use crate::transport::Subscriber;
+
+/// The lane, out of `lanes`, that a partition key maps to.
+///
+/// The hash is 64-bit FNV-1a over the key's UTF-8 bytes: the same key maps to the same
+/// lane in every process, run and version of Conveyor.
+///
+/// ```
+/// use conveyor::dispatch::lane_for_key;
+///
+/// assert_eq!(lane_for_key("alice", 4), lane_for_key("alice", 4));
+/// assert!(lane_for_key("bob", 4) < 4);
+/// ```
+pub fn lane_for_key(key: &str, lanes: usize) -> usize {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let hash = key.bytes().fold(OFFSET, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(PRIME)
+    });
+    (hash % lanes.max(1) as u64) as usize
+}
+
+pub(super) async fn drive<H: CallOne, S: Subscriber>(
+    handler: Arc<H>,
+    mut subscriber: S,
+    mut run: Run,
+    n: usize,
+) -> Result<(), Error> {
+    let mut lanes = Vec::with_capacity(n);
+    // Dropping the set aborts the lanes, so an aborted mount leaves none behind.
+    let mut tasks = JoinSet::new();
+    for _ in 0..n {
+        let (lane, queue) = mpsc::channel::<Delivery>(LANE_BUFFER);
+        lanes.push(lane);
+        tasks.spawn(run_lane(handler.clone(), queue, run.clone()));
+    }
+
+    let mut rotation = 0usize;
+    let ended = loop {
+        let mut delivery = match receive(&mut subscriber, &mut run).await {
+            Received::Delivery(delivery) => delivery,
+            Received::Stop => break false,
+            Received::Ended => break true,
+        };
+        let lane = match delivery.partition_key() {
+            Some(key) => lane_for_key(key, n),
+            None => {
+                rotation = rotation.wrapping_add(1);
+                rotation % n
+            }
+        };
+        delivery.set_lane(lane);
+        tokio::select! {
+            biased;
+            // The delivery inside the dropped send is released.
+            () = run.shutdown.requested() => break false,
+            sent = lanes[lane].send(delivery) => if sent.is_err() { break false },
+        }
+    };
+    drop(lanes);
+    while tasks.join_next().await.is_some() {}
+    finish(subscriber, &run, ended).await
+}
+
+/// One lane: runs its deliveries in order. At shutdown it starts no new one; those still
+/// waiting in it are released when its queue is dropped.
+async fn run_lane<H: CallOne>(handler: Arc<H>, mut queue: mpsc::Receiver<Delivery>, mut run: Run) {
+    loop {
+        let next = tokio::select! {
+            biased;
+            () = run.shutdown.requested() => return,
+            next = queue.recv() => next,
+        };
+        let Some(delivery) = next else { return };
+        handle_one(&*handler, delivery, &run).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hash_is_fnv1a_and_never_changes() {
+        // Pinned values: a change here moves keys between lanes across a deploy.
+        assert_eq!(
+            lane_for_key("", 1_000_003),
+            (0xcbf2_9ce4_8422_2325u64 % 1_000_003) as usize
+        );
+        assert_eq!(
+            lane_for_key("a", u64::MAX as usize),
+            0xaf63_dc4c_8601_ec8c_u64 as usize
+        );
+    }
+
+    #[test]
+    fn keys_spread_over_every_lane() {
+        let mut seen = [0usize; 4];
+        for i in 0..100 {
+            seen[lane_for_key(&format!("key-{i}"), 4)] += 1;
+        }
+        assert!(seen.iter().all(|&count| count > 10), "{seen:?}");
+    }
+}

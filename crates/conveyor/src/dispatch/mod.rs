@@ -1,0 +1,148 @@
+//! The dispatch engine: drives a subscription through a mounted handler.
+//!
+//! Every mode shares two steps: [`receive`] takes the next delivery (or stops at
+//! shutdown), and [`handle_one`] runs the handler and settles the delivery once it has
+//! finished. The modes differ only in who runs `handle_one`: the mount's own loop
+//! ([`sequential`]), `n` long-lived workers ([`workers`]) or `n` keyed lanes ([`lanes`]).
+//! No mode spawns a task per delivery.
+
+mod batch;
+mod lanes;
+mod sequential;
+mod settle;
+mod workers;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::delivery::Delivery;
+use crate::error::Error;
+use crate::extract::Context;
+use crate::handler::{CallBatch, CallOne};
+use crate::mount::{Dispatch, MountOptions};
+use crate::transport::Subscriber;
+
+pub use lanes::lane_for_key;
+pub(crate) use settle::handle_one;
+
+/// Everything a running mount needs besides its handler and subscriber.
+#[derive(Clone, Debug)]
+#[doc(hidden)]
+pub struct Run {
+    pub(crate) cx: Context,
+    pub(crate) options: MountOptions,
+    pub(crate) shutdown: Shutdown,
+}
+
+/// Tells running mounts that the app is shutting down.
+#[derive(Clone, Debug)]
+pub(crate) struct Shutdown(watch::Receiver<bool>);
+
+impl Shutdown {
+    pub(crate) fn new() -> (watch::Sender<bool>, Shutdown) {
+        let (tx, rx) = watch::channel(false);
+        (tx, Shutdown(rx))
+    }
+
+    /// Resolves once shutdown has been requested (or the app is gone).
+    pub(crate) async fn requested(&mut self) {
+        let _ = self.0.wait_for(|stop| *stop).await;
+    }
+
+    pub(crate) fn is_requested(&self) -> bool {
+        *self.0.borrow()
+    }
+}
+
+/// Runs a single-delivery handler's mount in the dispatch mode its options name.
+pub(crate) async fn drive_one<H: CallOne, S: Subscriber>(
+    handler: Arc<H>,
+    subscriber: S,
+    run: Run,
+) -> Result<(), Error> {
+    match run.options.dispatch() {
+        Dispatch::Sequential => sequential::drive(handler, subscriber, run).await,
+        Dispatch::Workers(n) => workers::drive(handler, subscriber, run, n).await,
+        Dispatch::Lanes(n) => lanes::drive(handler, subscriber, run, n).await,
+    }
+}
+
+/// Runs a batch handler's mount.
+pub(crate) async fn drive_batch<H: CallBatch, S: Subscriber>(
+    handler: Arc<H>,
+    subscriber: S,
+    run: Run,
+) -> Result<(), Error> {
+    batch::drive(handler, subscriber, run).await
+}
+
+/// What the receive step produced.
+pub(crate) enum Received {
+    Delivery(Delivery),
+    /// Shutdown was requested: stop receiving.
+    Stop,
+    /// The subscription ended by itself.
+    Ended,
+}
+
+const RECEIVE_RETRY_MIN: Duration = Duration::from_millis(100);
+const RECEIVE_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Waits for the next delivery, or for shutdown. A receive error is logged and the
+/// receive retried after a growing pause; the transport is expected to recover.
+pub(crate) async fn receive<S: Subscriber>(subscriber: &mut S, run: &mut Run) -> Received {
+    let mut pause = RECEIVE_RETRY_MIN;
+    loop {
+        tokio::select! {
+            biased;
+            () = run.shutdown.requested() => return Received::Stop,
+            next = subscriber.recv() => match next {
+                Some(Ok(delivery)) => return Received::Delivery(delivery),
+                None => return Received::Ended,
+                Some(Err(error)) => {
+                    tracing::warn!(
+                        queue = run.cx.queue(),
+                        error = %error_chain(&error),
+                        retry_in = ?pause,
+                        "receive failed"
+                    );
+                }
+            },
+        }
+        tokio::select! {
+            biased;
+            () = run.shutdown.requested() => return Received::Stop,
+            () = tokio::time::sleep(pause) => pause = (pause * 2).min(RECEIVE_RETRY_MAX),
+        }
+    }
+}
+
+/// The end of a mount's loop: close the subscriber, and report a subscription that ended
+/// by itself while the app was running.
+pub(crate) async fn finish<S: Subscriber>(
+    subscriber: S,
+    run: &Run,
+    ended: bool,
+) -> Result<(), Error> {
+    subscriber.close().await;
+    if ended && !run.shutdown.is_requested() {
+        return Err(Error::SubscriptionEnded {
+            queue: run.cx.queue().to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// An error with its sources, on one line.
+pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

@@ -1,0 +1,25 @@
+//! Sequential dispatch: the mount's own loop runs the handler for each delivery in turn.
+
+use std::sync::Arc;
+
+use super::{Received, Run, finish, handle_one, receive};
+use crate::error::Error;
+use crate::handler::CallOne;
+use crate::transport::Subscriber;
+
+/// Nothing runs side by side and the queue's order holds. The handler's future lives on
+/// this loop's stack: no task, no allocation per delivery.
+pub(super) async fn drive<H: CallOne, S: Subscriber>(
+    handler: Arc<H>,
+    mut subscriber: S,
+    mut run: Run,
+) -> Result<(), Error> {
+    let ended = loop {
+        match receive(&mut subscriber, &mut run).await {
+            Received::Delivery(delivery) => handle_one(&*handler, delivery, &run).await,
+            Received::Stop => break false,
+            Received::Ended => break true,
+        }
+    };
+    finish(subscriber, &run, ended).await
+}

@@ -1,0 +1,262 @@
+//! Handlers: plain async functions over a payload and extractors.
+//!
+//! A handler's first argument is the payload, decoded by its type's [`FromPayload`]
+//! ([`Json<T>`](crate::Json), `Bytes`, `String`, ...). Up to eight more arguments follow,
+//! each a [`FromDelivery`] extractor. It returns anything [`IntoOutcome`]: `()`, an
+//! [`Outcome`](crate::Outcome), or a `Result` of either.
+//!
+//! A batch handler takes a [`Batch<P>`] of payloads first, then [`FromContext`]
+//! extractors, and returns anything [`IntoBatchOutcome`]: one outcome for all, or one per
+//! element.
+//!
+//! ```
+//! use conveyor::{Batch, Json, Outcome, PartitionKey};
+//!
+//! #[derive(serde::Deserialize)]
+//! struct Order { id: u64 }
+//!
+//! async fn one(Json(order): Json<Order>, key: PartitionKey) -> Result<(), std::io::Error> {
+//!     println!("{key}: order {}", order.id);
+//!     Ok(())
+//! }
+//!
+//! async fn many(orders: Batch<Json<Order>>) -> Vec<Outcome> {
+//!     orders.iter().map(|Json(o)| if o.id > 0 { Outcome::Ack } else { Outcome::Reject }).collect()
+//! }
+//! ```
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use crate::batch::{Batch, IntoBatchOutcome};
+use crate::delivery::Delivery;
+use crate::dispatch::{self, Run};
+use crate::error::Error;
+use crate::extract::{Context, FromContext, FromDelivery, Rejection};
+use crate::outcome::IntoOutcome;
+use crate::payload::{DecodeError, FromPayload};
+use crate::transport::Subscriber;
+
+/// A function that can be mounted on a subscription.
+///
+/// Implemented for async functions (and closures returning futures) whose arguments are a
+/// payload followed by extractors, or a [`Batch`] followed by context extractors. `Args`
+/// is a marker that tells the two shapes apart; you never name it.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be mounted as a handler",
+    note = "a handler is an async fn whose first argument implements `FromPayload` (`Json<T>`, `Bytes`, `String`) and whose further arguments implement `FromDelivery` (`PartitionKey`, `Headers`, `DeliveryInfo`, `State<T>`), returning `()`, an `Outcome` or a `Result`",
+    note = "a batch handler takes `Batch<P>` first, then `FromContext` arguments (`State<T>`), and returns `()`, an `Outcome`, a `Vec<Outcome>` or a `Result` of one"
+)]
+pub trait Handler<Args>: Clone + Send + Sync + 'static {
+    /// The dispatch engine's view of the handler.
+    #[doc(hidden)]
+    type Endpoint: Endpoint;
+
+    /// Wraps the handler for the dispatch engine.
+    #[doc(hidden)]
+    fn into_endpoint(self) -> Self::Endpoint;
+}
+
+/// Marks a handler that takes one delivery at a time; `A` lists its argument types.
+#[doc(hidden)]
+pub struct Single<A>(PhantomData<fn() -> A>);
+
+/// Marks a handler that takes a batch; `A` lists its argument types.
+#[doc(hidden)]
+pub struct Batched<A>(PhantomData<fn() -> A>);
+
+/// How the dispatch engine runs a mounted handler. Not for implementing by hand.
+#[doc(hidden)]
+pub trait Endpoint: Send + Sync + Sized + 'static {
+    /// Whether this is a batch handler.
+    const BATCH: bool;
+
+    /// Checks once at startup that every extractor can work (state present, ...).
+    fn check(&self, cx: &Context) -> Result<(), Error>;
+
+    /// Runs the mount until shutdown or until the subscription ends.
+    fn drive<S: Subscriber>(
+        self: Arc<Self>,
+        subscriber: S,
+        run: Run,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+/// Why a handler could not be called for a delivery.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Refusal {
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+    #[error(transparent)]
+    Extract(#[from] Rejection),
+}
+
+/// A handler that takes one delivery.
+pub(crate) trait CallOne: Send + Sync + 'static {
+    type Output: IntoOutcome;
+    type Future: Future<Output = Self::Output> + Send + 'static;
+
+    fn call(&self, delivery: &Delivery, cx: &Context) -> Result<Self::Future, Refusal>;
+    fn check_extractors(cx: &Context) -> Result<(), Error>;
+}
+
+/// A handler that takes a batch of decoded payloads.
+pub(crate) trait CallBatch: Send + Sync + 'static {
+    type Payload: FromPayload;
+    type Output: IntoBatchOutcome;
+    type Future: Future<Output = Self::Output> + Send + 'static;
+
+    fn call(&self, batch: Batch<Self::Payload>, cx: &Context) -> Result<Self::Future, Rejection>;
+    fn check_extractors(cx: &Context) -> Result<(), Error>;
+}
+
+/// A single-delivery handler function, ready for the dispatch engine.
+#[doc(hidden)]
+pub struct OneFn<F, A> {
+    f: F,
+    _args: PhantomData<fn() -> A>,
+}
+
+/// A batch handler function, ready for the dispatch engine.
+#[doc(hidden)]
+pub struct BatchFn<F, A> {
+    f: F,
+    _args: PhantomData<fn() -> A>,
+}
+
+impl<F, A> Handler<Single<A>> for F
+where
+    F: Clone + Send + Sync + 'static,
+    OneFn<F, A>: CallOne,
+    A: 'static,
+{
+    type Endpoint = OneFn<F, A>;
+
+    fn into_endpoint(self) -> OneFn<F, A> {
+        OneFn {
+            f: self,
+            _args: PhantomData,
+        }
+    }
+}
+
+impl<F, A> Handler<Batched<A>> for F
+where
+    F: Clone + Send + Sync + 'static,
+    BatchFn<F, A>: CallBatch,
+    A: 'static,
+{
+    type Endpoint = BatchFn<F, A>;
+
+    fn into_endpoint(self) -> BatchFn<F, A> {
+        BatchFn {
+            f: self,
+            _args: PhantomData,
+        }
+    }
+}
+
+impl<F, A> Endpoint for OneFn<F, A>
+where
+    OneFn<F, A>: CallOne,
+    A: 'static,
+{
+    const BATCH: bool = false;
+
+    fn check(&self, cx: &Context) -> Result<(), Error> {
+        <Self as CallOne>::check_extractors(cx)
+    }
+
+    fn drive<S: Subscriber>(
+        self: Arc<Self>,
+        subscriber: S,
+        run: Run,
+    ) -> impl Future<Output = Result<(), Error>> + Send {
+        dispatch::drive_one(self, subscriber, run)
+    }
+}
+
+impl<F, A> Endpoint for BatchFn<F, A>
+where
+    BatchFn<F, A>: CallBatch,
+    A: 'static,
+{
+    const BATCH: bool = true;
+
+    fn check(&self, cx: &Context) -> Result<(), Error> {
+        <Self as CallBatch>::check_extractors(cx)
+    }
+
+    fn drive<S: Subscriber>(
+        self: Arc<Self>,
+        subscriber: S,
+        run: Run,
+    ) -> impl Future<Output = Result<(), Error>> + Send {
+        dispatch::drive_batch(self, subscriber, run)
+    }
+}
+
+macro_rules! impl_handler {
+    ($($extractor:ident),*) => {
+        impl<F, Fut, P, $($extractor,)*> CallOne for OneFn<F, (P, $($extractor,)*)>
+        where
+            F: Fn(P, $($extractor,)*) -> Fut + Send + Sync + 'static,
+            Fut: Future + Send + 'static,
+            Fut::Output: IntoOutcome,
+            P: FromPayload,
+            $($extractor: FromDelivery,)*
+        {
+            type Output = Fut::Output;
+            type Future = Fut;
+
+            #[allow(non_snake_case, unused_variables)]
+            fn call(&self, delivery: &Delivery, cx: &Context) -> Result<Fut, Refusal> {
+                let payload = P::from_payload(delivery.payload())?;
+                $(let $extractor = $extractor::from_delivery(delivery, cx)?;)*
+                Ok((self.f)(payload, $($extractor,)*))
+            }
+
+            #[allow(unused_variables)]
+            fn check_extractors(cx: &Context) -> Result<(), Error> {
+                $($extractor::check(cx)?;)*
+                Ok(())
+            }
+        }
+
+        impl<F, Fut, P, $($extractor,)*> CallBatch for BatchFn<F, (Batch<P>, $($extractor,)*)>
+        where
+            F: Fn(Batch<P>, $($extractor,)*) -> Fut + Send + Sync + 'static,
+            Fut: Future + Send + 'static,
+            Fut::Output: IntoBatchOutcome,
+            P: FromPayload,
+            $($extractor: FromContext,)*
+        {
+            type Payload = P;
+            type Output = Fut::Output;
+            type Future = Fut;
+
+            #[allow(non_snake_case, unused_variables)]
+            fn call(&self, batch: Batch<P>, cx: &Context) -> Result<Fut, Rejection> {
+                $(let $extractor = $extractor::from_context(cx)?;)*
+                Ok((self.f)(batch, $($extractor,)*))
+            }
+
+            #[allow(unused_variables)]
+            fn check_extractors(cx: &Context) -> Result<(), Error> {
+                $($extractor::check(cx)?;)*
+                Ok(())
+            }
+        }
+    };
+}
+
+impl_handler!();
+impl_handler!(E1);
+impl_handler!(E1, E2);
+impl_handler!(E1, E2, E3);
+impl_handler!(E1, E2, E3, E4);
+impl_handler!(E1, E2, E3, E4, E5);
+impl_handler!(E1, E2, E3, E4, E5, E6);
+impl_handler!(E1, E2, E3, E4, E5, E6, E7);
+impl_handler!(E1, E2, E3, E4, E5, E6, E7, E8);

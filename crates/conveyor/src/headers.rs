@@ -1,0 +1,159 @@
+//! Message headers: case-insensitive names, byte values.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+/// The headers of a message or delivery.
+///
+/// Names compare case-insensitively (ASCII), as HTTP's do; values are bytes, since brokers
+/// carry binary header values. The first header set under a name wins on lookup; `insert`
+/// replaces every header of that name.
+///
+/// Cloning is cheap: the entries are shared and copied only when a clone is changed, so a
+/// transport can hand the same headers to every redelivery without allocating.
+///
+/// ```
+/// use conveyor::Headers;
+///
+/// let mut headers = Headers::new();
+/// headers.insert("Content-Type", "application/json");
+/// assert_eq!(headers.get_str("content-type"), Some("application/json"));
+/// assert_eq!(headers.len(), 1);
+/// ```
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Headers {
+    entries: Arc<Vec<(HeaderName, Bytes)>>,
+}
+
+/// A header name: a static string or an owned one, compared case-insensitively.
+pub type HeaderName = Cow<'static, str>;
+
+impl Headers {
+    /// No headers.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The value of the first header named `name` (any case).
+    pub fn get(&self, name: &str) -> Option<&Bytes> {
+        self.entries
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v)
+    }
+
+    /// The value of the header `name` as UTF-8 text; `None` if absent or not UTF-8.
+    pub fn get_str(&self, name: &str) -> Option<&str> {
+        self.get(name).and_then(|v| std::str::from_utf8(v).ok())
+    }
+
+    /// Whether a header named `name` (any case) is present.
+    pub fn contains(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
+    /// Sets `name` to `value`, replacing every header of that name.
+    pub fn insert(&mut self, name: impl Into<HeaderName>, value: impl Into<Bytes>) {
+        let name = name.into();
+        let entries = Arc::make_mut(&mut self.entries);
+        entries.retain(|(n, _)| !n.eq_ignore_ascii_case(&name));
+        entries.push((name, value.into()));
+    }
+
+    /// Removes every header named `name`, returning the first value removed.
+    pub fn remove(&mut self, name: &str) -> Option<Bytes> {
+        if !self.contains(name) {
+            return None;
+        }
+        let entries = Arc::make_mut(&mut self.entries);
+        let mut removed = None;
+        entries.retain(|(n, v)| {
+            let hit = n.eq_ignore_ascii_case(name);
+            if hit && removed.is_none() {
+                removed = Some(v.clone());
+            }
+            !hit
+        });
+        removed
+    }
+
+    /// How many headers there are.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether there are no headers.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The headers in the order they were set, names as they were given.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Bytes)> {
+        self.entries.iter().map(|(n, v)| (n.as_ref(), v))
+    }
+}
+
+impl fmt::Debug for Headers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(self.entries.iter().map(|(n, v)| (n, v)))
+            .finish()
+    }
+}
+
+impl<N: Into<HeaderName>, V: Into<Bytes>> FromIterator<(N, V)> for Headers {
+    fn from_iter<I: IntoIterator<Item = (N, V)>>(iter: I) -> Self {
+        let mut headers = Headers::new();
+        for (n, v) in iter {
+            headers.insert(n, v);
+        }
+        headers
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_match_in_any_case() {
+        let mut h = Headers::new();
+        h.insert("X-Tenant", "acme");
+        assert_eq!(h.get_str("x-tenant"), Some("acme"));
+        assert_eq!(h.get_str("X-TENANT"), Some("acme"));
+    }
+
+    #[test]
+    fn insert_replaces_every_header_of_that_name() {
+        let mut h = Headers::new();
+        h.insert("a", "1");
+        h.insert("A", "2");
+        assert_eq!(h.len(), 1);
+        assert_eq!(h.get_str("a"), Some("2"));
+    }
+
+    #[test]
+    fn values_may_be_binary() {
+        let mut h = Headers::new();
+        h.insert("bin", vec![0u8, 159, 146, 150]);
+        assert_eq!(
+            h.get("BIN").map(|v| v.as_ref()),
+            Some(&[0u8, 159, 146, 150][..])
+        );
+        assert_eq!(h.get_str("bin"), None);
+    }
+
+    #[test]
+    fn a_changed_clone_leaves_the_original_alone() {
+        let mut a = Headers::new();
+        a.insert("k", "v");
+        let mut b = a.clone();
+        b.insert("k", "w");
+        assert_eq!(a.get_str("k"), Some("v"));
+        assert_eq!(b.remove("K").as_deref(), Some(&b"w"[..]));
+        assert!(b.is_empty());
+    }
+}

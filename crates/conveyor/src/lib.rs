@@ -1,0 +1,75 @@
+//! Conveyor: message-driven services on RabbitMQ, Amazon SQS and an in-process transport.
+//!
+//! A service mounts handlers, plain async functions over typed payloads, on queues, and
+//! chooses at each mount site how deliveries are dispatched:
+//!
+//! - sequentially (the default): one at a time, in queue order;
+//! - `workers(n)`: up to `n` at once, in any order, reading nothing more while `n` run;
+//! - `workers(n).by_key()`: `n` ordered lanes; the partition key picks the lane by a
+//!   stable hash, so each key is handled in order, and keyless deliveries rotate;
+//! - batches: a handler that takes a [`Batch`] gets what the subscriber already has, up
+//!   to the mount's `batch(size)`.
+//!
+//! Every delivery is settled exactly once, after its handler has finished: acked, retried
+//! now or later, or rejected to a dead-letter queue. A payload that cannot be decoded is
+//! rejected with its reason; a handler error or panic goes to the mount's
+//! [`FailurePolicy`]. At shutdown, in-flight handlers finish and settle, and deliveries
+//! not yet started go straight back to the broker.
+//!
+//! ```
+//! use conveyor::{App, Json, MemoryBroker, PartitionKey, Publisher, Message};
+//!
+//! #[derive(serde::Deserialize, serde::Serialize)]
+//! struct Order { id: u64 }
+//!
+//! async fn place(Json(order): Json<Order>, key: PartitionKey) {
+//!     println!("{key}: order {}", order.id);
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), conveyor::Error> {
+//! let broker = MemoryBroker::new(); // or a RabbitMQ or SQS broker
+//! broker.publish("orders.fifo", Message::json(&Order { id: 1 })?.partition_key("alice")).await?;
+//! let idle = broker.clone();
+//! App::new("orders")
+//!     .mount(broker.queue("orders.fifo"), place, |m| m.workers(2).by_key())
+//!     .run_until(async move { idle.wait_idle().await }) // `.run()` waits for SIGINT/SIGTERM
+//!     .await
+//! # }
+//! ```
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+mod app;
+mod batch;
+mod delivery;
+pub mod dispatch;
+mod error;
+mod extract;
+mod handler;
+mod headers;
+pub mod memory;
+mod message;
+mod mount;
+mod outcome;
+mod payload;
+mod policy;
+mod state;
+pub mod testing;
+mod transport;
+
+pub use app::{App, DEFAULT_SHUTDOWN_TIMEOUT, RunningApp, shutdown_signal};
+pub use batch::{Batch, BatchOutcome, IntoBatchOutcome};
+pub use bytes::Bytes;
+pub use delivery::{Delivery, Settle};
+pub use error::{BoxError, Error, Result};
+pub use extract::{Context, DeliveryInfo, FromContext, FromDelivery, Rejection, State};
+pub use handler::Handler;
+pub use headers::{HeaderName, Headers};
+pub use memory::{MemoryBroker, QueueOptions};
+pub use message::{Message, MessageParts, PartitionKey};
+pub use mount::{DEFAULT_BATCH_SIZE, Dispatch, MountOptions};
+pub use outcome::{IntoOutcome, Outcome, Settlement};
+pub use payload::{DecodeError, FromPayload, Json};
+pub use policy::{Backoff, FailurePolicy, OnError};
+pub use state::StateMap;
+pub use transport::{Publisher, Source, SubscribeSettings, Subscriber};

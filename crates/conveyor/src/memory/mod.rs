@@ -1,0 +1,308 @@
+//! The in-process transport: named queues in memory, for tests and local runs.
+//!
+//! Queues are created on first use. A standard queue keeps publish order; a queue whose
+//! name ends in `.fifo` also holds back a message group (the partition key) while one of
+//! its messages is in flight, like an SQS FIFO queue. Several subscriptions on one queue
+//! compete: each message goes to one of them. Retry puts a message back at the head of
+//! its queue, retry-after after a delay (on tokio's clock, so paused-time tests work),
+//! and reject moves it to the queue's dead-letter queue, if it has one, with the reason
+//! in [`REJECT_REASON_HEADER`]. A queue with a max receive count dead-letters a message
+//! received more often than that, as SQS's redrive policy does.
+//!
+//! ```
+//! use conveyor::{MemoryBroker, Message, Publisher, QueueOptions};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), conveyor::Error> {
+//! let broker = MemoryBroker::new();
+//! broker.declare_queue("orders", QueueOptions::new().dead_letter_queue("orders.dlq", 3));
+//! broker.publish("orders", Message::new("hello").partition_key("alice")).await?;
+//! assert_eq!(broker.stats("orders").ready, 1);
+//! # Ok(())
+//! # }
+//! ```
+
+mod history;
+mod queue;
+mod subscriber;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+pub use history::{DeadLetter, RecordedMessage};
+pub use subscriber::MemorySubscriber;
+
+use crate::error::Error;
+use crate::message::{Message, PartitionKey};
+use crate::transport::{Publisher, Source, SubscribeSettings};
+use history::History;
+use queue::{Queue, Stored};
+
+/// The header that carries a message's partition key on the in-process transport.
+pub const PARTITION_KEY_HEADER: &str = "x-partition-key";
+
+/// The header a dead-lettered message carries with the reason it was rejected.
+pub const REJECT_REASON_HEADER: &str = "x-reject-reason";
+
+/// Settings of one in-process queue.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueOptions {
+    /// Where rejected messages go; `None` discards them.
+    pub dead_letter_queue: Option<String>,
+    /// With a dead-letter queue: a message received more often than this is
+    /// dead-lettered instead of delivered again.
+    pub max_receive_count: Option<u32>,
+}
+
+impl QueueOptions {
+    /// No dead-letter queue.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Rejected messages, and messages received more than `max_receive_count` times, go
+    /// to `queue`.
+    pub fn dead_letter_queue(mut self, queue: impl Into<String>, max_receive_count: u32) -> Self {
+        self.dead_letter_queue = Some(queue.into());
+        self.max_receive_count = Some(max_receive_count);
+        self
+    }
+}
+
+/// Counts for one in-process queue.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueStats {
+    /// Messages waiting to be received.
+    pub ready: usize,
+    /// Messages waiting for a delay to pass.
+    pub delayed: usize,
+    /// Messages received and not yet settled.
+    pub in_flight: usize,
+    /// Subscriptions reading the queue.
+    pub consumers: usize,
+    /// Messages ever published to it.
+    pub published: u64,
+    /// Messages acked.
+    pub acked: u64,
+    /// Retries (now or later).
+    pub retried: u64,
+    /// Messages rejected (dead-lettered or discarded).
+    pub rejected: u64,
+}
+
+/// An in-process broker: a set of named queues. Cloning gives another handle to the same
+/// queues.
+#[derive(Clone, Default)]
+pub struct MemoryBroker {
+    inner: Arc<BrokerInner>,
+}
+
+#[derive(Default)]
+pub(crate) struct BrokerInner {
+    queues: Mutex<HashMap<String, Arc<Queue>>>,
+    /// Notified on every change to any queue, for [`MemoryBroker::wait_idle`].
+    changed: Notify,
+    history: History,
+}
+
+impl BrokerInner {
+    fn queue(self: &Arc<Self>, name: &str) -> Arc<Queue> {
+        let mut queues = self
+            .queues
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        queues
+            .entry(name.to_string())
+            .or_insert_with(|| {
+                Arc::new(Queue::new(
+                    name,
+                    QueueOptions::default(),
+                    Arc::downgrade(self),
+                ))
+            })
+            .clone()
+    }
+
+    fn all_queues(&self) -> Vec<Arc<Queue>> {
+        let queues = self
+            .queues
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        queues.values().cloned().collect()
+    }
+}
+
+impl MemoryBroker {
+    /// A broker with no queues.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The queue `name` as a source to mount a handler on. The queue is created on first
+    /// use; a name ending in `.fifo` makes a FIFO queue.
+    pub fn queue(&self, name: impl Into<String>) -> MemoryQueue {
+        MemoryQueue {
+            broker: self.clone(),
+            name: name.into(),
+        }
+    }
+
+    /// Creates the queue `name` with `options`, or changes an existing queue's options.
+    pub fn declare_queue(&self, name: &str, options: QueueOptions) {
+        self.inner.queue(name).set_options(options);
+    }
+
+    /// Counts for the queue `name` (all zero for a queue never used).
+    pub fn stats(&self, name: &str) -> QueueStats {
+        self.inner.queue(name).stats()
+    }
+
+    /// Starts or stops keeping copies of what is published, acked and dead-lettered, for
+    /// [`published`](Self::published), [`acked`](Self::acked) and
+    /// [`dead_lettered`](Self::dead_lettered). Off by default.
+    pub fn record_history(&self, on: bool) {
+        self.inner.history.set_recording(on);
+    }
+
+    /// Messages published to `queue` while recording, in publish order.
+    pub fn published(&self, queue: &str) -> Vec<RecordedMessage> {
+        self.inner.history.published(queue)
+    }
+
+    /// Messages acked from `queue` while recording, in ack order.
+    pub fn acked(&self, queue: &str) -> Vec<RecordedMessage> {
+        self.inner.history.acked(queue)
+    }
+
+    /// Messages rejected from `queue` while recording, in reject order.
+    pub fn dead_lettered(&self, queue: &str) -> Vec<DeadLetter> {
+        self.inner.history.dead_lettered(queue)
+    }
+
+    /// Whether every consumed queue has nothing ready or due and no queue has anything in
+    /// flight. With `delayed`, messages waiting out a delay count as work too.
+    pub fn is_idle(&self, delayed: bool) -> bool {
+        let now = Instant::now();
+        self.inner
+            .all_queues()
+            .iter()
+            .all(|queue| queue.is_idle(now, delayed))
+    }
+
+    /// Waits until [`is_idle(false)`](Self::is_idle): everything published and due has
+    /// been settled.
+    pub async fn wait_idle(&self) {
+        self.wait_for(false).await;
+    }
+
+    /// Waits until [`is_idle(true)`](Self::is_idle): delayed messages too have fallen due
+    /// and been settled.
+    pub async fn wait_drained(&self) {
+        self.wait_for(true).await;
+    }
+
+    async fn wait_for(&self, delayed: bool) {
+        loop {
+            let changed = self.inner.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.is_idle(delayed) {
+                return;
+            }
+            // Every step towards idle notifies: a take, a settle, and a delayed message
+            // falling due, which its waiting subscriber then takes.
+            changed.await;
+        }
+    }
+
+    fn store(&self, destination: &str, message: Message) -> (Arc<Queue>, Stored, Option<Duration>) {
+        let parts = message.into_parts();
+        let mut headers = parts.headers;
+        let key = match parts.partition_key {
+            Some(key) => {
+                headers.insert(PARTITION_KEY_HEADER, key.as_str().to_string());
+                Some(key)
+            }
+            None => headers
+                .get_str(PARTITION_KEY_HEADER)
+                .map(PartitionKey::from),
+        };
+        if let Some(content_type) = parts.content_type {
+            headers.insert("content-type", content_type.into_owned());
+        }
+        if let Some(id) = parts.message_id {
+            headers.insert("message-id", id);
+        }
+        if let Some(id) = parts.correlation_id {
+            headers.insert("correlation-id", id);
+        }
+        let stored = Stored {
+            payload: parts.payload,
+            headers,
+            key,
+            receive_count: 0,
+        };
+        (self.inner.queue(destination), stored, parts.delay)
+    }
+}
+
+impl Publisher for MemoryBroker {
+    /// Adds the message to the queue `destination`, creating it if needed.
+    async fn publish(&self, destination: &str, message: Message) -> Result<(), Error> {
+        let (queue, stored, delay) = self.store(destination, message);
+        if self.inner.history.is_recording() {
+            self.inner.history.record_published(
+                destination,
+                RecordedMessage {
+                    payload: stored.payload.clone(),
+                    headers: stored.headers.clone(),
+                    partition_key: stored.key.clone(),
+                    receive_count: 0,
+                },
+            );
+        }
+        queue.push(stored, delay);
+        Ok(())
+    }
+}
+
+impl fmt::Debug for MemoryBroker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut names: Vec<_> = self
+            .inner
+            .all_queues()
+            .iter()
+            .map(|q| q.name.clone())
+            .collect();
+        names.sort();
+        f.debug_struct("MemoryBroker")
+            .field("queues", &names)
+            .finish()
+    }
+}
+
+/// An in-process queue to mount a handler on, from [`MemoryBroker::queue`].
+#[derive(Clone, Debug)]
+pub struct MemoryQueue {
+    broker: MemoryBroker,
+    name: String,
+}
+
+impl Source for MemoryQueue {
+    type Subscriber = MemorySubscriber;
+
+    fn queue_name(&self) -> &str {
+        &self.name
+    }
+
+    async fn subscribe(self, _settings: SubscribeSettings) -> Result<MemorySubscriber, Error> {
+        Ok(MemorySubscriber::new(self.broker.inner.queue(&self.name)))
+    }
+}

@@ -1,0 +1,359 @@
+//! One in-process queue: ready, delayed and in-flight messages, FIFO group holds, and
+//! settlement.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use bytes::Bytes;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::history::{DeadLetter, RecordedMessage};
+use super::{BrokerInner, QueueOptions, QueueStats, REJECT_REASON_HEADER};
+use crate::delivery::{Delivery, Settle};
+use crate::headers::Headers;
+use crate::message::PartitionKey;
+use crate::outcome::Settlement;
+
+/// A message at rest in a queue.
+#[derive(Clone, Debug)]
+pub(super) struct Stored {
+    pub(super) payload: Bytes,
+    pub(super) headers: Headers,
+    pub(super) key: Option<PartitionKey>,
+    pub(super) receive_count: u32,
+}
+
+impl Stored {
+    fn record(&self) -> RecordedMessage {
+        RecordedMessage {
+            payload: self.payload.clone(),
+            headers: self.headers.clone(),
+            partition_key: self.key.clone(),
+            receive_count: self.receive_count,
+        }
+    }
+}
+
+/// A delayed message: a delayed publish, or a retry-after that still holds its group.
+#[derive(Debug)]
+struct Delayed {
+    stored: Stored,
+    holds_group: bool,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    ready: VecDeque<Stored>,
+    delayed: BTreeMap<(Instant, u64), Delayed>,
+    in_flight: HashMap<u64, Stored>,
+    /// FIFO only: groups with a message in flight (or waiting out a retry delay).
+    held_groups: HashMap<PartitionKey, usize>,
+    next_tag: u64,
+    next_seq: u64,
+    consumers: usize,
+    options: QueueOptions,
+    stats: QueueStats,
+}
+
+/// One queue, shared by its publishers, subscribers and deliveries.
+pub(super) struct Queue {
+    pub(super) name: Arc<str>,
+    fifo: bool,
+    state: Mutex<State>,
+    /// Wakes subscribers waiting for a message.
+    pub(super) available: Notify,
+    broker: Weak<BrokerInner>,
+}
+
+/// The outcome of trying to take a message without waiting.
+pub(super) enum Take {
+    Taken(Delivery),
+    /// Nothing available now; something delayed becomes due at this instant.
+    WaitUntil(Option<Instant>),
+}
+
+impl Queue {
+    pub(super) fn new(name: &str, options: QueueOptions, broker: Weak<BrokerInner>) -> Self {
+        Queue {
+            name: name.into(),
+            fifo: name.ends_with(".fifo"),
+            state: Mutex::new(State {
+                options,
+                ..State::default()
+            }),
+            available: Notify::new(),
+            broker,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding this lock cannot leave the state half-changed in a way
+        // that matters more than stopping the whole broker would, so poison is ignored.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(super) fn set_options(&self, options: QueueOptions) {
+        self.lock().options = options;
+    }
+
+    pub(super) fn options(&self) -> QueueOptions {
+        self.lock().options.clone()
+    }
+
+    pub(super) fn stats(&self) -> QueueStats {
+        let state = self.lock();
+        QueueStats {
+            ready: state.ready.len(),
+            delayed: state.delayed.len(),
+            in_flight: state.in_flight.len(),
+            consumers: state.consumers,
+            ..state.stats.clone()
+        }
+    }
+
+    pub(super) fn add_consumer(&self, delta: isize) {
+        let mut state = self.lock();
+        state.consumers = state.consumers.saturating_add_signed(delta);
+    }
+
+    /// Whether this queue has nothing left to do now: a consumed queue with nothing
+    /// ready or due, and no queue with anything in flight. With `delayed`, messages
+    /// waiting for a later time count as work too.
+    pub(super) fn is_idle(&self, now: Instant, delayed: bool) -> bool {
+        let state = self.lock();
+        if !state.in_flight.is_empty() {
+            return false;
+        }
+        if state.consumers == 0 {
+            return true;
+        }
+        let due = state
+            .delayed
+            .keys()
+            .next()
+            .is_some_and(|(at, _)| *at <= now);
+        let waiting = delayed && !state.delayed.is_empty();
+        state.ready.is_empty() && !due && !waiting
+    }
+
+    /// Adds a message: ready at once, or after `delay`.
+    pub(super) fn push(&self, stored: Stored, delay: Option<std::time::Duration>) {
+        {
+            let mut state = self.lock();
+            state.stats.published += 1;
+            match delay {
+                Some(delay) if !delay.is_zero() => {
+                    state.delay(stored, Instant::now() + delay, false);
+                }
+                _ => state.ready.push_back(stored),
+            }
+        }
+        self.changed();
+    }
+
+    /// Takes the next available message as a delivery, if there is one.
+    ///
+    /// `taken_groups` lists the groups already taken by the batch being gathered: like an
+    /// SQS receive, one batch may hold several messages of a group, in order.
+    pub(super) fn try_take(self: &Arc<Self>, taken_groups: &[PartitionKey]) -> Take {
+        let mut expired = Vec::new();
+        let taken = {
+            let mut state = self.lock();
+            state.promote_due(Instant::now(), self.fifo);
+            loop {
+                let Some(index) = state.next_index(self.fifo, taken_groups) else {
+                    break Take::WaitUntil(state.delayed.keys().next().map(|(at, _)| *at));
+                };
+                let Some(mut stored) = state.ready.remove(index) else {
+                    break Take::WaitUntil(None);
+                };
+                stored.receive_count += 1;
+                if let Some(max) = state.options.max_receive_count {
+                    if stored.receive_count > max && state.options.dead_letter_queue.is_some() {
+                        expired.push(stored);
+                        continue;
+                    }
+                }
+                state.next_tag += 1;
+                let tag = state.next_tag;
+                if self.fifo {
+                    if let Some(key) = &stored.key {
+                        *state.held_groups.entry(key.clone()).or_default() += 1;
+                    }
+                }
+                let settler: Arc<dyn Settle> = self.clone();
+                let delivery =
+                    Delivery::new(stored.payload.clone(), self.name.clone(), settler, tag)
+                        .with_headers(stored.headers.clone())
+                        .with_partition_key(stored.key.clone())
+                        .with_receive_count(stored.receive_count);
+                state.in_flight.insert(tag, stored);
+                break Take::Taken(delivery);
+            }
+        };
+        let expired_any = !expired.is_empty();
+        for stored in expired {
+            let reason = format!(
+                "received {} times, more than the queue's max receive count",
+                stored.receive_count - 1
+            );
+            self.dead_letter(stored, &reason);
+        }
+        // Taking makes nothing available to other subscribers, so only idle-waiters hear
+        // of it (a subscriber that woke itself here would spin).
+        if expired_any || matches!(taken, Take::Taken(_)) {
+            self.broker_changed();
+        }
+        taken
+    }
+
+    /// Moves a rejected message to the dead-letter queue, or discards it; records both.
+    fn dead_letter(&self, mut stored: Stored, reason: &str) {
+        let options = self.options();
+        if let Some(broker) = self.broker.upgrade() {
+            broker.history.record_dead_letter(
+                &self.name,
+                DeadLetter {
+                    message: stored.record(),
+                    reason: reason.to_string(),
+                    dead_letter_queue: options.dead_letter_queue.clone(),
+                },
+            );
+            if let Some(dlq) = &options.dead_letter_queue {
+                stored
+                    .headers
+                    .insert(REJECT_REASON_HEADER, reason.to_string());
+                stored.receive_count = 0;
+                broker.queue(dlq).push(stored, None);
+            } else {
+                tracing::warn!(
+                    queue = &*self.name,
+                    reason,
+                    "discarding a rejected message: the queue has no dead-letter queue"
+                );
+            }
+        }
+        self.lock().stats.rejected += 1;
+    }
+
+    /// Wakes subscribers and anyone waiting for the broker to go idle.
+    fn changed(&self) {
+        self.available.notify_waiters();
+        self.broker_changed();
+    }
+
+    fn broker_changed(&self) {
+        if let Some(broker) = self.broker.upgrade() {
+            broker.changed.notify_waiters();
+        }
+    }
+}
+
+impl State {
+    fn delay(&mut self, stored: Stored, due: Instant, holds_group: bool) {
+        self.next_seq += 1;
+        self.delayed.insert(
+            (due, self.next_seq),
+            Delayed {
+                stored,
+                holds_group,
+            },
+        );
+    }
+
+    /// Moves delayed messages whose time has come to the ready list.
+    fn promote_due(&mut self, now: Instant, fifo: bool) {
+        while let Some(entry) = self.delayed.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let Delayed {
+                stored,
+                holds_group,
+            } = entry.remove();
+            if holds_group {
+                // A retried FIFO message goes back at the head of its group.
+                self.release_group(&stored.key, fifo);
+                self.ready.push_front(stored);
+            } else {
+                self.ready.push_back(stored);
+            }
+        }
+    }
+
+    /// The index of the first ready message whose group is not held.
+    fn next_index(&self, fifo: bool, taken_groups: &[PartitionKey]) -> Option<usize> {
+        if !fifo || self.held_groups.is_empty() {
+            return (!self.ready.is_empty()).then_some(0);
+        }
+        self.ready.iter().position(|stored| match &stored.key {
+            Some(key) => !self.held_groups.contains_key(key) || taken_groups.contains(key),
+            None => true,
+        })
+    }
+
+    fn release_group(&mut self, key: &Option<PartitionKey>, fifo: bool) {
+        let Some(key) = key.as_ref().filter(|_| fifo) else {
+            return;
+        };
+        if let Some(count) = self.held_groups.get_mut(key) {
+            *count -= 1;
+            if *count == 0 {
+                self.held_groups.remove(key);
+            }
+        }
+    }
+}
+
+impl Settle for Queue {
+    fn settle(&self, tag: u64, settlement: Settlement<'_>) {
+        let mut rejected = None;
+        let mut acked = None;
+        {
+            let mut state = self.lock();
+            let Some(mut stored) = state.in_flight.remove(&tag) else {
+                return;
+            };
+            match settlement {
+                Settlement::Ack => {
+                    state.release_group(&stored.key, self.fifo);
+                    state.stats.acked += 1;
+                    acked = Some(stored);
+                }
+                Settlement::Retry | Settlement::Release => {
+                    if settlement == Settlement::Release {
+                        // Never handled: the receive does not count as an attempt.
+                        stored.receive_count -= 1;
+                    } else {
+                        state.stats.retried += 1;
+                    }
+                    state.release_group(&stored.key, self.fifo);
+                    state.ready.push_front(stored);
+                }
+                Settlement::RetryAfter(delay) => {
+                    state.stats.retried += 1;
+                    let holds_group = self.fifo && stored.key.is_some();
+                    state.delay(stored, Instant::now() + delay, holds_group);
+                }
+                Settlement::Reject { reason } => {
+                    state.release_group(&stored.key, self.fifo);
+                    rejected = Some((stored, reason));
+                }
+            }
+        }
+        if let Some(stored) = acked {
+            if let Some(broker) = self.broker.upgrade() {
+                if broker.history.is_recording() {
+                    broker.history.record_acked(&self.name, stored.record());
+                }
+            }
+        }
+        if let Some((stored, reason)) = rejected {
+            self.dead_letter(stored, reason);
+        }
+        self.changed();
+    }
+}

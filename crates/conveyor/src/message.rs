@@ -1,0 +1,236 @@
+//! Outgoing messages and the partition key.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::Serialize;
+
+use crate::error::Error;
+use crate::headers::{HeaderName, Headers};
+
+/// The key that orders a message among its peers: deliveries with one key are handled in
+/// order by `workers(n).by_key()` lanes, and FIFO queues hold a key back while one of its
+/// messages is in flight.
+///
+/// Each transport carries it its own way (an SQS FIFO `MessageGroupId`, RabbitMQ's
+/// `amqp-partition-key` header, the in-process [`memory::PARTITION_KEY_HEADER`]); set it
+/// portably with [`Message::partition_key`].
+///
+/// [`memory::PARTITION_KEY_HEADER`]: crate::memory::PARTITION_KEY_HEADER
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PartitionKey(Arc<str>);
+
+impl PartitionKey {
+    /// A key from text.
+    pub fn new(key: impl Into<Arc<str>>) -> Self {
+        PartitionKey(key.into())
+    }
+
+    /// The key as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for PartitionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for PartitionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::ops::Deref for PartitionKey {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for PartitionKey {
+    fn from(key: &str) -> Self {
+        PartitionKey(key.into())
+    }
+}
+
+impl From<String> for PartitionKey {
+    fn from(key: String) -> Self {
+        PartitionKey(key.into())
+    }
+}
+
+impl PartialEq<str> for PartitionKey {
+    fn eq(&self, other: &str) -> bool {
+        &*self.0 == other
+    }
+}
+
+impl PartialEq<&str> for PartitionKey {
+    fn eq(&self, other: &&str) -> bool {
+        &*self.0 == *other
+    }
+}
+
+/// A message to publish: payload bytes, headers and the portable properties every
+/// transport maps to its own (partition key, content type, ids, delay).
+///
+/// ```
+/// use conveyor::Message;
+///
+/// #[derive(serde::Serialize)]
+/// struct Order { id: u64 }
+///
+/// let message = Message::json(&Order { id: 7 })?
+///     .partition_key("alice")
+///     .header("x-tenant", "acme");
+/// assert_eq!(message.payload().as_ref(), br#"{"id":7}"#);
+/// assert_eq!(message.get_partition_key().map(|k| k.as_str()), Some("alice"));
+/// # Ok::<(), conveyor::Error>(())
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct Message {
+    payload: Bytes,
+    headers: Headers,
+    partition_key: Option<PartitionKey>,
+    content_type: Option<Cow<'static, str>>,
+    message_id: Option<String>,
+    correlation_id: Option<String>,
+    delay: Option<Duration>,
+}
+
+impl Message {
+    /// A message with these payload bytes and nothing else.
+    pub fn new(payload: impl Into<Bytes>) -> Self {
+        Message {
+            payload: payload.into(),
+            ..Message::default()
+        }
+    }
+
+    /// A message whose payload is `value` as JSON, with content type `application/json`.
+    pub fn json<T: Serialize + ?Sized>(value: &T) -> Result<Self, Error> {
+        let payload = serde_json::to_vec(value).map_err(|e| Error::Encode {
+            format: "json",
+            source: e.into(),
+        })?;
+        Ok(Message::new(payload).content_type("application/json"))
+    }
+
+    /// Sets a header, replacing any of the same name (names are case-insensitive).
+    pub fn header(mut self, name: impl Into<HeaderName>, value: impl Into<Bytes>) -> Self {
+        self.headers.insert(name, value);
+        self
+    }
+
+    /// Sets the partition key. Each transport writes it where it belongs: the FIFO message
+    /// group on SQS, the `amqp-partition-key` header on RabbitMQ, the
+    /// [`memory::PARTITION_KEY_HEADER`](crate::memory::PARTITION_KEY_HEADER) in process.
+    pub fn partition_key(mut self, key: impl Into<PartitionKey>) -> Self {
+        self.partition_key = Some(key.into());
+        self
+    }
+
+    /// Sets the content type (`application/json` for [`Message::json`]).
+    pub fn content_type(mut self, content_type: impl Into<Cow<'static, str>>) -> Self {
+        self.content_type = Some(content_type.into());
+        self
+    }
+
+    /// Sets the message id (SQS deduplication falls back to it; AMQP `message-id`).
+    pub fn message_id(mut self, id: impl Into<String>) -> Self {
+        self.message_id = Some(id.into());
+        self
+    }
+
+    /// Sets the correlation id.
+    pub fn correlation_id(mut self, id: impl Into<String>) -> Self {
+        self.correlation_id = Some(id.into());
+        self
+    }
+
+    /// Delays delivery: the message becomes visible to consumers only after `delay`.
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = Some(delay);
+        self
+    }
+
+    /// The payload bytes.
+    pub fn payload(&self) -> &Bytes {
+        &self.payload
+    }
+
+    /// The headers.
+    pub fn headers(&self) -> &Headers {
+        &self.headers
+    }
+
+    /// The headers, to change in place.
+    pub fn headers_mut(&mut self) -> &mut Headers {
+        &mut self.headers
+    }
+
+    /// The partition key, if one was set.
+    pub fn get_partition_key(&self) -> Option<&PartitionKey> {
+        self.partition_key.as_ref()
+    }
+
+    /// The content type, if one was set.
+    pub fn get_content_type(&self) -> Option<&str> {
+        self.content_type.as_deref()
+    }
+
+    /// The message id, if one was set.
+    pub fn get_message_id(&self) -> Option<&str> {
+        self.message_id.as_deref()
+    }
+
+    /// The correlation id, if one was set.
+    pub fn get_correlation_id(&self) -> Option<&str> {
+        self.correlation_id.as_deref()
+    }
+
+    /// The delivery delay, if one was set.
+    pub fn get_delay(&self) -> Option<Duration> {
+        self.delay
+    }
+
+    /// Takes the message apart, for a transport to map onto its wire format.
+    pub fn into_parts(self) -> MessageParts {
+        MessageParts {
+            payload: self.payload,
+            headers: self.headers,
+            partition_key: self.partition_key,
+            content_type: self.content_type,
+            message_id: self.message_id,
+            correlation_id: self.correlation_id,
+            delay: self.delay,
+        }
+    }
+}
+
+/// A [`Message`] taken apart by [`Message::into_parts`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct MessageParts {
+    /// The payload bytes.
+    pub payload: Bytes,
+    /// The headers.
+    pub headers: Headers,
+    /// The partition key.
+    pub partition_key: Option<PartitionKey>,
+    /// The content type.
+    pub content_type: Option<Cow<'static, str>>,
+    /// The message id.
+    pub message_id: Option<String>,
+    /// The correlation id.
+    pub correlation_id: Option<String>,
+    /// The delivery delay.
+    pub delay: Option<Duration>,
+}

@@ -1,0 +1,160 @@
+//! What a mount does when its handler fails: the failure policy.
+
+use std::time::Duration;
+
+/// How long to wait before retrying a failed delivery, growing with the attempt.
+///
+/// ```
+/// use std::time::Duration;
+/// use conveyor::Backoff;
+///
+/// let backoff = Backoff::exponential(Duration::from_millis(100), Duration::from_secs(1));
+/// assert_eq!(backoff.delay(1), Duration::from_millis(100));
+/// assert_eq!(backoff.delay(2), Duration::from_millis(200));
+/// assert_eq!(backoff.delay(10), Duration::from_secs(1));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    base: Duration,
+    max: Duration,
+    exponential: bool,
+}
+
+impl Backoff {
+    /// The same delay every time.
+    pub fn fixed(delay: Duration) -> Self {
+        Backoff {
+            base: delay,
+            max: delay,
+            exponential: false,
+        }
+    }
+
+    /// `base` after the first attempt, doubling after each further one, at most `max`.
+    pub fn exponential(base: Duration, max: Duration) -> Self {
+        Backoff {
+            base,
+            max,
+            exponential: true,
+        }
+    }
+
+    /// The delay after attempt `attempt` (counting from 1) has failed.
+    pub fn delay(&self, attempt: u32) -> Duration {
+        if !self.exponential {
+            return self.base;
+        }
+        let doublings = attempt.saturating_sub(1).min(31);
+        self.base
+            .checked_mul(1 << doublings)
+            .map_or(self.max, |d| d.min(self.max))
+    }
+}
+
+/// What happens to a delivery whose handler returned `Err` or panicked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnError {
+    /// Back on the queue at once.
+    Retry,
+    /// Back on the queue after the backoff's delay for this attempt.
+    RetryAfter(Backoff),
+    /// Dead-letter (or discard where the queue has no dead-letter queue).
+    Reject,
+}
+
+/// A mount's failure policy: what to do on error, and after how many attempts to give up
+/// and reject.
+///
+/// The default retries after an exponential backoff (1 s doubling up to 60 s) and rejects
+/// on the fifth failed attempt. Attempts are counted by the broker (see
+/// [`Delivery::attempt`](crate::Delivery::attempt)), so they survive restarts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FailurePolicy {
+    /// What to do with a failed delivery that has attempts left.
+    pub on_error: OnError,
+    /// The attempt on whose failure the delivery is rejected; `None` retries forever.
+    pub max_attempts: Option<u32>,
+}
+
+impl Default for FailurePolicy {
+    fn default() -> Self {
+        FailurePolicy {
+            on_error: OnError::RetryAfter(Backoff::exponential(
+                Duration::from_secs(1),
+                Duration::from_secs(60),
+            )),
+            max_attempts: Some(5),
+        }
+    }
+}
+
+/// The fate the policy picks for one failed delivery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    Retry,
+    RetryAfter(Duration),
+    Reject { attempts_exhausted: bool },
+}
+
+impl FailurePolicy {
+    /// The fate of a delivery whose attempt number `attempt` just failed.
+    pub(crate) fn verdict(&self, attempt: u32) -> Verdict {
+        if self.max_attempts.is_some_and(|max| attempt >= max) {
+            return Verdict::Reject {
+                attempts_exhausted: true,
+            };
+        }
+        match self.on_error {
+            OnError::Retry => Verdict::Retry,
+            OnError::RetryAfter(backoff) => Verdict::RetryAfter(backoff.delay(attempt)),
+            OnError::Reject => Verdict::Reject {
+                attempts_exhausted: false,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_once_attempts_run_out() {
+        let policy = FailurePolicy {
+            on_error: OnError::Retry,
+            max_attempts: Some(3),
+        };
+        assert_eq!(policy.verdict(1), Verdict::Retry);
+        assert_eq!(policy.verdict(2), Verdict::Retry);
+        assert_eq!(
+            policy.verdict(3),
+            Verdict::Reject {
+                attempts_exhausted: true
+            }
+        );
+    }
+
+    #[test]
+    fn retry_after_grows_with_the_attempt() {
+        let policy = FailurePolicy {
+            on_error: OnError::RetryAfter(Backoff::exponential(
+                Duration::from_secs(1),
+                Duration::from_secs(5),
+            )),
+            max_attempts: None,
+        };
+        assert_eq!(
+            policy.verdict(1),
+            Verdict::RetryAfter(Duration::from_secs(1))
+        );
+        assert_eq!(
+            policy.verdict(3),
+            Verdict::RetryAfter(Duration::from_secs(4))
+        );
+        assert_eq!(
+            policy.verdict(50),
+            Verdict::RetryAfter(Duration::from_secs(5))
+        );
+    }
+}

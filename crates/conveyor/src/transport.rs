@@ -1,0 +1,131 @@
+//! The contract between the core and a transport.
+//!
+//! A transport provides three things: a [`Source`] (a queue a handler can be mounted on),
+//! the [`Subscriber`] it opens, and a [`Publisher`]. The dispatch engine drives a
+//! subscriber one delivery (or one batch) at a time and settles each delivery through the
+//! [`Settle`](crate::Settle) handle the transport put in it. The core knows nothing else
+//! about any broker.
+
+use std::future::Future;
+
+use serde::Serialize;
+
+use crate::delivery::Delivery;
+use crate::error::Error;
+use crate::message::Message;
+
+/// What the dispatcher tells a transport about a mount when it subscribes.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct SubscribeSettings {
+    /// How many deliveries the mount can hold at most: running, waiting for a lane, or
+    /// being gathered into a batch. A transport sizes its read-ahead from it (SQS asks
+    /// for no more than this, RabbitMQ's default prefetch covers it).
+    pub max_in_flight: usize,
+    /// The batch size of a batch mount, `None` for a single-delivery handler.
+    pub batch_size: Option<usize>,
+    /// A read-ahead window the mount asked for explicitly (RabbitMQ `basic.qos`).
+    pub prefetch: Option<u16>,
+    /// Whether the mount runs several deliveries at once (workers or lanes), so a
+    /// transport can warn when its window makes that impossible.
+    pub concurrent: bool,
+}
+
+impl SubscribeSettings {
+    /// Settings for a mount that holds at most `max_in_flight` deliveries.
+    pub fn new(max_in_flight: usize) -> Self {
+        SubscribeSettings {
+            max_in_flight,
+            batch_size: None,
+            prefetch: None,
+            concurrent: max_in_flight > 1,
+        }
+    }
+}
+
+/// A queue a handler can be mounted on. Opening it yields a [`Subscriber`].
+pub trait Source: Send + 'static {
+    /// The subscriber this source opens.
+    type Subscriber: Subscriber;
+
+    /// The queue's name, for logs and errors.
+    fn queue_name(&self) -> &str;
+
+    /// Opens a subscription: declares or checks the queue, opens the receive side.
+    /// A failure here fails the app's startup with [`Error::Subscribe`].
+    fn subscribe(
+        self,
+        settings: SubscribeSettings,
+    ) -> impl Future<Output = Result<Self::Subscriber, Error>> + Send;
+}
+
+/// The receive side of one subscription: one queue, one receive source, one delivery at a
+/// time in the order the transport received them.
+pub trait Subscriber: Send + 'static {
+    /// Waits for the next delivery. `None` means the subscription has ended for good.
+    ///
+    /// Must be cancel-safe: the dispatcher drops this future at shutdown, and a delivery
+    /// the transport had received but not returned must not be lost by that.
+    fn recv(&mut self) -> impl Future<Output = Option<Result<Delivery, Error>>> + Send;
+
+    /// Waits for at least one delivery, then appends to `batch` those already available,
+    /// up to `max` in all, without waiting for more.
+    ///
+    /// The default takes one delivery; transports that receive in bulk override it.
+    fn recv_batch(
+        &mut self,
+        max: usize,
+        batch: &mut Vec<Delivery>,
+    ) -> impl Future<Output = Option<Result<(), Error>>> + Send {
+        let _ = max;
+        async move {
+            match self.recv().await? {
+                Ok(delivery) => {
+                    batch.push(delivery);
+                    Some(Ok(()))
+                }
+                Err(e) => Some(Err(e)),
+            }
+        }
+    }
+
+    /// Stops receiving, returns what was received but not handed over to the broker, and
+    /// flushes outstanding settlements. Called once, after every delivery of this
+    /// subscription has been settled or dropped.
+    fn close(self) -> impl Future<Output = ()> + Send;
+}
+
+/// Sends messages to a destination (a queue, or an exchange with a routing key).
+pub trait Publisher: Send + Sync {
+    /// Sends one message; returns once the broker has taken it.
+    fn publish(
+        &self,
+        destination: &str,
+        message: Message,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Sends several messages, in as few broker calls as the transport allows. Returns the
+    /// first error; the messages before it were sent.
+    fn publish_batch(
+        &self,
+        destination: &str,
+        messages: Vec<Message>,
+    ) -> impl Future<Output = Result<(), Error>> + Send {
+        async move {
+            for message in messages {
+                self.publish(destination, message).await?;
+            }
+            Ok(())
+        }
+    }
+
+    /// Sends `value` as a JSON message.
+    fn publish_json<T: Serialize + Sync + ?Sized>(
+        &self,
+        destination: &str,
+        value: &T,
+    ) -> impl Future<Output = Result<(), Error>> + Send {
+        let message = Message::json(value);
+        async move { self.publish(destination, message?).await }
+    }
+}
