@@ -1,0 +1,226 @@
+//! Failure paths: bad payloads, handler errors and panics, retries, startup errors.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use conveyor::testing::TestApp;
+use conveyor::{App, Backoff, DeliveryInfo, Error, Json, MemoryBroker, Message, State};
+use tokio::time::Instant;
+
+#[derive(serde::Deserialize)]
+struct Order {
+    id: u64,
+}
+
+#[derive(Clone, Default)]
+struct Seen(Arc<Mutex<Vec<u64>>>);
+
+async fn take_order(Json(order): Json<Order>, State(seen): State<Seen>) {
+    seen.0.lock().unwrap().push(order.id);
+}
+
+#[tokio::test]
+async fn an_undecodable_payload_is_dead_lettered_and_the_service_keeps_running() {
+    let broker = MemoryBroker::new();
+    let seen = Seen::default();
+    let app = App::new("decode").with_state(seen.clone()).mount(
+        broker.queue("orders"),
+        take_order,
+        |m| m,
+    );
+    let test = TestApp::start(app, &broker).await.unwrap();
+    test.publish("orders", Message::new("{not json"))
+        .await
+        .unwrap();
+    test.publish("orders", Message::new(r#"{"id": 7}"#))
+        .await
+        .unwrap();
+    test.settled().await.unwrap();
+    let dead = test.dead_lettered("orders");
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].message.payload.as_ref(), b"{not json");
+    assert!(
+        dead[0].reason.starts_with("cannot decode payload as json"),
+        "{}",
+        dead[0].reason
+    );
+    assert_eq!(*seen.0.lock().unwrap(), vec![7]);
+    test.stop().await.unwrap();
+}
+
+async fn panic_on_zero(Json(n): Json<u64>, State(seen): State<Seen>) {
+    assert!(n != 0, "boom");
+    seen.0.lock().unwrap().push(n);
+}
+
+#[tokio::test]
+async fn a_handler_panic_is_caught_and_the_message_dead_lettered() {
+    let broker = MemoryBroker::new();
+    let seen = Seen::default();
+    let app = App::new("panics").with_state(seen.clone()).mount(
+        broker.queue("numbers"),
+        panic_on_zero,
+        |m| m.reject_on_error(),
+    );
+    let test = TestApp::start(app, &broker).await.unwrap();
+    for n in [0u64, 1, 0, 2] {
+        test.publish_json("numbers", &n).await.unwrap();
+    }
+    test.settled().await.unwrap();
+    let dead = test.dead_lettered("numbers");
+    assert_eq!(dead.len(), 2);
+    assert!(
+        dead[0].reason.contains("handler panicked: boom"),
+        "{}",
+        dead[0].reason
+    );
+    assert_eq!(*seen.0.lock().unwrap(), vec![1, 2]);
+    test.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_panic_in_a_lane_leaves_the_lane_running() {
+    let broker = MemoryBroker::new();
+    let seen = Seen::default();
+    let app = App::new("lane-panics").with_state(seen.clone()).mount(
+        broker.queue("numbers"),
+        panic_on_zero,
+        |m| m.workers(2).by_key().reject_on_error(),
+    );
+    let test = TestApp::start(app, &broker).await.unwrap();
+    for n in [0u64, 1, 0, 2, 3] {
+        test.publish("numbers", Message::json(&n).unwrap().partition_key("same"))
+            .await
+            .unwrap();
+    }
+    test.settled().await.unwrap();
+    assert_eq!(*seen.0.lock().unwrap(), vec![1, 2, 3]);
+    assert_eq!(test.dead_lettered("numbers").len(), 2);
+    test.stop().await.unwrap();
+}
+
+/// Fails until the given attempt, recording when each attempt ran.
+#[derive(Clone, Default)]
+struct Attempts(Arc<Mutex<Vec<(u32, Instant)>>>);
+
+async fn fail_twice(
+    Json(_n): Json<u64>,
+    info: DeliveryInfo,
+    State(log): State<Attempts>,
+) -> Result<(), String> {
+    log.0.lock().unwrap().push((info.attempt, Instant::now()));
+    if info.attempt < 3 {
+        return Err(format!("attempt {} failed", info.attempt));
+    }
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_waits_the_backoff_between_attempts() {
+    let broker = MemoryBroker::new();
+    let log = Attempts::default();
+    let app =
+        App::new("backoff")
+            .with_state(log.clone())
+            .mount(broker.queue("jobs"), fail_twice, |m| {
+                m.retry_after(Backoff::exponential(
+                    Duration::from_secs(10),
+                    Duration::from_secs(60),
+                ))
+            });
+    let test = TestApp::start(app, &broker)
+        .await
+        .unwrap()
+        .with_deadline(Duration::from_secs(120));
+    test.publish_json("jobs", &1u64).await.unwrap();
+    test.drained().await.unwrap();
+    let log = log.0.lock().unwrap().clone();
+    let attempts: Vec<u32> = log.iter().map(|(a, _)| *a).collect();
+    assert_eq!(attempts, vec![1, 2, 3]);
+    assert_eq!(log[1].1 - log[0].1, Duration::from_secs(10));
+    assert_eq!(log[2].1 - log[1].1, Duration::from_secs(20));
+    assert_eq!(test.acked("jobs").len(), 1);
+    test.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn settled_leaves_messages_that_are_still_waiting_out_a_delay() {
+    let broker = MemoryBroker::new();
+    let log = Attempts::default();
+    let app =
+        App::new("backoff")
+            .with_state(log.clone())
+            .mount(broker.queue("jobs"), fail_twice, |m| {
+                m.retry_after(Backoff::fixed(Duration::from_secs(5)))
+            });
+    let test = TestApp::start(app, &broker).await.unwrap();
+    test.publish_json("jobs", &1u64).await.unwrap();
+    test.settled().await.unwrap();
+    assert_eq!(log.0.lock().unwrap().len(), 1);
+    assert_eq!(broker.stats("jobs").delayed, 1);
+    tokio::time::advance(Duration::from_secs(5)).await;
+    test.settled().await.unwrap();
+    assert_eq!(log.0.lock().unwrap().len(), 2);
+    test.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_message_is_rejected_when_its_attempts_run_out() {
+    let broker = MemoryBroker::new();
+    let log = Attempts::default();
+    let app =
+        App::new("capped")
+            .with_state(log.clone())
+            .mount(broker.queue("jobs"), fail_twice, |m| {
+                m.retry().max_attempts(2)
+            });
+    let test = TestApp::start(app, &broker).await.unwrap();
+    test.publish_json("jobs", &1u64).await.unwrap();
+    test.settled().await.unwrap();
+    assert_eq!(log.0.lock().unwrap().len(), 2);
+    let dead = test.dead_lettered("jobs");
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        dead[0].reason,
+        "attempt 2 failed (attempt 2, no attempts left)"
+    );
+    test.stop().await.unwrap();
+}
+
+#[derive(Clone)]
+struct Db;
+
+async fn needs_db(Json(_n): Json<u64>, State(_db): State<Db>) {}
+
+#[tokio::test]
+async fn a_handler_whose_state_is_missing_fails_startup() {
+    let broker = MemoryBroker::new();
+    let error = App::new("no-db")
+        .mount(broker.queue("jobs"), needs_db, |m| m)
+        .start()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, Error::MissingState { ref queue, .. } if queue == "jobs"),
+        "{error}"
+    );
+    assert!(error.to_string().contains("State<failures::Db>"), "{error}");
+}
+
+async fn any(Json(_n): Json<u64>) {}
+
+#[tokio::test]
+async fn impossible_mount_settings_fail_startup() {
+    let broker = MemoryBroker::new();
+    for configure in [
+        (|m: conveyor::MountOptions| m.workers(0)) as fn(_) -> _,
+        |m| m.batch(5),
+    ] {
+        let error = App::new("bad")
+            .mount(broker.queue("jobs"), any, configure)
+            .start()
+            .await
+            .unwrap_err();
+        assert!(matches!(error, Error::Config(_)), "{error}");
+    }
+}

@@ -1,0 +1,1 @@
+//! Runnable Conveyor services: see the `[[example]]` targets of this package.

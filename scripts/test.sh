@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: start the live services the tests need, then check
+# formatting and lints, then run every test (unit, integration, examples, doctests).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+for service in scripts/services/*.sh; do
+    [ -e "$service" ] || continue
+    echo "== starting $(basename "$service" .sh)"
+    bash "$service"
+done
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo test"
+cargo test --workspace
