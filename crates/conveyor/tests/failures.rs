@@ -224,3 +224,59 @@ async fn impossible_mount_settings_fail_startup() {
         assert!(matches!(error, Error::Config(_)), "{error}");
     }
 }
+
+/// A source whose queue does not exist, or whose subscription ends after one delivery.
+struct Scripted {
+    fails: bool,
+}
+
+struct EndsAtOnce;
+
+impl conveyor::Subscriber for EndsAtOnce {
+    async fn recv(&mut self) -> Option<Result<conveyor::Delivery, Error>> {
+        None
+    }
+
+    async fn close(self) {}
+}
+
+impl conveyor::Source for Scripted {
+    type Subscriber = EndsAtOnce;
+
+    fn queue_name(&self) -> &str {
+        "scripted"
+    }
+
+    async fn subscribe(self, _: conveyor::SubscribeSettings) -> Result<EndsAtOnce, Error> {
+        if self.fails {
+            return Err(Error::Subscribe {
+                queue: "scripted".into(),
+                source: "no such queue".into(),
+            });
+        }
+        Ok(EndsAtOnce)
+    }
+}
+
+#[tokio::test]
+async fn a_subscription_that_cannot_start_fails_startup() {
+    let error = App::new("broken")
+        .mount(Scripted { fails: true }, any, |m| m)
+        .run_until(std::future::pending())
+        .await
+        .unwrap_err();
+    assert_eq!(error.to_string(), "cannot subscribe to queue `scripted`");
+}
+
+#[tokio::test]
+async fn a_subscription_that_ends_by_itself_stops_the_app_with_an_error() {
+    let error = App::new("ending")
+        .mount(Scripted { fails: false }, any, |m| m)
+        .run_until(std::future::pending())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, Error::SubscriptionEnded { ref queue } if queue == "scripted"),
+        "{error}"
+    );
+}
