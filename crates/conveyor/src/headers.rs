@@ -13,7 +13,8 @@ use bytes::Bytes;
 /// replaces every header of that name.
 ///
 /// Cloning is cheap: the entries are shared and copied only when a clone is changed, so a
-/// transport can hand the same headers to every redelivery without allocating.
+/// transport can hand the same headers to every redelivery without allocating. Empty
+/// headers allocate nothing.
 ///
 /// ```
 /// use conveyor::Headers;
@@ -23,9 +24,10 @@ use bytes::Bytes;
 /// assert_eq!(headers.get_str("content-type"), Some("application/json"));
 /// assert_eq!(headers.len(), 1);
 /// ```
-#[derive(Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default)]
 pub struct Headers {
-    entries: Arc<Vec<(HeaderName, Bytes)>>,
+    /// `None` while empty, so a delivery without headers costs no allocation.
+    entries: Option<Arc<Vec<(HeaderName, Bytes)>>>,
 }
 
 /// A header name: a static string or an owned one, compared case-insensitively.
@@ -39,7 +41,7 @@ impl Headers {
 
     /// The value of the first header named `name` (any case).
     pub fn get(&self, name: &str) -> Option<&Bytes> {
-        self.entries
+        self.entries()
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, v)| v)
@@ -58,7 +60,7 @@ impl Headers {
     /// Sets `name` to `value`, replacing every header of that name.
     pub fn insert(&mut self, name: impl Into<HeaderName>, value: impl Into<Bytes>) {
         let name = name.into();
-        let entries = Arc::make_mut(&mut self.entries);
+        let entries = Arc::make_mut(self.entries.get_or_insert_with(Default::default));
         entries.retain(|(n, _)| !n.eq_ignore_ascii_case(&name));
         entries.push((name, value.into()));
     }
@@ -68,7 +70,7 @@ impl Headers {
         if !self.contains(name) {
             return None;
         }
-        let entries = Arc::make_mut(&mut self.entries);
+        let entries = self.entries.as_mut().map(Arc::make_mut)?;
         let mut removed = None;
         entries.retain(|(n, v)| {
             let hit = n.eq_ignore_ascii_case(name);
@@ -82,24 +84,36 @@ impl Headers {
 
     /// How many headers there are.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.entries().len()
     }
 
     /// Whether there are no headers.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.entries().is_empty()
     }
 
     /// The headers in the order they were set, names as they were given.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Bytes)> {
-        self.entries.iter().map(|(n, v)| (n.as_ref(), v))
+        self.entries().iter().map(|(n, v)| (n.as_ref(), v))
+    }
+
+    fn entries(&self) -> &[(HeaderName, Bytes)] {
+        self.entries.as_deref().map_or(&[], Vec::as_slice)
     }
 }
+
+impl PartialEq for Headers {
+    fn eq(&self, other: &Self) -> bool {
+        self.entries() == other.entries()
+    }
+}
+
+impl Eq for Headers {}
 
 impl fmt::Debug for Headers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_map()
-            .entries(self.entries.iter().map(|(n, v)| (n, v)))
+            .entries(self.entries().iter().map(|(n, v)| (n, v)))
             .finish()
     }
 }

@@ -190,10 +190,14 @@ impl MemoryBroker {
     /// flight. With `delayed`, messages waiting out a delay count as work too.
     pub fn is_idle(&self, delayed: bool) -> bool {
         let now = Instant::now();
-        self.inner
-            .all_queues()
-            .iter()
-            .all(|queue| queue.is_idle(now, delayed))
+        // Under the map's lock (a queue locks its own state inside it, never the other way
+        // round), so checking allocates nothing.
+        let queues = self
+            .inner
+            .queues
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        queues.values().all(|queue| queue.is_idle(now, delayed))
     }
 
     /// Waits until [`is_idle(false)`](Self::is_idle): everything published and due has

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Instructions per delivery of Conveyor's core on the in-process transport, per dispatch
+# mode, counted by callgrind on a current-thread runtime (deterministic).
+#
+# The bench's measurement window opens after the warm-up and closes after N deliveries;
+# callgrind counts only inside it (--zero-before=window_open, --dump-before=window_close).
+# Each mode runs with N and 2N messages, so that what happens once per window cancels:
+#   instructions/delivery = (Ir(2N) - Ir(N)) / N
+#
+# Usage: scripts/bench-core.sh [N]    (default N=20000; honours CARGO_TARGET_DIR)
+# Needs valgrind. Prefix with `nice -n 10` on a shared machine.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+n=${1:-20000}
+warmup=10000
+modes=(sequential bytes workers lanes batch)
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+# Build in release (the bench profile) and find the bench binary.
+bin=$(cargo bench -p conveyor-benches --bench dispatch --no-run --message-format=json \
+    | grep -o '"executable":"[^"]*dispatch-[^"]*"' | tail -n 1 | cut -d'"' -f4)
+if [[ -z "$bin" || ! -x "$bin" ]]; then
+    echo "bench-core: could not find the dispatch bench binary" >&2
+    exit 1
+fi
+
+# Ir inside the window of one run of `mode` with `messages` measured deliveries.
+window_ir() {
+    local mode=$1 messages=$2 file="$out/$1.$2"
+    valgrind --tool=callgrind --callgrind-out-file="$file" \
+        --zero-before='*window_open*' --dump-before='*window_close*' \
+        "$bin" --mode "$mode" --runtime current --warmup "$warmup" --messages "$messages" \
+        >/dev/null 2>"$file.log"
+    # The dump taken on entering window_close holds exactly the window.
+    local ir
+    ir=$(grep -h '^summary:' "$file.1" 2>/dev/null | awk '{print $2}')
+    if [[ -z "$ir" ]]; then
+        echo "bench-core: no window dump for $mode ($messages); see below" >&2
+        cat "$file.log" >&2
+        exit 1
+    fi
+    echo "$ir"
+}
+
+echo "callgrind, current-thread runtime, warm-up $warmup, N=$n"
+printf '%-11s %16s %16s %14s\n' mode "Ir(N)" "Ir(2N)" "instr/delivery"
+for mode in "${modes[@]}"; do
+    one=$(window_ir "$mode" "$n")
+    two=$(window_ir "$mode" $((2 * n)))
+    printf '%-11s %16d %16d %14d\n' "$mode" "$one" "$two" $(((two - one) / n))
+done
