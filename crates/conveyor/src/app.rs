@@ -240,12 +240,19 @@ pub struct RunningApp {
 }
 
 impl RunningApp {
+    /// Stops receiving now, without waiting: in-flight handlers go on and deliveries not
+    /// yet started are released. [`shutdown`](Self::shutdown) then waits for the rest. Use
+    /// it to drain a service (before a readiness probe fails, say) ahead of shutting down.
+    pub fn stop_receiving(&self) {
+        self.stop.send_replace(true);
+    }
+
     /// Stops receiving, lets in-flight handlers finish within the shutdown timeout and
     /// settles them, releases received-but-unstarted deliveries, then returns. Handlers
     /// still running at the timeout are cancelled and their deliveries released.
     pub async fn shutdown(mut self) -> Result<(), Error> {
         tracing::info!(app = self.name, "shutting down");
-        let _ = self.stop.send(true);
+        self.stop_receiving();
         let mut first_error = None;
         let drained = tokio::time::timeout(self.shutdown_timeout, async {
             while let Some(joined) = self.mounts.join_next().await {

@@ -73,8 +73,3 @@ pub use payload::{DecodeError, FromPayload, Json};
 pub use policy::{Backoff, FailurePolicy, OnError};
 pub use state::StateMap;
 pub use transport::{Publisher, Source, SubscribeSettings, Subscriber};
-
-/// The README's examples, compiled as doctests so they stay true.
-#[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
-struct ReadmeDoctests;

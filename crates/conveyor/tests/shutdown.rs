@@ -124,11 +124,9 @@ async fn sequential_shutdown_releases_nothing_it_has_not_received() {
         .await
         .unwrap();
     work_state.wait_started(1).await;
-    let stopping = tokio::spawn(running.shutdown());
-    // On this single-threaded runtime the shutdown task has asked to stop once we yield.
-    tokio::task::yield_now().await;
+    running.stop_receiving();
     work_state.gate.add_permits(1);
-    stopping.await.unwrap().unwrap();
+    running.shutdown().await.unwrap();
     assert_eq!(
         work_state.started.lock().unwrap().len(),
         1,

@@ -1,0 +1,198 @@
+//! Publishing to SQS: `SendMessage`, and `SendMessageBatch` split by ten entries and by
+//! the queue's size limit.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
+use conveyor::{Error, Message, MessageParts, Publisher};
+
+use crate::attributes::{self, Outgoing};
+use crate::broker::SqsBroker;
+use crate::error::SqsError;
+use crate::queue::QueueInfo;
+use crate::settle::BATCH_LIMIT;
+
+/// The longest delay SQS takes on a message (15 minutes).
+const MAX_DELAY: Duration = Duration::from_secs(900);
+
+/// A message checked against its queue and mapped onto SQS, ready to send.
+struct Prepared {
+    outgoing: Outgoing,
+    group: Option<String>,
+    deduplication: Option<String>,
+    delay_seconds: Option<i32>,
+}
+
+fn prepare(queue: &QueueInfo, parts: MessageParts) -> Result<Prepared, SqsError> {
+    let invalid = |reason: String| SqsError::InvalidMessage {
+        queue: queue.name.clone(),
+        reason,
+    };
+    let outgoing = attributes::encode(&queue.name, &parts)?;
+    if outgoing.size > queue.max_message_size {
+        return Err(invalid(format!(
+            "the message is {} bytes with its attributes; the queue takes at most {}",
+            outgoing.size, queue.max_message_size
+        )));
+    }
+    let delay_seconds = match parts.delay {
+        None => None,
+        Some(_) if queue.fifo => {
+            return Err(invalid(
+                "FIFO queues take no per-message delay; set the queue's DelaySeconds".into(),
+            ));
+        }
+        Some(delay) if delay > MAX_DELAY => {
+            return Err(invalid(format!(
+                "a delay of {delay:?} is over SQS's 15 minutes"
+            )));
+        }
+        Some(delay) => Some(delay.as_secs() as i32),
+    };
+    let (group, deduplication) = if queue.fifo {
+        let group = parts.partition_key.as_ref().ok_or_else(|| {
+            invalid("a FIFO queue needs a message group: set the message's partition_key".into())
+        })?;
+        let deduplication = match parts.message_id {
+            Some(id) => Some(id),
+            None if queue.content_based_deduplication => None,
+            None => Some(unique_id()),
+        };
+        (Some(group.as_str().to_string()), deduplication)
+    } else {
+        // A standard queue has no message groups: the key does not travel.
+        (None, None)
+    };
+    Ok(Prepared {
+        outgoing,
+        group,
+        deduplication,
+        delay_seconds,
+    })
+}
+
+/// A deduplication id no other publish of this process, or (by its clock) of another
+/// process, has used.
+fn unique_id() -> String {
+    static SEQUENCE: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_nanos());
+    let sequence = SEQUENCE.fetch_add(1, Ordering::Relaxed);
+    format!("{nanos:x}-{:x}-{sequence:x}", std::process::id())
+}
+
+fn publish_error(destination: &str, error: SqsError) -> Error {
+    Error::Publish {
+        destination: destination.to_string(),
+        source: Box::new(error),
+    }
+}
+
+impl Publisher for SqsBroker {
+    /// Sends one message with `SendMessage`. `destination` is a queue name or URL. The
+    /// message is checked first: a FIFO queue needs a partition key (its group), headers
+    /// must fit in ten message attributes, and the whole must fit the queue's size limit.
+    async fn publish(&self, destination: &str, message: Message) -> Result<(), Error> {
+        let queue = self
+            .resolve(destination)
+            .await
+            .map_err(|e| publish_error(destination, e))?;
+        let prepared =
+            prepare(&queue, message.into_parts()).map_err(|e| publish_error(destination, e))?;
+        self.client()
+            .send_message()
+            .queue_url(&queue.url)
+            .message_body(prepared.outgoing.body)
+            .set_message_attributes(Some(prepared.outgoing.attributes).filter(|a| !a.is_empty()))
+            .set_message_group_id(prepared.group)
+            .set_message_deduplication_id(prepared.deduplication)
+            .set_delay_seconds(prepared.delay_seconds)
+            .send()
+            .await
+            .map_err(|e| {
+                publish_error(destination, SqsError::call("SendMessage", &queue.name, e))
+            })?;
+        Ok(())
+    }
+
+    /// Sends with `SendMessageBatch`, ten messages or the queue's size limit per call,
+    /// whichever comes first. Every message is checked before the first call, so a bad
+    /// one sends nothing.
+    async fn publish_batch(&self, destination: &str, messages: Vec<Message>) -> Result<(), Error> {
+        let queue = self
+            .resolve(destination)
+            .await
+            .map_err(|e| publish_error(destination, e))?;
+        let prepared = messages
+            .into_iter()
+            .map(|m| prepare(&queue, m.into_parts()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| publish_error(destination, e))?;
+        let mut chunk: Vec<Prepared> = Vec::with_capacity(BATCH_LIMIT);
+        let mut chunk_size = 0;
+        for message in prepared {
+            if chunk.len() == BATCH_LIMIT
+                || chunk_size + message.outgoing.size > queue.max_message_size
+            {
+                self.send_batch(&queue, std::mem::take(&mut chunk))
+                    .await
+                    .map_err(|e| publish_error(destination, e))?;
+                chunk_size = 0;
+            }
+            chunk_size += message.outgoing.size;
+            chunk.push(message);
+        }
+        if !chunk.is_empty() {
+            self.send_batch(&queue, chunk)
+                .await
+                .map_err(|e| publish_error(destination, e))?;
+        }
+        Ok(())
+    }
+}
+
+impl SqsBroker {
+    async fn send_batch(&self, queue: &QueueInfo, chunk: Vec<Prepared>) -> Result<(), SqsError> {
+        let total = chunk.len();
+        let entries = chunk
+            .into_iter()
+            .enumerate()
+            .map(|(i, message)| {
+                SendMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .message_body(message.outgoing.body)
+                    .set_message_attributes(
+                        Some(message.outgoing.attributes).filter(|a| !a.is_empty()),
+                    )
+                    .set_message_group_id(message.group)
+                    .set_message_deduplication_id(message.deduplication)
+                    .set_delay_seconds(message.delay_seconds)
+                    .build()
+                    .map_err(|e| SqsError::InvalidMessage {
+                        queue: queue.name.clone(),
+                        reason: e.to_string(),
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let output = self
+            .client()
+            .send_message_batch()
+            .queue_url(&queue.url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+            .map_err(|e| SqsError::call("SendMessageBatch", &queue.name, e))?;
+        match output.failed().first() {
+            None => Ok(()),
+            Some(first) => Err(SqsError::BatchEntries {
+                call: "SendMessageBatch",
+                queue: queue.name.clone(),
+                failed: output.failed().len(),
+                total,
+                first: format!("{}: {}", first.code(), first.message().unwrap_or_default()),
+            }),
+        }
+    }
+}

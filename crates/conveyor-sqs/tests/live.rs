@@ -1,0 +1,518 @@
+//! The SQS transport against the moto emulator on 127.0.0.1:4566
+//! (`scripts/services/sqs.sh` starts it). Every test makes its own queues and deletes them.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{ENDPOINT, broker, broker_at, declare, delete, eventually, unique};
+use conveyor::{
+    App, Backoff, Batch, DeliveryInfo, Headers, Json, Message, Outcome, PartitionKey, Publisher,
+    State,
+};
+use conveyor_sqs::{QueueSpec, SqsBroker};
+use tokio::time::Instant;
+
+/// Everything a handler saw, shared with the test.
+type Seen<T> = Arc<Mutex<Vec<T>>>;
+
+fn count<T>(seen: &Seen<T>) -> usize {
+    seen.lock().unwrap().len()
+}
+
+async fn publish_numbers(
+    broker: &SqsBroker,
+    queue: &str,
+    numbers: impl Iterator<Item = u64>,
+    key: impl Fn(u64) -> Option<String>,
+) {
+    let messages: Vec<Message> = numbers
+        .map(|n| {
+            let message = Message::json(&n).unwrap();
+            match key(n) {
+                Some(key) => message.partition_key(key),
+                None => message,
+            }
+        })
+        .collect();
+    broker.publish_batch(queue, messages).await.unwrap();
+}
+
+async fn record_all(
+    Json(n): Json<u64>,
+    headers: Headers,
+    info: DeliveryInfo,
+    State(seen): State<Seen<(u64, Headers, DeliveryInfo)>>,
+) {
+    seen.lock().unwrap().push((n, headers, info));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_round_trips_with_its_headers_as_attributes() {
+    let broker = broker().await;
+    let queue = declare(&broker, QueueSpec::new(unique("round-trip", false))).await;
+    let message = Message::json(&7u64)
+        .unwrap()
+        .header("x-tenant", "acme")
+        .header("x-bytes", vec![0u8, 159, 255])
+        .correlation_id("order-7");
+    broker.publish(&queue, message).await.unwrap();
+
+    let seen: Seen<(u64, Headers, DeliveryInfo)> = Seen::default();
+    let running = App::new("round-trip")
+        .with_state(seen.clone())
+        .mount(broker.queue(&queue), record_all, |m| m)
+        .start()
+        .await
+        .unwrap();
+    eventually("the message", Duration::from_secs(20), || async {
+        count(&seen) == 1
+    })
+    .await;
+    running.shutdown().await.unwrap();
+
+    let (n, headers, info) = seen.lock().unwrap()[0].clone();
+    assert_eq!(n, 7);
+    assert_eq!(headers.get_str("x-tenant"), Some("acme"));
+    assert_eq!(
+        headers.get("x-bytes").map(|v| v.to_vec()),
+        Some(vec![0u8, 159, 255])
+    );
+    assert_eq!(headers.get_str("content-type"), Some("application/json"));
+    assert_eq!(headers.get_str("correlation-id"), Some("order-7"));
+    assert_eq!(info.receive_count, Some(1));
+    assert_eq!(&*info.queue, queue.as_str());
+    delete(&broker, &[&queue]).await;
+}
+
+type Handled = Seen<(usize, Option<String>, u64)>;
+
+async fn by_lane(
+    Json(n): Json<u64>,
+    key: Option<PartitionKey>,
+    info: DeliveryInfo,
+    State(seen): State<Handled>,
+) {
+    // Different work per message, so lanes finish out of step.
+    tokio::time::sleep(Duration::from_millis(n % 7)).await;
+    seen.lock().unwrap().push((
+        info.lane.unwrap_or(usize::MAX),
+        key.map(|k| k.to_string()),
+        n,
+    ));
+}
+
+/// Publishes `per_group` messages to each group of a FIFO queue, handles them on
+/// `workers(2).by_key()`, and checks each group stayed in order on one lane.
+async fn fifo_groups_keep_their_order(groups: &[String], per_group: u64) {
+    let broker = broker().await;
+    let queue = declare(
+        &broker,
+        QueueSpec::new(unique("groups", true)).content_based_deduplication(),
+    )
+    .await;
+    let total = groups.len() as u64 * per_group;
+    let numbered = (0..total).map(|i| (groups[(i % groups.len() as u64) as usize].clone(), i));
+    let messages: Vec<Message> = numbered
+        .map(|(group, i)| Message::json(&i).unwrap().partition_key(group))
+        .collect();
+    broker.publish_batch(&queue, messages).await.unwrap();
+
+    let seen = Handled::default();
+    let running = App::new("groups")
+        .with_state(seen.clone())
+        .mount(broker.queue(&queue), by_lane, |m| m.workers(2).by_key())
+        .start()
+        .await
+        .unwrap();
+    eventually("every message", Duration::from_secs(60), || async {
+        count(&seen) as u64 >= total
+    })
+    .await;
+    running.shutdown().await.unwrap();
+
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len() as u64, total, "no message twice");
+    let mut last: HashMap<String, (usize, u64)> = HashMap::new();
+    for (lane, key, n) in seen {
+        let key = key.expect("FIFO deliveries carry their group");
+        if let Some((first_lane, previous)) = last.get(&key) {
+            assert_eq!(*first_lane, lane, "group {key} changed lanes");
+            assert!(n > *previous, "group {key}: {n} after {previous}");
+        }
+        last.insert(key, (lane, n));
+    }
+    assert_eq!(last.len(), groups.len());
+    delete(&broker, &[&queue]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_groups_alice_bob_and_carol_keep_their_order_on_lanes() {
+    let groups: Vec<String> = ["alice", "bob", "carol"].map(String::from).to_vec();
+    fifo_groups_keep_their_order(&groups, 20).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_fifo_groups_keep_their_order_on_lanes() {
+    let groups: Vec<String> = (0..50).map(|g| format!("group-{g}")).collect();
+    fifo_groups_keep_their_order(&groups, 4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standard_queue_deliveries_have_no_key_and_rotate_over_the_lanes() {
+    let broker = broker().await;
+    let queue = declare(&broker, QueueSpec::new(unique("keyless", false))).await;
+    publish_numbers(&broker, &queue, 0..9, |n| Some(format!("ignored-{n}"))).await;
+    let seen = Handled::default();
+    let running = App::new("keyless")
+        .with_state(seen.clone())
+        .mount(broker.queue(&queue), by_lane, |m| m.workers(3).by_key())
+        .start()
+        .await
+        .unwrap();
+    eventually("every message", Duration::from_secs(30), || async {
+        count(&seen) == 9
+    })
+    .await;
+    running.shutdown().await.unwrap();
+    let mut per_lane = [0; 3];
+    for (lane, key, _) in seen.lock().unwrap().iter() {
+        assert_eq!(*key, None, "a standard queue has no groups");
+        per_lane[*lane] += 1;
+    }
+    assert_eq!(per_lane, [3, 3, 3]);
+    delete(&broker, &[&queue]).await;
+}
+
+async fn slow_first(Json(n): Json<u64>, State(seen): State<Seen<(&'static str, u64)>>) {
+    // Three times the 2 s visibility timeout.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    seen.lock().unwrap().push(("slow", n));
+}
+
+async fn competitor(Json(n): Json<u64>, State(seen): State<Seen<(&'static str, u64)>>) {
+    seen.lock().unwrap().push(("competitor", n));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_running_three_visibility_timeouts_is_the_only_one_to_see_its_message() {
+    let short = broker_at(ENDPOINT, Duration::from_secs(2)).await;
+    let queue = declare(&short, QueueSpec::new(unique("long-handler", false))).await;
+    let seen: Seen<(&'static str, u64)> = Seen::default();
+    let slow = App::new("slow")
+        .with_state(seen.clone())
+        .mount(short.queue(&queue), slow_first, |m| m)
+        .start()
+        .await
+        .unwrap();
+    short.publish_json(&queue, &1u64).await.unwrap();
+    // Wait until the slow app holds it, then let a competitor poll the same queue.
+    eventually(
+        "the slow handler to take it",
+        Duration::from_secs(10),
+        || async {
+            short
+                .client()
+                .get_queue_attributes()
+                .queue_url(short_url(&short, &queue).await)
+                .attribute_names(
+                    aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+                )
+                .send()
+                .await
+                .ok()
+                .and_then(|o| o.attributes().and_then(|a| a.values().next().cloned()))
+                .as_deref()
+                == Some("1")
+        },
+    )
+    .await;
+    let other = broker_at(ENDPOINT, Duration::from_secs(2)).await;
+    let competing = App::new("competitor")
+        .with_state(seen.clone())
+        .mount(other.queue(&queue), competitor, |m| m)
+        .start()
+        .await
+        .unwrap();
+    eventually(
+        "the slow handler to finish",
+        Duration::from_secs(30),
+        || async { count(&seen) >= 1 },
+    )
+    .await;
+    slow.shutdown().await.unwrap();
+    competing.shutdown().await.unwrap();
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![("slow", 1)],
+        "handled once, by the slow app"
+    );
+    delete(&short, &[&queue]).await;
+}
+
+async fn short_url(broker: &SqsBroker, queue: &str) -> String {
+    broker
+        .client()
+        .get_queue_url()
+        .queue_name(queue)
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_string()
+}
+
+async fn tagged_a(Json(n): Json<u64>, State(seen): State<Seen<(&'static str, u64)>>) {
+    seen.lock().unwrap().push(("a", n));
+}
+
+async fn tagged_b(Json(n): Json<u64>, State(seen): State<Seen<(&'static str, u64)>>) {
+    seen.lock().unwrap().push(("b", n));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_subscriptions_compete_and_each_message_is_handled_once() {
+    let broker = broker().await;
+    let queue = declare(&broker, QueueSpec::new(unique("compete", false))).await;
+    publish_numbers(&broker, &queue, 0..100, |_| None).await;
+    let seen: Seen<(&'static str, u64)> = Seen::default();
+    let running = App::new("competing")
+        .with_state(seen.clone())
+        .mount(broker.queue(&queue), tagged_a, |m| m.workers(5))
+        .mount(broker.queue(&queue), tagged_b, |m| m.workers(5))
+        .start()
+        .await
+        .unwrap();
+    eventually("every message", Duration::from_secs(60), || async {
+        count(&seen) >= 100
+    })
+    .await;
+    running.shutdown().await.unwrap();
+    let seen = seen.lock().unwrap().clone();
+    let unique: HashSet<u64> = seen.iter().map(|(_, n)| *n).collect();
+    assert_eq!(seen.len(), 100, "no duplicates");
+    assert_eq!(unique.len(), 100, "no loss");
+    assert!(seen.iter().any(|(who, _)| *who == "a") && seen.iter().any(|(who, _)| *who == "b"));
+    delete(&broker, &[&queue]).await;
+}
+
+async fn sizes(batch: Batch<Json<u64>>, State(seen): State<Seen<usize>>) {
+    seen.lock().unwrap().push(batch.len());
+}
+
+async fn batch_sizes(size: usize) -> Vec<usize> {
+    let broker = broker().await;
+    let queue = declare(&broker, QueueSpec::new(unique("batches", false))).await;
+    publish_numbers(&broker, &queue, 0..40, |_| None).await;
+    let seen: Seen<usize> = Seen::default();
+    let running = App::new("batches")
+        .with_state(seen.clone())
+        .mount(broker.queue(&queue), sizes, move |m| m.batch(size))
+        .start()
+        .await
+        .unwrap();
+    eventually("every message", Duration::from_secs(60), || async {
+        seen.lock().unwrap().iter().sum::<usize>() >= 40
+    })
+    .await;
+    running.shutdown().await.unwrap();
+    delete(&broker, &[&queue]).await;
+    let sizes = seen.lock().unwrap().clone();
+    assert_eq!(sizes.iter().sum::<usize>(), 40);
+    sizes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_hold_one_receive_up_to_the_mount_size() {
+    let sizes = batch_sizes(4).await;
+    assert!(sizes.iter().all(|s| (1..=4).contains(s)), "{sizes:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_never_exceed_ten_messages() {
+    let sizes = batch_sizes(25).await;
+    assert!(sizes.iter().all(|s| (1..=10).contains(s)), "{sizes:?}");
+    assert!(
+        sizes.iter().any(|s| *s > 1),
+        "receives of several messages: {sizes:?}"
+    );
+}
+
+async fn fail_first(
+    Json(_n): Json<u64>,
+    info: DeliveryInfo,
+    State(seen): State<Seen<(u32, Instant)>>,
+) -> Result<(), String> {
+    seen.lock().unwrap().push((info.attempt, Instant::now()));
+    if info.attempt == 1 {
+        Err("first attempt fails".into())
+    } else {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_hides_the_message_for_the_delay() {
+    let broker = broker().await;
+    let queue = declare(&broker, QueueSpec::new(unique("retry-after", false))).await;
+    broker.publish_json(&queue, &1u64).await.unwrap();
+    let seen: Seen<(u32, Instant)> = Seen::default();
+    let running = App::new("retry-after")
+        .with_state(seen.clone())
+        .mount(broker.queue(&queue), fail_first, |m| {
+            m.retry_after(Backoff::fixed(Duration::from_secs(2)))
+        })
+        .start()
+        .await
+        .unwrap();
+    eventually("the second attempt", Duration::from_secs(30), || async {
+        count(&seen) >= 2
+    })
+    .await;
+    running.shutdown().await.unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen.iter().map(|(a, _)| *a).collect::<Vec<_>>(),
+        vec![1, 2],
+        "receive counts"
+    );
+    assert!(
+        seen[1].1 - seen[0].1 >= Duration::from_secs(2),
+        "{:?}",
+        seen[1].1 - seen[0].1
+    );
+    delete(&broker, &[&queue]).await;
+}
+
+async fn reject(Json(_n): Json<u64>, State(seen): State<Seen<u32>>, info: DeliveryInfo) -> Outcome {
+    seen.lock().unwrap().push(info.attempt);
+    Outcome::Reject
+}
+
+async fn record_dead(Json(n): Json<u64>, State(seen): State<Seen<(&'static str, u64)>>) {
+    seen.lock().unwrap().push(("dead", n));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_message_is_dead_lettered_by_the_redrive_policy() {
+    let broker = broker().await;
+    let dlq = unique("dead", false);
+    let queue = declare(
+        &broker,
+        QueueSpec::new(unique("redrive", false)).dead_letter_queue(&dlq, 2),
+    )
+    .await;
+    broker.publish_json(&queue, &5u64).await.unwrap();
+    let attempts: Seen<u32> = Seen::default();
+    let dead: Seen<(&'static str, u64)> = Seen::default();
+    let running = App::new("redrive")
+        .with_state(attempts.clone())
+        .with_state(dead.clone())
+        .mount(broker.queue(&queue), reject, |m| m)
+        .mount(broker.queue(&dlq), record_dead, |m| m)
+        .start()
+        .await
+        .unwrap();
+    eventually(
+        "the message in the dead-letter queue",
+        Duration::from_secs(30),
+        || async { count(&dead) == 1 },
+    )
+    .await;
+    running.shutdown().await.unwrap();
+    assert_eq!(*dead.lock().unwrap(), vec![("dead", 5)]);
+    assert_eq!(
+        *attempts.lock().unwrap(),
+        vec![1, 2],
+        "handled until the receive count passed 2"
+    );
+    delete(&broker, &[&queue, &dlq]).await;
+}
+
+async fn gated(
+    Json(n): Json<u64>,
+    State(gate): State<Arc<tokio::sync::Semaphore>>,
+    State(seen): State<Seen<u64>>,
+) {
+    seen.lock().unwrap().push(n);
+    gate.acquire().await.unwrap().forget();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_releases_received_but_unstarted_messages_at_once() {
+    // A 30 s visibility timeout: a message not released would stay hidden past the test.
+    let broker = broker_at(ENDPOINT, Duration::from_secs(30)).await;
+    let queue = declare(&broker, QueueSpec::new(unique("release", false))).await;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let started: Seen<u64> = Seen::default();
+    let running = App::new("release")
+        .with_state(gate.clone())
+        .with_state(started.clone())
+        .mount(broker.queue(&queue), gated, |m| m.workers(2))
+        .start()
+        .await
+        .unwrap();
+    // One message in the queue: the first receive gets it and one worker blocks on it.
+    publish_numbers(&broker, &queue, 0..1, |_| None).await;
+    eventually(
+        "the first handler running",
+        Duration::from_secs(20),
+        || async { count(&started) == 1 },
+    )
+    .await;
+    // With room for one more, the pump asks for two: one goes to the second worker, the
+    // other waits in the hand-over, received but not started.
+    publish_numbers(&broker, &queue, 1..6, |_| None).await;
+    eventually("two handlers running", Duration::from_secs(20), || async {
+        count(&started) == 2
+    })
+    .await;
+    let url = short_url(&broker, &queue).await;
+    eventually("the read-ahead", Duration::from_secs(20), || async {
+        broker
+            .client()
+            .get_queue_attributes()
+            .queue_url(&url)
+            .attribute_names(
+                aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+            )
+            .send()
+            .await
+            .ok()
+            .and_then(|o| o.attributes().and_then(|a| a.values().next().cloned()))
+            .as_deref()
+            == Some("3")
+    })
+    .await;
+    running.stop_receiving();
+    gate.add_permits(10);
+    running.shutdown().await.unwrap();
+    assert_eq!(count(&started), 2, "nothing new started during shutdown");
+
+    // The four left are visible again at once, the released one included.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut left = HashSet::new();
+    while left.len() < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "only {} of the four left are visible",
+            left.len()
+        );
+        let received = broker
+            .client()
+            .receive_message()
+            .queue_url(&url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .send()
+            .await
+            .unwrap();
+        for message in received.messages() {
+            left.insert(message.body().unwrap_or_default().to_string());
+        }
+    }
+    delete(&broker, &[&queue]).await;
+}
