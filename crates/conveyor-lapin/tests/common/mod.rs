@@ -78,8 +78,13 @@ pub async fn cleanup(broker: &LapinBroker, queues: &[&str], exchanges: &[&str]) 
 }
 
 /// A shared, cloneable record of what handlers saw.
-#[derive(Clone)]
 pub struct Seen<T>(Arc<Mutex<Vec<T>>>);
+
+impl<T> Clone for Seen<T> {
+    fn clone(&self) -> Self {
+        Seen(self.0.clone())
+    }
+}
 
 impl<T> Default for Seen<T> {
     fn default() -> Self {
