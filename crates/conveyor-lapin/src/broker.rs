@@ -99,6 +99,7 @@ impl LapinBrokerBuilder {
                 source,
             })?;
         tracing::info!(url = %redacted, "connected to RabbitMQ");
+        tokio::spawn(log_events(connection.events_listener(), redacted.clone()));
         Ok(LapinBroker {
             inner: Arc::new(BrokerInner {
                 connection,
@@ -171,6 +172,19 @@ impl LapinBroker {
     /// The broker URL, password redacted.
     pub fn url(&self) -> &str {
         &self.inner.url
+    }
+
+    /// Closes the connection. Subscriptions still open end, and their unacked
+    /// deliveries go back to their queues.
+    pub async fn close(&self) -> Result<(), LapinError> {
+        self.inner
+            .connection
+            .close(200, "closed by the application".into())
+            .await
+            .map_err(|source| LapinError::Channel {
+                purpose: "connection".to_string(),
+                source,
+            })
     }
 
     /// A queue to mount a handler on: a name (a durable queue with no arguments) or a
@@ -293,5 +307,30 @@ impl LapinBroker {
             }
         };
         f(channel).await
+    }
+}
+
+/// Logs what lapin reports about the connection: errors it does not recover from, and
+/// the broker's flow control. (Recovery itself is silent here: lapin logs the loss, and
+/// subscriptions and publishers simply carry on once it has reconnected.)
+async fn log_events(events: impl futures_util::Stream<Item = lapin::Event>, url: String) {
+    use futures_util::StreamExt;
+    let mut events = std::pin::pin!(events);
+    while let Some(event) = events.next().await {
+        match event {
+            lapin::Event::Error(error) => {
+                tracing::warn!(url = %url, %error, "RabbitMQ connection error");
+            }
+            lapin::Event::ConnectionBlocked(reason) => {
+                tracing::warn!(url = %url, reason, "RabbitMQ blocked the connection");
+            }
+            lapin::Event::ConnectionUnblocked => {
+                tracing::info!(url = %url, "RabbitMQ unblocked the connection");
+            }
+            lapin::Event::Connected => {
+                tracing::info!(url = %url, "RabbitMQ connection (re)established");
+            }
+            _ => {}
+        }
     }
 }
