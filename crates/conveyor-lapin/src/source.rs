@@ -6,7 +6,7 @@ use crate::broker::LapinBroker;
 use crate::subscriber::LapinSubscriber;
 use crate::topology::QueueSpec;
 
-/// What a delivery's retry-after does without a delay queue.
+/// The delay queue of `<queue>` is `<queue>.delay` unless named otherwise.
 const DELAY_QUEUE_SUFFIX: &str = ".delay";
 
 /// A RabbitMQ queue to mount a handler on, made by [`LapinBroker::queue`].

@@ -16,12 +16,17 @@ pub const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 pub const DEADLINE: Duration = Duration::from_secs(60);
 
 pub async fn broker() -> LapinBroker {
+    broker_named("conveyor-test").await
+}
+
+/// A broker whose connection shows as `name` on the server.
+pub async fn broker_named(name: &str) -> LapinBroker {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
     LapinBroker::builder(URL)
-        .connection_name("test")
+        .connection_name(name)
         .connect()
         .await
         .expect("RabbitMQ on 127.0.0.1:5672 (run scripts/services/rabbitmq.sh)")
