@@ -81,11 +81,16 @@ impl LapinSubscriber {
                         purpose: name.clone(),
                         source,
                     })?;
-                QueueSpec::new(name.as_str())
+                // The delay queue lives as long as its queue: durable with a durable one,
+                // gone with the connection with an exclusive one.
+                let mut delay_spec = QueueSpec::new(name.as_str())
+                    .durable(spec.is_durable() && !spec.is_exclusive())
                     .argument("x-dead-letter-exchange", "")
-                    .argument("x-dead-letter-routing-key", spec.name())
-                    .declare(&delay_channel)
-                    .await?;
+                    .argument("x-dead-letter-routing-key", spec.name());
+                if spec.is_exclusive() {
+                    delay_spec = delay_spec.exclusive();
+                }
+                delay_spec.declare(&delay_channel).await?;
                 Some(DelayRoute {
                     channel: delay_channel,
                     queue: short("queue name", &name)?,
@@ -305,5 +310,24 @@ impl Subscriber for LapinSubscriber {
         drop(settler);
         settle_task.abort();
         tracing::info!(queue = %queue, "unsubscribed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(max_in_flight: usize, batch: Option<usize>) -> SubscribeSettings {
+        let mut settings = SubscribeSettings::new(max_in_flight);
+        settings.batch_size = batch;
+        settings
+    }
+
+    #[test]
+    fn the_default_window_covers_what_the_mount_holds() {
+        assert_eq!(default_prefetch(&settings(1, None)), 16);
+        assert_eq!(default_prefetch(&settings(9, None)), 18);
+        assert_eq!(default_prefetch(&settings(10, Some(100))), 200);
+        assert_eq!(default_prefetch(&settings(usize::MAX, None)), u16::MAX);
     }
 }

@@ -155,6 +155,16 @@ impl QueueSpec {
         self
     }
 
+    /// Whether the queue survives a broker restart.
+    pub fn is_durable(&self) -> bool {
+        self.durable
+    }
+
+    /// Whether the queue is private to its connection.
+    pub fn is_exclusive(&self) -> bool {
+        self.exclusive
+    }
+
     /// Whether the queue is only checked, not declared.
     pub fn is_passive(&self) -> bool {
         self.passive
