@@ -123,3 +123,13 @@ async fn a_bad_password_never_shows_in_the_error() {
     assert!(!text.contains("hunter2"), "{text}");
     assert!(text.contains("***"), "{text}");
 }
+
+#[tokio::test]
+async fn an_invalid_url_is_reported_without_its_password() {
+    let error = conveyor_lapin::LapinBroker::connect("amqp://guest:hunter2@127.0.0.1:notaport/")
+        .await
+        .unwrap_err();
+    let text = format!("{error} {error:?}");
+    assert!(matches!(error, LapinError::InvalidUrl { .. }), "{text}");
+    assert!(!text.contains("hunter2"), "{text}");
+}
