@@ -123,3 +123,36 @@ async fn graceful_shutdown_with_work_in_flight_loses_nothing() {
     assert_eq!(ids, (0..200).collect::<Vec<_>>());
     cleanup(&broker, &[&queue], &[]).await;
 }
+
+async fn never_finish(_: Json<u32>, State(started): State<Started>) {
+    started.0.fetch_add(1, Ordering::SeqCst);
+    std::future::pending::<()>().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_app_returns_every_message_to_the_queue() {
+    let broker = broker().await;
+    let queue = unique("dropped");
+    broker.declare_queue(&queue.as_str().into()).await.unwrap();
+    let publisher = broker.publisher().await.unwrap();
+    let messages = (0..50u32).map(|i| Message::json(&i).unwrap()).collect();
+    publisher.publish_batch(&queue, messages).await.unwrap();
+
+    let started = Started::default();
+    let running = App::new("dropped")
+        .with_state(started.clone())
+        .mount(broker.queue(queue.as_str()), never_finish, |m| m.workers(4))
+        .start()
+        .await
+        .unwrap();
+    wait_until("handlers in flight", || {
+        started.0.load(Ordering::SeqCst) == 4
+    })
+    .await;
+    drop(running);
+    common::wait_for("every message back in the queue", || async {
+        broker.ready_count(&queue).await.unwrap() == 50
+    })
+    .await;
+    cleanup(&broker, &[&queue], &[]).await;
+}
