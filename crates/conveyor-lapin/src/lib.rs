@@ -21,6 +21,22 @@
 //! a window of 1 take turns, and the subscriber warns about it. A batch mount gets what
 //! the channel has already pushed, so its window must be at least the batch size.
 //!
+//! What else to know:
+//!
+//! - Incoming AMQP properties appear among the delivery's headers as `content-type`,
+//!   `message-id`, `correlation-id` and `priority`, beside the message's own headers
+//!   (as on the in-process transport).
+//! - The receive count is the quorum queue's `x-delivery-count` plus one, plus the
+//!   attempts a message made through the delay queue; a classic queue only says whether
+//!   a delivery is a redelivery.
+//! - A reject's reason is logged; AMQP's nack cannot carry it to the dead-letter queue,
+//!   which gets RabbitMQ's own `x-death` header instead.
+//! - A [`Message`](conveyor::Message) with a delivery delay is refused: plain RabbitMQ has
+//!   no per-message delay (retry-after uses the delay queue instead).
+//! - Recovery is lapin's (`enable_auto_recover`, with unlimited reconnect attempts
+//!   backing off from 100 ms to 30 s). Queues the broker deletes with the connection
+//!   (exclusive ones) are declared again, empty.
+//!
 //! ```no_run
 //! use conveyor::{App, Json, PartitionKey};
 //! use conveyor_lapin::{LapinBroker, QueueSpec};
