@@ -138,3 +138,42 @@ async fn killed_connections_resume_and_lose_nothing() {
     running.shutdown().await.unwrap();
     cleanup(&broker, &[&queue], &[]).await;
 }
+
+async fn record_plain(Json(id): Json<u32>, State(seen): State<Seen<u32>>) {
+    seen.push(id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_deleted_with_the_connection_is_declared_again() {
+    let name = unique("recovery-topology");
+    let broker = broker_named(&name).await;
+    let queue = unique("recovery-exclusive");
+    let seen = Seen::<u32>::default();
+    let running = App::new("recovery-topology")
+        .with_state(seen.clone())
+        .mount(
+            broker.queue(
+                conveyor_lapin::QueueSpec::new(queue.as_str())
+                    .durable(false)
+                    .exclusive(),
+            ),
+            record_plain,
+            |m| m,
+        )
+        .start()
+        .await
+        .unwrap();
+    let publisher_broker = common::broker().await;
+    let publisher = publisher_broker.publisher().await.unwrap();
+    publish_confirmed(&publisher, &queue, 0..1).await;
+    wait_until("the first message", || seen.len() == 1).await;
+
+    // The exclusive queue goes with its connection; recovery declares it again and
+    // resumes the consumer on it.
+    assert_eq!(close_connections_named(&name), 1);
+    publish_confirmed(&publisher, &queue, 1..2).await;
+    wait_until("a message after recovery", || seen.all().contains(&1)).await;
+
+    running.shutdown().await.unwrap();
+    cleanup(&broker, &[&queue], &[]).await;
+}
