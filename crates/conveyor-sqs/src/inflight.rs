@@ -88,3 +88,49 @@ impl InFlight {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    #[tokio::test(start_paused = true)]
+    async fn only_messages_close_to_visible_are_renewed() {
+        let in_flight = InFlight::default();
+        let tag = in_flight.insert("r".into(), Duration::from_secs(30));
+        assert!(
+            in_flight
+                .due(Duration::from_secs(15), Duration::from_secs(30), 12 * HOUR)
+                .is_empty()
+        );
+        tokio::time::advance(Duration::from_secs(16)).await;
+        let due = in_flight.due(Duration::from_secs(15), Duration::from_secs(30), 12 * HOUR);
+        assert_eq!(due, vec![(tag, "r".to_string(), Duration::from_secs(30))]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewals_never_reach_past_twelve_hours_from_receipt() {
+        let in_flight = InFlight::default();
+        let tag = in_flight.insert("r".into(), Duration::from_secs(30));
+        tokio::time::advance(12 * HOUR - Duration::from_secs(10)).await;
+        let due = in_flight.due(Duration::from_secs(15), Duration::from_secs(30), 12 * HOUR);
+        assert_eq!(due, vec![(tag, "r".to_string(), Duration::from_secs(10))]);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert!(
+            in_flight
+                .due(Duration::from_secs(15), Duration::from_secs(30), 12 * HOUR)
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_settled_message_is_forgotten() {
+        let in_flight = InFlight::default();
+        let tag = in_flight.insert("r".into(), Duration::from_secs(30));
+        assert_eq!(in_flight.len(), 1);
+        assert!(in_flight.remove(tag).is_some());
+        assert!(in_flight.remove(tag).is_none());
+        assert_eq!(in_flight.len(), 0);
+    }
+}

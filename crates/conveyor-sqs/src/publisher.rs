@@ -196,3 +196,119 @@ impl SqsBroker {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue(fifo: bool, content_based_deduplication: bool) -> QueueInfo {
+        QueueInfo {
+            name: if fifo { "q.fifo" } else { "q" }.into(),
+            url: "http://127.0.0.1:4566/123/q".into(),
+            fifo,
+            content_based_deduplication,
+            redrive: false,
+            max_message_size: 1024,
+        }
+    }
+
+    fn refused(queue: &QueueInfo, message: Message) -> String {
+        match prepare(queue, message.into_parts()) {
+            Ok(_) => panic!("the message should be refused"),
+            Err(error) => error.to_string(),
+        }
+    }
+
+    #[test]
+    fn an_oversize_message_is_refused_before_any_call() {
+        let error = refused(&queue(false, false), Message::new(vec![b'x'; 1025]));
+        assert!(
+            error.contains("1025 bytes") && error.contains("at most 1024"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn headers_count_against_the_size_limit() {
+        let error = refused(
+            &queue(false, false),
+            Message::new(vec![b'x'; 1000]).header("x-pad", "y".repeat(30)),
+        );
+        assert!(error.contains("at most 1024"), "{error}");
+    }
+
+    #[test]
+    fn a_fifo_queue_needs_a_partition_key() {
+        let error = refused(&queue(true, true), Message::new("x"));
+        assert!(error.contains("partition_key"), "{error}");
+    }
+
+    #[test]
+    fn a_fifo_group_is_the_partition_key() {
+        let prepared = prepare(
+            &queue(true, true),
+            Message::new("x").partition_key("alice").into_parts(),
+        )
+        .unwrap();
+        assert_eq!(prepared.group.as_deref(), Some("alice"));
+        assert_eq!(
+            prepared.deduplication, None,
+            "content-based deduplication needs no id"
+        );
+    }
+
+    #[test]
+    fn without_content_deduplication_each_publish_gets_its_own_id() {
+        let fifo = queue(true, false);
+        let a = prepare(&fifo, Message::new("x").partition_key("k").into_parts()).unwrap();
+        let b = prepare(&fifo, Message::new("x").partition_key("k").into_parts()).unwrap();
+        assert!(a.deduplication.is_some() && a.deduplication != b.deduplication);
+        let explicit = prepare(
+            &fifo,
+            Message::new("x")
+                .partition_key("k")
+                .message_id("m-1")
+                .into_parts(),
+        )
+        .unwrap();
+        assert_eq!(explicit.deduplication.as_deref(), Some("m-1"));
+    }
+
+    #[test]
+    fn a_standard_queue_sends_no_group() {
+        let prepared = prepare(
+            &queue(false, false),
+            Message::new("x").partition_key("k").into_parts(),
+        )
+        .unwrap();
+        assert_eq!(prepared.group, None);
+    }
+
+    #[test]
+    fn delays_are_checked() {
+        assert!(
+            refused(
+                &queue(true, true),
+                Message::new("x")
+                    .partition_key("k")
+                    .delay(Duration::from_secs(1))
+            )
+            .contains("FIFO")
+        );
+        assert!(
+            refused(
+                &queue(false, false),
+                Message::new("x").delay(Duration::from_secs(901))
+            )
+            .contains("15 minutes")
+        );
+        let delayed = prepare(
+            &queue(false, false),
+            Message::new("x")
+                .delay(Duration::from_secs(30))
+                .into_parts(),
+        )
+        .unwrap();
+        assert_eq!(delayed.delay_seconds, Some(30));
+    }
+}

@@ -274,3 +274,122 @@ async fn keep_failed<T>(
     });
     tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
 }
+
+#[cfg(test)]
+mod tests {
+    //! moto never fails a batch entry, so the retry of failed entries is tested here on
+    //! scripted results.
+    use super::*;
+
+    fn queue() -> QueueInfo {
+        QueueInfo {
+            name: "q".into(),
+            url: "http://127.0.0.1:4566/123/q".into(),
+            fifo: false,
+            content_based_deduplication: false,
+            redrive: false,
+            max_message_size: 262_144,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_failed_entries_are_tried_again() {
+        let mut receipts: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+        let failed = vec![
+            (0, "InternalError: busy".to_string()),
+            (2, "InternalError: busy".to_string()),
+        ];
+        keep_failed(&mut receipts, Ok(failed), "DeleteMessageBatch", &queue(), 1).await;
+        assert_eq!(receipts, vec!["a", "c"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_call_retries_every_entry() {
+        let mut receipts: Vec<String> = ["a", "b"].map(String::from).to_vec();
+        let error = SqsError::Config("unreachable".into());
+        keep_failed(&mut receipts, Err(error), "DeleteMessageBatch", &queue(), 1).await;
+        assert_eq!(receipts, vec!["a", "b"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn entries_still_failing_after_the_last_attempt_are_given_up() {
+        let mut receipts: Vec<String> = ["a"].map(String::from).to_vec();
+        keep_failed(
+            &mut receipts,
+            Ok(vec![(0, "x".into())]),
+            "DeleteMessageBatch",
+            &queue(),
+            ATTEMPTS,
+        )
+        .await;
+        assert!(receipts.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_clean_call_leaves_nothing_to_retry() {
+        let mut receipts: Vec<String> = ["a"].map(String::from).to_vec();
+        keep_failed(
+            &mut receipts,
+            Ok(Vec::new()),
+            "DeleteMessageBatch",
+            &queue(),
+            1,
+        )
+        .await;
+        assert!(receipts.is_empty());
+    }
+
+    fn settled(redrive: bool, settlement: Settlement<'_>) -> Op {
+        let in_flight = Arc::new(InFlight::default());
+        let (ops, mut queued) = mpsc::unbounded_channel();
+        let settler = Settler::new(
+            Arc::new(QueueInfo { redrive, ..queue() }),
+            in_flight.clone(),
+            ops,
+        );
+        let tag = in_flight.insert("r".into(), Duration::from_secs(30));
+        settler.settle(tag, settlement);
+        settler.settle(tag, Settlement::Ack); // a second settle of the same tag is ignored
+        let op = queued.try_recv().expect("one op");
+        assert!(queued.try_recv().is_err());
+        op
+    }
+
+    #[test]
+    fn each_settlement_becomes_its_sqs_call() {
+        assert!(matches!(settled(false, Settlement::Ack), Op::Delete { .. }));
+        assert!(matches!(
+            settled(false, Settlement::Retry),
+            Op::Hide { seconds: 0, .. }
+        ));
+        assert!(matches!(
+            settled(false, Settlement::Release),
+            Op::Hide { seconds: 0, .. }
+        ));
+        assert!(matches!(
+            settled(false, Settlement::RetryAfter(Duration::from_secs(90))),
+            Op::Hide { seconds: 90, .. }
+        ));
+    }
+
+    #[test]
+    fn a_reject_is_left_to_the_redrive_policy_or_deleted_without_one() {
+        assert!(matches!(
+            settled(true, Settlement::Reject { reason: "bad" }),
+            Op::Hide { seconds: 0, .. }
+        ));
+        assert!(matches!(
+            settled(false, Settlement::Reject { reason: "bad" }),
+            Op::Delete { .. }
+        ));
+    }
+
+    #[test]
+    fn retry_after_never_hides_past_twelve_hours() {
+        let op = settled(
+            false,
+            Settlement::RetryAfter(Duration::from_secs(13 * 3600)),
+        );
+        assert!(matches!(op, Op::Hide { seconds, .. } if seconds <= 12 * 3600));
+    }
+}

@@ -1,0 +1,180 @@
+//! Consume throughput on a live RabbitMQ (127.0.0.1:5672): Conveyor's subscriber and
+//! dispatch against a raw lapin loop doing the same work (prefetch 256, JSON decode, one
+//! ack per message), on the same broker in the same run.
+//!
+//! Run: `scripts/services/rabbitmq.sh && cargo bench -p conveyor-benches --bench rabbitmq`
+//! (`CONSUME_BENCH_MESSAGES` and `CONSUME_BENCH_ROUNDS` change the size).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use conveyor::{App, Json, Message, Publisher, State};
+use conveyor_lapin::LapinBroker;
+use futures_util::StreamExt;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::types::FieldTable;
+use tokio::sync::Notify;
+
+const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+const PREFETCH: u16 = 256;
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Order {
+    id: u64,
+    item: String,
+    quantity: u32,
+}
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+async fn fill(broker: &LapinBroker, queue: &str, n: u64) {
+    broker.declare_queue(&queue.into()).await.expect("declare");
+    let publisher = broker.publisher().await.expect("publisher");
+    let mut id = 0;
+    while id < n {
+        let chunk = (id..(id + 1000).min(n))
+            .map(|i| {
+                Message::json(&Order {
+                    id: i,
+                    item: "tea".into(),
+                    quantity: 3,
+                })
+                .expect("json")
+                .partition_key(format!("customer-{}", i % 64))
+            })
+            .collect();
+        publisher
+            .publish_batch(queue, chunk)
+            .await
+            .expect("publish");
+        id = (id + 1000).min(n);
+    }
+}
+
+async fn raw_loop(broker: &LapinBroker, queue: &str, n: u64) -> Duration {
+    let connection = lapin::Connection::connect(URL, lapin::ConnectionProperties::default())
+        .await
+        .expect("connect");
+    let channel = connection.create_channel().await.expect("channel");
+    let _ = broker;
+    let start = Instant::now();
+    channel
+        .basic_qos(PREFETCH, BasicQosOptions::default())
+        .await
+        .expect("qos");
+    let mut consumer = channel
+        .basic_consume(
+            queue.into(),
+            "raw".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("consume");
+    let mut done = 0;
+    while done < n {
+        let delivery = consumer.next().await.expect("stream").expect("delivery");
+        let order: Order = serde_json::from_slice(&delivery.data).expect("decode");
+        std::hint::black_box(order);
+        delivery
+            .acker
+            .ack(BasicAckOptions::default())
+            .await
+            .expect("ack");
+        done += 1;
+    }
+    let elapsed = start.elapsed();
+    let _ = connection.close(200, "done".into()).await;
+    elapsed
+}
+
+#[derive(Clone)]
+struct Counter {
+    done: Arc<AtomicU64>,
+    target: u64,
+    all: Arc<Notify>,
+}
+
+async fn handle(Json(order): Json<Order>, State(counter): State<Counter>) {
+    std::hint::black_box(order);
+    if counter.done.fetch_add(1, Ordering::Relaxed) + 1 == counter.target {
+        counter.all.notify_one();
+    }
+}
+
+async fn conveyor_run(broker: &LapinBroker, queue: &str, n: u64, lanes: bool) -> Duration {
+    let counter = Counter {
+        done: Arc::default(),
+        target: n,
+        all: Arc::default(),
+    };
+    let start = Instant::now();
+    let running = App::new("bench")
+        .with_state(counter.clone())
+        .mount(broker.queue(queue), handle, move |m| {
+            let m = m.prefetch(PREFETCH);
+            if lanes { m.workers(4).by_key() } else { m }
+        })
+        .start()
+        .await
+        .expect("start");
+    counter.all.notified().await;
+    let elapsed = start.elapsed();
+    running.shutdown().await.expect("shutdown");
+    elapsed
+}
+
+fn rate(n: u64, d: Duration) -> f64 {
+    n as f64 / d.as_secs_f64()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let n = env("CONSUME_BENCH_MESSAGES", 20_000);
+    let rounds = env("CONSUME_BENCH_ROUNDS", 3);
+    let broker = LapinBroker::connect(URL)
+        .await
+        .expect("RabbitMQ on 127.0.0.1:5672");
+    let (mut raw, mut seq, mut lanes) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        for mode in ["raw", "sequential", "lanes"] {
+            let queue = format!("conveyor-bench.{}.{round}.{mode}", std::process::id());
+            fill(&broker, &queue, n).await;
+            let elapsed = match mode {
+                "raw" => raw_loop(&broker, &queue, n).await,
+                "sequential" => conveyor_run(&broker, &queue, n, false).await,
+                _ => conveyor_run(&broker, &queue, n, true).await,
+            };
+            let r = rate(n, elapsed);
+            println!("round {round} {mode:>10}: {n} messages in {elapsed:?} = {r:.0} msg/s");
+            match mode {
+                "raw" => raw.push(r),
+                "sequential" => seq.push(r),
+                _ => lanes.push(r),
+            }
+            let _ = broker.delete_queue(&queue).await;
+            let _ = broker.delete_queue(&format!("{queue}.delay")).await;
+        }
+    }
+    let (raw, seq, lanes) = (median(raw), median(seq), median(lanes));
+    println!("median raw lapin loop        : {raw:.0} msg/s");
+    println!(
+        "median conveyor sequential   : {seq:.0} msg/s ({:+.1}% vs raw)",
+        (seq / raw - 1.0) * 100.0
+    );
+    println!(
+        "median conveyor workers(4).by_key(): {lanes:.0} msg/s ({:+.1}% vs raw)",
+        (lanes / raw - 1.0) * 100.0
+    );
+}

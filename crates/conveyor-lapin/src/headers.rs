@@ -1,0 +1,124 @@
+//! Mapping between AMQP header tables and the core's [`Headers`], and the headers this
+//! transport reads and writes.
+
+use conveyor::{Bytes, Headers, PartitionKey};
+use lapin::types::{AMQPValue, FieldTable, LongString};
+
+use crate::error::{LapinError, short};
+
+/// The header that carries a message's partition key on RabbitMQ. The producer sets it
+/// (the portable [`conveyor::Message::partition_key`] writes it); AMQP itself ignores
+/// it, and the consistent-hash helper hashes on it.
+pub const PARTITION_KEY_HEADER: &str = "amqp-partition-key";
+
+/// The header a message carries after a delayed retry: how many attempts have been made
+/// so far. It becomes the next delivery's receive count (plus one).
+pub const ATTEMPTS_HEADER: &str = "x-conveyor-attempts";
+
+/// The header a quorum queue sets on redeliveries: how many times the message was
+/// delivered before.
+pub const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
+
+/// The core headers of an AMQP table. Text and byte values are kept as bytes; numbers
+/// and booleans as their decimal text; nested tables and arrays are skipped.
+pub(crate) fn from_table(table: &FieldTable) -> Headers {
+    let mut headers = Headers::new();
+    for (name, value) in table.inner() {
+        if let Some(bytes) = value_bytes(value) {
+            headers.insert(name.as_str().to_string(), bytes);
+        }
+    }
+    headers
+}
+
+fn value_bytes(value: &AMQPValue) -> Option<Bytes> {
+    Some(match value {
+        AMQPValue::LongString(s) => Bytes::copy_from_slice(s.as_bytes()),
+        AMQPValue::ShortString(s) => Bytes::copy_from_slice(s.as_str().as_bytes()),
+        AMQPValue::ByteArray(b) => Bytes::copy_from_slice(b.as_slice()),
+        AMQPValue::Boolean(b) => Bytes::from(b.to_string()),
+        AMQPValue::ShortShortInt(i) => Bytes::from(i.to_string()),
+        AMQPValue::ShortShortUInt(i) => Bytes::from(i.to_string()),
+        AMQPValue::ShortInt(i) => Bytes::from(i.to_string()),
+        AMQPValue::ShortUInt(i) => Bytes::from(i.to_string()),
+        AMQPValue::LongInt(i) => Bytes::from(i.to_string()),
+        AMQPValue::LongUInt(i) => Bytes::from(i.to_string()),
+        AMQPValue::LongLongInt(i) => Bytes::from(i.to_string()),
+        AMQPValue::Timestamp(t) => Bytes::from(t.to_string()),
+        AMQPValue::Float(f) => Bytes::from(f.to_string()),
+        AMQPValue::Double(f) => Bytes::from(f.to_string()),
+        _ => return None,
+    })
+}
+
+/// An integer header value, whatever integer type the producer used.
+pub(crate) fn int_value(table: &FieldTable, name: &str) -> Option<u64> {
+    match table.inner().get(name)? {
+        AMQPValue::ShortShortInt(i) => u64::try_from(*i).ok(),
+        AMQPValue::ShortShortUInt(i) => Some((*i).into()),
+        AMQPValue::ShortInt(i) => u64::try_from(*i).ok(),
+        AMQPValue::ShortUInt(i) => Some((*i).into()),
+        AMQPValue::LongInt(i) => u64::try_from(*i).ok(),
+        AMQPValue::LongUInt(i) => Some((*i).into()),
+        AMQPValue::LongLongInt(i) => u64::try_from(*i).ok(),
+        AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes()).ok()?.parse().ok(),
+        _ => None,
+    }
+}
+
+/// The partition key of an AMQP header table, if it carries one as text.
+pub(crate) fn partition_key(table: &FieldTable) -> Option<PartitionKey> {
+    let text = match table.inner().get(PARTITION_KEY_HEADER)? {
+        AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes()).ok()?,
+        AMQPValue::ShortString(s) => s.as_str(),
+        _ => return None,
+    };
+    Some(PartitionKey::from(text))
+}
+
+/// An AMQP header table from the core headers (values as long strings) and an optional
+/// partition key.
+pub(crate) fn to_table(
+    headers: &Headers,
+    partition_key: Option<&PartitionKey>,
+) -> Result<FieldTable, LapinError> {
+    let mut table = FieldTable::default();
+    for (name, value) in headers.iter() {
+        table.insert(
+            short("header name", name)?,
+            AMQPValue::LongString(LongString::from(value.as_ref())),
+        );
+    }
+    if let Some(key) = partition_key {
+        table.insert(
+            PARTITION_KEY_HEADER.into(),
+            AMQPValue::LongString(LongString::from(key.as_str().as_bytes())),
+        );
+    }
+    Ok(table)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partition_key_round_trips_through_a_table() {
+        let table = to_table(&Headers::new(), Some(&PartitionKey::from("alice"))).unwrap();
+        assert_eq!(partition_key(&table).as_deref(), Some("alice"));
+        assert_eq!(
+            from_table(&table).get_str(PARTITION_KEY_HEADER),
+            Some("alice")
+        );
+    }
+
+    #[test]
+    fn integer_headers_are_read_whatever_their_width() {
+        let mut table = FieldTable::default();
+        table.insert(DELIVERY_COUNT_HEADER.into(), AMQPValue::LongLongInt(3));
+        table.insert(ATTEMPTS_HEADER.into(), AMQPValue::ShortShortUInt(2));
+        assert_eq!(int_value(&table, DELIVERY_COUNT_HEADER), Some(3));
+        assert_eq!(int_value(&table, ATTEMPTS_HEADER), Some(2));
+        assert_eq!(from_table(&table).get_str(ATTEMPTS_HEADER), Some("2"));
+    }
+}

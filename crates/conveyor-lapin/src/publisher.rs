@@ -1,0 +1,318 @@
+//! Publishing: to a queue through the default exchange (the core [`Publisher`] trait), or
+//! to any exchange with a routing key, with publisher confirms.
+
+use std::time::Duration;
+
+use conveyor::{Bytes, Message, Publisher};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::ShortString;
+use lapin::{BasicProperties, Channel, Confirmation, PublisherConfirm};
+
+use crate::broker::LapinBroker;
+use crate::error::{LapinError, short};
+use crate::headers::to_table;
+
+/// AMQP delivery mode 2: the broker writes the message to disk (on a durable queue).
+const PERSISTENT: u8 = 2;
+/// AMQP delivery mode 1: kept in memory only.
+const TRANSIENT: u8 = 1;
+
+/// Per-publish AMQP settings beyond what a portable [`Message`] carries.
+///
+/// The default is persistent and mandatory: a message no queue takes comes back as
+/// [`LapinError::Returned`] instead of vanishing.
+///
+/// ```
+/// use std::time::Duration;
+/// use conveyor_lapin::PublishOptions;
+///
+/// let urgent = PublishOptions::default().priority(9).expiration(Duration::from_secs(60));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PublishOptions {
+    persistent: bool,
+    mandatory: bool,
+    priority: Option<u8>,
+    expiration: Option<Duration>,
+}
+
+impl Default for PublishOptions {
+    fn default() -> Self {
+        PublishOptions {
+            persistent: true,
+            mandatory: true,
+            priority: None,
+            expiration: None,
+        }
+    }
+}
+
+impl PublishOptions {
+    /// Whether the broker writes the message to disk (default `true`).
+    pub fn persistent(mut self, persistent: bool) -> Self {
+        self.persistent = persistent;
+        self
+    }
+
+    /// Whether an unroutable message is an error (default `true`). Without it, a message
+    /// that matches no queue is dropped by the broker, and the publish still succeeds.
+    pub fn mandatory(mut self, mandatory: bool) -> Self {
+        self.mandatory = mandatory;
+        self
+    }
+
+    /// The message priority (the queue needs `x-max-priority`).
+    pub fn priority(mut self, priority: u8) -> Self {
+        self.priority = Some(priority);
+        self
+    }
+
+    /// How long the message may wait in a queue before it expires (per-message TTL).
+    pub fn expiration(mut self, ttl: Duration) -> Self {
+        self.expiration = Some(ttl);
+        self
+    }
+}
+
+/// Publishes messages on its own channel, in confirm mode: a publish returns once the
+/// broker has taken the message, and fails if the broker nacks it, returns it
+/// unroutable, or does not confirm within the broker's confirm timeout. After a
+/// connection loss it waits for the client to recover, then tries once more.
+///
+/// ```no_run
+/// use conveyor::{Bytes, Message, Publisher};
+/// use conveyor_lapin::{LapinBroker, PublishOptions};
+///
+/// # async fn f() -> Result<(), conveyor::Error> {
+/// let broker = LapinBroker::connect("amqp://guest:guest@127.0.0.1:5672").await?;
+/// let publisher = broker.publisher().await?;
+/// // To a queue, through the default exchange:
+/// publisher.publish("orders", Message::json(&42)?.partition_key("alice")).await?;
+/// // To an exchange with a routing key:
+/// publisher
+///     .publish_to("events", "orders.created", Message::new("hi"), PublishOptions::default())
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LapinPublisher {
+    channel: Channel,
+    confirm_timeout: Duration,
+    defaults: PublishOptions,
+}
+
+impl std::fmt::Debug for LapinPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LapinPublisher")
+            .field("channel", &self.channel.id())
+            .field("defaults", &self.defaults)
+            .finish()
+    }
+}
+
+impl LapinPublisher {
+    pub(crate) async fn open(broker: LapinBroker) -> Result<Self, LapinError> {
+        let channel = broker.open_channel("publisher").await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(|source| LapinError::Channel {
+                purpose: "publisher".to_string(),
+                source,
+            })?;
+        Ok(LapinPublisher {
+            channel,
+            confirm_timeout: broker.inner.confirm_timeout,
+            defaults: PublishOptions::default(),
+        })
+    }
+
+    /// The options [`Publisher::publish`] uses (default: persistent, mandatory).
+    pub fn with_defaults(mut self, defaults: PublishOptions) -> Self {
+        self.defaults = defaults;
+        self
+    }
+
+    /// Publishes `message` to `exchange` under `routing_key`, and waits for the confirm.
+    pub async fn publish_to(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        message: Message,
+        options: PublishOptions,
+    ) -> Result<(), LapinError> {
+        let prepared = prepare(exchange, routing_key, message, options)?;
+        let confirm = self.send(&prepared).await?;
+        self.confirmed(prepared.destination, confirm).await
+    }
+
+    /// Publishes every message to `exchange` under `routing_key`, in order, then waits
+    /// for all their confirms. Returns the first error.
+    pub async fn publish_all_to(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        messages: Vec<Message>,
+        options: PublishOptions,
+    ) -> Result<(), LapinError> {
+        let mut sent = Vec::with_capacity(messages.len());
+        for message in messages {
+            let prepared = prepare(exchange, routing_key, message, options)?;
+            let confirm = self.send(&prepared).await?;
+            sent.push((prepared.destination, confirm));
+        }
+        let mut first_error = None;
+        for (destination, confirm) in sent {
+            if let Err(error) = self.confirmed(destination, confirm).await {
+                first_error.get_or_insert(error);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Sends one message; after a connection loss, waits for recovery and tries once more.
+    async fn send(&self, prepared: &Prepared) -> Result<PublisherConfirm, LapinError> {
+        let send = || {
+            self.channel.basic_publish(
+                prepared.exchange.clone(),
+                prepared.routing_key.clone(),
+                prepared.options,
+                &prepared.payload,
+                prepared.properties.clone(),
+            )
+        };
+        let failed = |source| LapinError::Publish {
+            destination: prepared.destination.clone(),
+            source,
+        };
+        match send().await {
+            Ok(confirm) => Ok(confirm),
+            Err(error) => {
+                self.channel
+                    .wait_for_recovery(error)
+                    .await
+                    .map_err(failed)?;
+                send().await.map_err(failed)
+            }
+        }
+    }
+
+    /// Waits for the broker's confirm of one message.
+    async fn confirmed(
+        &self,
+        destination: String,
+        confirm: PublisherConfirm,
+    ) -> Result<(), LapinError> {
+        let confirmation = match tokio::time::timeout(self.confirm_timeout, confirm).await {
+            Err(_) => {
+                return Err(LapinError::ConfirmTimeout {
+                    destination,
+                    after: self.confirm_timeout,
+                });
+            }
+            Ok(Err(source)) => {
+                return Err(LapinError::Publish {
+                    destination,
+                    source,
+                });
+            }
+            Ok(Ok(confirmation)) => confirmation,
+        };
+        match confirmation {
+            Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),
+            Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
+                Err(LapinError::Returned {
+                    destination,
+                    code: returned.reply_code,
+                    text: returned.reply_text.to_string(),
+                })
+            }
+            Confirmation::Nack(None) => Err(LapinError::Nacked { destination }),
+        }
+    }
+}
+
+/// A message mapped onto AMQP, ready to send.
+struct Prepared {
+    destination: String,
+    exchange: ShortString,
+    routing_key: ShortString,
+    options: BasicPublishOptions,
+    payload: Bytes,
+    properties: BasicProperties,
+}
+
+fn prepare(
+    exchange: &str,
+    routing_key: &str,
+    message: Message,
+    options: PublishOptions,
+) -> Result<Prepared, LapinError> {
+    let destination = if exchange.is_empty() {
+        routing_key.to_string()
+    } else {
+        format!("{exchange}/{routing_key}")
+    };
+    let parts = message.into_parts();
+    if parts.delay.is_some() {
+        return Err(LapinError::Invalid {
+            what: "message",
+            reason: format!(
+                "message to `{destination}` asks for a delivery delay, which plain RabbitMQ cannot do"
+            ),
+        });
+    }
+    let mut properties = BasicProperties::default()
+        .with_delivery_mode(if options.persistent {
+            PERSISTENT
+        } else {
+            TRANSIENT
+        })
+        .with_headers(to_table(&parts.headers, parts.partition_key.as_ref())?);
+    if let Some(v) = parts.content_type {
+        properties = properties.with_content_type(short("content type", &v)?);
+    }
+    if let Some(v) = parts.message_id {
+        properties = properties.with_message_id(short("message id", &v)?);
+    }
+    if let Some(v) = parts.correlation_id {
+        properties = properties.with_correlation_id(short("correlation id", &v)?);
+    }
+    if let Some(v) = options.priority {
+        properties = properties.with_priority(v);
+    }
+    if let Some(ttl) = options.expiration {
+        properties = properties.with_expiration(ttl.as_millis().to_string().into());
+    }
+    Ok(Prepared {
+        exchange: short("exchange name", exchange)?,
+        routing_key: short("routing key", routing_key)?,
+        destination,
+        options: BasicPublishOptions {
+            mandatory: options.mandatory,
+            immediate: false,
+        },
+        payload: parts.payload,
+        properties,
+    })
+}
+
+impl Publisher for LapinPublisher {
+    /// Publishes to the queue `destination` through the default exchange.
+    async fn publish(&self, destination: &str, message: Message) -> Result<(), conveyor::Error> {
+        self.publish_to("", destination, message, self.defaults)
+            .await
+            .map_err(|e| e.into_publish(destination))
+    }
+
+    /// Sends every message to the queue `destination`, then waits for all the confirms.
+    async fn publish_batch(
+        &self,
+        destination: &str,
+        messages: Vec<Message>,
+    ) -> Result<(), conveyor::Error> {
+        self.publish_all_to("", destination, messages, self.defaults)
+            .await
+            .map_err(|e| e.into_publish(destination))
+    }
+}

@@ -1,0 +1,333 @@
+//! The receive side of one subscription: one channel, one consumer, deliveries in the
+//! order the queue pushed them.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use conveyor::{Bytes, Delivery, Settle, SubscribeSettings, Subscriber};
+use futures_util::{FutureExt, StreamExt};
+use lapin::options::{
+    BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Channel, Consumer};
+
+use crate::error::{LapinError, short};
+use crate::headers::{self, ATTEMPTS_HEADER, DELIVERY_COUNT_HEADER};
+use crate::settle::{Copy, DelayRoute, Pending, Settler};
+use crate::source::LapinSource;
+use crate::topology::QueueSpec;
+
+/// The smallest prefetch window chosen by default.
+const MIN_DEFAULT_PREFETCH: usize = 16;
+
+/// Distinguishes the consumer tags of one process.
+static CONSUMERS: AtomicU64 = AtomicU64::new(0);
+
+/// A subscription to a RabbitMQ queue, opened by mounting a [`LapinSource`].
+///
+/// It owns one channel with a prefetch window (basic.qos) and one consumer with manual
+/// acks. The dispatcher takes deliveries one at a time (or a batch of what has already
+/// arrived) in the order the broker pushed them. When the connection is lost it waits
+/// for the client to recover, then goes on with the same consumer.
+pub struct LapinSubscriber {
+    queue: Arc<str>,
+    channel: Channel,
+    consumer: Consumer,
+    consumer_tag: String,
+    settler: Arc<Settler>,
+    settle_task: tokio::task::JoinHandle<()>,
+    delay_channel: Option<Channel>,
+    keep_copies: bool,
+    next_tag: u64,
+    /// An error met while taking a batch, reported by the next receive.
+    stashed: Option<lapin::Error>,
+}
+
+/// The window a mount gets when neither it nor its source nor its broker names one:
+/// twice what it can hold, so the next deliveries are on their way while it works.
+fn default_prefetch(settings: &SubscribeSettings) -> u16 {
+    let holds = settings
+        .max_in_flight
+        .max(settings.batch_size.unwrap_or(1))
+        .max(1);
+    let window = holds.saturating_mul(2).max(MIN_DEFAULT_PREFETCH);
+    u16::try_from(window).unwrap_or(u16::MAX)
+}
+
+impl LapinSubscriber {
+    pub(crate) async fn open(
+        source: LapinSource,
+        settings: SubscribeSettings,
+    ) -> Result<Self, LapinError> {
+        let LapinSource {
+            broker,
+            spec,
+            prefetch,
+            delay_queue,
+            consumer_tag,
+        } = source;
+        let queue: Arc<str> = spec.name().into();
+        let channel = broker.open_channel(&queue).await?;
+        spec.declare(&channel).await?;
+
+        let delay = match delay_queue {
+            Some(name) => {
+                let delay_channel = broker.open_channel(&name).await?;
+                delay_channel
+                    .confirm_select(ConfirmSelectOptions::default())
+                    .await
+                    .map_err(|source| LapinError::Channel {
+                        purpose: name.clone(),
+                        source,
+                    })?;
+                // The delay queue lives as long as its queue: durable with a durable one,
+                // gone with the connection with an exclusive one.
+                let mut delay_spec = QueueSpec::new(name.as_str())
+                    .durable(spec.is_durable() && !spec.is_exclusive())
+                    .argument("x-dead-letter-exchange", "")
+                    .argument("x-dead-letter-routing-key", spec.name());
+                if spec.is_exclusive() {
+                    delay_spec = delay_spec.exclusive();
+                }
+                delay_spec.declare(&delay_channel).await?;
+                Some(DelayRoute {
+                    channel: delay_channel,
+                    queue: short("queue name", &name)?,
+                    confirm_timeout: broker.inner.confirm_timeout,
+                })
+            }
+            None => None,
+        };
+
+        let window = settings
+            .prefetch
+            .or(prefetch)
+            .or(broker.inner.prefetch)
+            .unwrap_or_else(|| default_prefetch(&settings));
+        if settings.concurrent && window == 1 {
+            tracing::warn!(
+                queue = %queue,
+                "prefetch 1 with workers or lanes: the broker sends one message at a time, so they take turns; raise the prefetch"
+            );
+        }
+        if let Some(size) = settings.batch_size
+            && usize::from(window) < size
+        {
+            tracing::warn!(queue = %queue, prefetch = window, batch = size, "prefetch is below the batch size: batches can never fill");
+        }
+        channel
+            .basic_qos(window, BasicQosOptions::default())
+            .await
+            .map_err(|source| LapinError::Channel {
+                purpose: queue.to_string(),
+                source,
+            })?;
+
+        let tag = consumer_tag.unwrap_or_else(|| {
+            format!(
+                "conveyor.{}.{}",
+                std::process::id(),
+                CONSUMERS.fetch_add(1, Ordering::Relaxed)
+            )
+        });
+        let consumer = channel
+            .basic_consume(
+                short("queue name", &queue)?,
+                short("consumer tag", &tag)?,
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|source| LapinError::Consume {
+                queue: queue.to_string(),
+                source,
+            })?;
+        tracing::info!(queue = %queue, prefetch = window, consumer = %tag, "subscribed");
+
+        let keep_copies = delay.is_some();
+        let delay_channel = delay.as_ref().map(|route| route.channel.clone());
+        let (settler, settle_task) = Settler::start(queue.clone(), delay);
+        Ok(LapinSubscriber {
+            queue,
+            channel,
+            consumer,
+            consumer_tag: tag,
+            settler,
+            settle_task,
+            delay_channel,
+            keep_copies,
+            next_tag: 0,
+            stashed: None,
+        })
+    }
+
+    /// The core delivery for a lapin delivery, tracked until it is settled.
+    fn convert(&mut self, delivery: lapin::message::Delivery) -> Delivery {
+        let lapin::message::Delivery {
+            redelivered,
+            properties,
+            data,
+            acker,
+            ..
+        } = delivery;
+        let empty = FieldTable::default();
+        let table = properties.headers().as_ref().unwrap_or(&empty);
+        let mut headers = headers::from_table(table);
+        if let Some(v) = properties.content_type() {
+            headers.insert("content-type", v.as_str().to_string());
+        }
+        if let Some(v) = properties.message_id() {
+            headers.insert("message-id", v.as_str().to_string());
+        }
+        if let Some(v) = properties.correlation_id() {
+            headers.insert("correlation-id", v.as_str().to_string());
+        }
+        if let Some(v) = properties.priority() {
+            headers.insert("priority", v.to_string());
+        }
+        let key = headers::partition_key(table);
+        let earlier_attempts = headers::int_value(table, ATTEMPTS_HEADER);
+        let delivery_count = headers::int_value(table, DELIVERY_COUNT_HEADER);
+        let count = match (earlier_attempts, delivery_count) {
+            (None, None) => None,
+            (earlier, here) => {
+                let here = here.unwrap_or(u64::from(redelivered));
+                let total = earlier.unwrap_or(0).saturating_add(here).saturating_add(1);
+                Some(u32::try_from(total).unwrap_or(u32::MAX))
+            }
+        };
+        let attempt = count.unwrap_or(if redelivered { 2 } else { 1 });
+
+        let payload = Bytes::from(data);
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        let copy = self.keep_copies.then(|| {
+            Box::new(Copy {
+                payload: payload.clone(),
+                properties,
+                attempt,
+            })
+        });
+        self.settler.track(tag, Pending { acker, copy });
+        let settler: Arc<dyn Settle> = self.settler.clone();
+        let mut out = Delivery::new(payload, self.queue.clone(), settler, tag)
+            .with_headers(headers)
+            .with_partition_key(key)
+            .with_redelivered(redelivered);
+        if let Some(count) = count {
+            out = out.with_receive_count(count);
+        }
+        out
+    }
+
+    /// Waits for the client to recover the channel after `error`, or gives up with it.
+    async fn recover(&mut self, error: lapin::Error) -> Result<(), conveyor::Error> {
+        tracing::warn!(queue = %self.queue, %error, "subscription channel lost; waiting for recovery");
+        match self.channel.wait_for_recovery(error).await {
+            Ok(()) => {
+                tracing::info!(queue = %self.queue, "subscription recovered");
+                Ok(())
+            }
+            Err(source) => Err(LapinError::Receive {
+                queue: self.queue.to_string(),
+                source,
+            }
+            .into()),
+        }
+    }
+}
+
+impl Subscriber for LapinSubscriber {
+    async fn recv(&mut self) -> Option<Result<Delivery, conveyor::Error>> {
+        loop {
+            if let Some(error) = self.stashed.take()
+                && let Err(e) = self.recover(error).await
+            {
+                return Some(Err(e));
+            }
+            match self.consumer.next().await {
+                Some(Ok(delivery)) => return Some(Ok(self.convert(delivery))),
+                Some(Err(error)) => self.stashed = Some(error),
+                None => {
+                    tracing::warn!(queue = %self.queue, "the broker cancelled the consumer (queue deleted?)");
+                    return None;
+                }
+            }
+        }
+    }
+
+    async fn recv_batch(
+        &mut self,
+        max: usize,
+        batch: &mut Vec<Delivery>,
+    ) -> Option<Result<(), conveyor::Error>> {
+        match self.recv().await? {
+            Ok(first) => batch.push(first),
+            Err(e) => return Some(Err(e)),
+        }
+        while batch.len() < max {
+            match self.consumer.next().now_or_never() {
+                Some(Some(Ok(delivery))) => {
+                    let delivery = self.convert(delivery);
+                    batch.push(delivery);
+                }
+                Some(Some(Err(error))) => {
+                    self.stashed = Some(error);
+                    break;
+                }
+                Some(None) | None => break,
+            }
+        }
+        Some(Ok(()))
+    }
+
+    async fn close(self) {
+        let LapinSubscriber {
+            queue,
+            channel,
+            consumer_tag,
+            settler,
+            settle_task,
+            delay_channel,
+            consumer,
+            ..
+        } = self;
+        if let Ok(tag) = short("consumer tag", &consumer_tag) {
+            let _ = channel
+                .basic_cancel(tag, BasicCancelOptions::default())
+                .await;
+        }
+        settler.flush().await;
+        drop(consumer);
+        // Closing the channel returns every delivery it holds unacked to the queue at once.
+        if let Err(error) = channel.close(200, "subscription closed".into()).await {
+            tracing::debug!(queue = %queue, %error, "closing the subscription channel failed");
+        }
+        if let Some(delay_channel) = delay_channel {
+            let _ = delay_channel.close(200, "subscription closed".into()).await;
+        }
+        drop(settler);
+        settle_task.abort();
+        tracing::info!(queue = %queue, "unsubscribed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(max_in_flight: usize, batch: Option<usize>) -> SubscribeSettings {
+        let mut settings = SubscribeSettings::new(max_in_flight);
+        settings.batch_size = batch;
+        settings
+    }
+
+    #[test]
+    fn the_default_window_covers_what_the_mount_holds() {
+        assert_eq!(default_prefetch(&settings(1, None)), 16);
+        assert_eq!(default_prefetch(&settings(9, None)), 18);
+        assert_eq!(default_prefetch(&settings(10, Some(100))), 200);
+        assert_eq!(default_prefetch(&settings(usize::MAX, None)), u16::MAX);
+    }
+}

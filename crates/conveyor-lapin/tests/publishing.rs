@@ -1,0 +1,172 @@
+//! Publishing: exchanges and routing keys, mandatory returns, broker nacks, properties.
+
+mod common;
+
+use std::time::Duration;
+
+use conveyor::{App, Json, Message, Publisher, State};
+use conveyor_lapin::{Binding, ExchangeSpec, ExchangeType, LapinError, PublishOptions, QueueSpec};
+
+use common::{Seen, broker, cleanup, unique, wait_for, wait_until};
+
+async fn record(Json(n): Json<u32>, State(seen): State<Seen<u32>>) {
+    seen.push(n);
+}
+
+#[tokio::test]
+async fn a_topic_exchange_routes_by_routing_key_and_returns_what_matches_nothing() {
+    let broker = broker().await;
+    let exchange = unique("topic");
+    let queue = unique("topic-orders");
+    broker
+        .declare_exchange(&ExchangeSpec::new(exchange.as_str(), ExchangeType::Topic))
+        .await
+        .unwrap();
+    broker
+        .declare_queue(&QueueSpec::new(queue.as_str()))
+        .await
+        .unwrap();
+    broker
+        .bind(&Binding::new(queue.as_str(), exchange.as_str(), "orders.*"))
+        .await
+        .unwrap();
+    let seen = Seen::<u32>::default();
+    let running = App::new("topic")
+        .with_state(seen.clone())
+        .mount(broker.queue(queue.as_str()), record, |m| m)
+        .start()
+        .await
+        .unwrap();
+
+    let publisher = broker.publisher().await.unwrap();
+    let options = PublishOptions::default();
+    publisher
+        .publish_to(
+            &exchange,
+            "orders.created",
+            Message::json(&1u32).unwrap(),
+            options,
+        )
+        .await
+        .unwrap();
+    let error = publisher
+        .publish_to(
+            &exchange,
+            "payments.made",
+            Message::json(&2u32).unwrap(),
+            options,
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(error, LapinError::Returned { .. }), "{error}");
+    // Not mandatory: the unroutable message is dropped without an error.
+    publisher
+        .publish_to(
+            &exchange,
+            "payments.made",
+            Message::json(&3u32).unwrap(),
+            options.mandatory(false),
+        )
+        .await
+        .unwrap();
+
+    wait_until("the routed message", || seen.len() == 1).await;
+    assert_eq!(seen.all(), vec![1]);
+    running.shutdown().await.unwrap();
+    cleanup(&broker, &[&queue], &[&exchange]).await;
+}
+
+#[tokio::test]
+async fn a_message_the_broker_refuses_is_a_nack_error() {
+    let broker = broker().await;
+    let queue = unique("full");
+    broker
+        .declare_queue(
+            &QueueSpec::new(queue.as_str())
+                .argument("x-max-length", 1)
+                .argument("x-overflow", "reject-publish"),
+        )
+        .await
+        .unwrap();
+    let publisher = broker.publisher().await.unwrap();
+    publisher.publish_json(&queue, &1u32).await.unwrap();
+    let error = publisher.publish_json(&queue, &2u32).await.unwrap_err();
+    let source = std::error::Error::source(&error)
+        .and_then(|e| e.downcast_ref::<LapinError>())
+        .unwrap();
+    assert!(matches!(source, LapinError::Nacked { .. }), "{source}");
+    cleanup(&broker, &[&queue], &[]).await;
+}
+
+#[tokio::test]
+async fn an_expired_message_is_never_delivered() {
+    let broker = broker().await;
+    let queue = unique("ttl");
+    broker
+        .declare_queue(&QueueSpec::new(queue.as_str()))
+        .await
+        .unwrap();
+    let publisher = broker.publisher().await.unwrap();
+    publisher
+        .publish_to(
+            "",
+            &queue,
+            Message::new("stale"),
+            PublishOptions::default().expiration(Duration::from_millis(1)),
+        )
+        .await
+        .unwrap();
+    wait_for("the message to expire", || async {
+        broker.ready_count(&queue).await.unwrap() == 0
+    })
+    .await;
+    cleanup(&broker, &[&queue], &[]).await;
+}
+
+#[tokio::test]
+async fn an_exclusive_auto_delete_queue_can_be_mounted() {
+    let broker = broker().await;
+    let queue = unique("exclusive");
+    let seen = Seen::<u32>::default();
+    let running = App::new("exclusive")
+        .with_state(seen.clone())
+        .mount(
+            broker.queue(
+                QueueSpec::new(queue.as_str())
+                    .durable(false)
+                    .exclusive()
+                    .auto_delete(),
+            ),
+            record,
+            |m| m,
+        )
+        .start()
+        .await
+        .unwrap();
+    broker
+        .publisher()
+        .await
+        .unwrap()
+        .publish_json(&queue, &5u32)
+        .await
+        .unwrap();
+    wait_until("the message", || seen.len() == 1).await;
+    running.shutdown().await.unwrap();
+    cleanup(&broker, &[&queue], &[]).await;
+}
+
+#[tokio::test]
+async fn a_delayed_message_is_refused_with_a_clear_error() {
+    let broker = broker().await;
+    let publisher = broker.publisher().await.unwrap();
+    let error = publisher
+        .publish_to(
+            "",
+            "anything",
+            Message::new("x").delay(Duration::from_secs(1)),
+            PublishOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(error, LapinError::Invalid { .. }), "{error}");
+}

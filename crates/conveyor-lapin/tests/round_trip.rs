@@ -1,0 +1,135 @@
+//! Publishing and receiving one message keeps its payload, headers, key and properties.
+
+mod common;
+
+use conveyor::{App, DeliveryInfo, Headers, Json, Message, PartitionKey, State};
+use conveyor_lapin::{LapinError, PublishOptions, QueueSpec};
+
+use common::{Seen, broker, cleanup, unique, wait_until};
+
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
+struct Order {
+    id: u64,
+    item: String,
+}
+
+type Record = (Order, Headers, PartitionKey, DeliveryInfo);
+
+async fn record(
+    Json(order): Json<Order>,
+    headers: Headers,
+    key: PartitionKey,
+    info: DeliveryInfo,
+    State(seen): State<Seen<Record>>,
+) {
+    seen.push((order, headers, key, info));
+}
+
+#[tokio::test]
+async fn round_trip_keeps_payload_headers_key_and_properties() {
+    let broker = broker().await;
+    let queue = unique("round-trip");
+    let seen = Seen::<Record>::default();
+    let running = App::new("round-trip")
+        .with_state(seen.clone())
+        .mount(
+            broker.queue(QueueSpec::new(queue.as_str()).max_priority(10)),
+            record,
+            |m| m,
+        )
+        .start()
+        .await
+        .unwrap();
+
+    let publisher = broker.publisher().await.unwrap();
+    let order = Order {
+        id: 7,
+        item: "tea".into(),
+    };
+    let message = Message::json(&order)
+        .unwrap()
+        .partition_key("alice")
+        .header("x-tenant", "acme")
+        .message_id("m-1")
+        .correlation_id("c-1");
+    publisher
+        .publish_to("", &queue, message, PublishOptions::default().priority(5))
+        .await
+        .unwrap();
+
+    wait_until("the message to be handled", || seen.len() == 1).await;
+    let (got, headers, key, info) = seen.all().remove(0);
+    assert_eq!(got, order);
+    assert_eq!(key, "alice");
+    assert_eq!(headers.get_str("x-tenant"), Some("acme"));
+    assert_eq!(headers.get_str("amqp-partition-key"), Some("alice"));
+    assert_eq!(headers.get_str("content-type"), Some("application/json"));
+    assert_eq!(headers.get_str("message-id"), Some("m-1"));
+    assert_eq!(headers.get_str("correlation-id"), Some("c-1"));
+    assert_eq!(headers.get_str("priority"), Some("5"));
+    assert_eq!(&*info.queue, queue.as_str());
+    assert_eq!(info.attempt, 1);
+    assert!(!info.redelivered);
+
+    running.shutdown().await.unwrap();
+    assert_eq!(broker.ready_count(&queue).await.unwrap(), 0);
+    cleanup(&broker, &[&queue], &[]).await;
+}
+
+#[tokio::test]
+async fn an_unroutable_mandatory_publish_is_an_error() {
+    let broker = broker().await;
+    let publisher = broker.publisher().await.unwrap();
+    let error = publisher
+        .publish_to(
+            "",
+            &unique("nowhere"),
+            Message::new("x"),
+            PublishOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, LapinError::Returned { code: 312, .. }),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn a_passive_source_names_the_missing_queue() {
+    let broker = broker().await;
+    let queue = unique("missing");
+    async fn ignore(_: conveyor::Bytes) {}
+    let error = App::new("passive")
+        .mount(
+            broker.queue(QueueSpec::new(queue.as_str()).passive()),
+            ignore,
+            |m| m,
+        )
+        .start()
+        .await
+        .unwrap_err();
+    let text = format!("{error}: {}", std::error::Error::source(&error).unwrap());
+    assert!(text.contains(&queue), "{text}");
+    assert!(text.contains("does not exist"), "{text}");
+}
+
+#[tokio::test]
+async fn a_bad_password_never_shows_in_the_error() {
+    let error = conveyor_lapin::LapinBroker::connect("amqp://guest:hunter2@127.0.0.1:5672/%2f")
+        .await
+        .unwrap_err();
+    let text = format!("{error} {error:?}");
+    assert!(!text.contains("hunter2"), "{text}");
+    assert!(text.contains("***"), "{text}");
+}
+
+#[tokio::test]
+async fn an_invalid_url_is_reported_without_its_password() {
+    let error = conveyor_lapin::LapinBroker::connect("amqp://guest:hunter2@127.0.0.1:notaport/")
+        .await
+        .unwrap_err();
+    let text = format!("{error} {error:?}");
+    assert!(matches!(error, LapinError::InvalidUrl { .. }), "{text}");
+    assert!(!text.contains("hunter2"), "{text}");
+}
