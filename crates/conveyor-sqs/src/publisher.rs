@@ -130,27 +130,35 @@ impl Publisher for SqsBroker {
             .map(|m| prepare(&queue, m.into_parts()))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| publish_error(destination, e))?;
-        let mut chunk: Vec<Prepared> = Vec::with_capacity(BATCH_LIMIT);
-        let mut chunk_size = 0;
-        for message in prepared {
-            if chunk.len() == BATCH_LIMIT
-                || chunk_size + message.outgoing.size > queue.max_message_size
-            {
-                self.send_batch(&queue, std::mem::take(&mut chunk))
-                    .await
-                    .map_err(|e| publish_error(destination, e))?;
-                chunk_size = 0;
-            }
-            chunk_size += message.outgoing.size;
-            chunk.push(message);
-        }
-        if !chunk.is_empty() {
+        let sizes: Vec<usize> = prepared.iter().map(|m| m.outgoing.size).collect();
+        let mut messages = prepared.into_iter();
+        for length in chunk_lengths(&sizes, queue.max_message_size) {
+            let chunk: Vec<Prepared> = messages.by_ref().take(length).collect();
             self.send_batch(&queue, chunk)
                 .await
                 .map_err(|e| publish_error(destination, e))?;
         }
         Ok(())
     }
+}
+
+/// How many messages go in each `SendMessageBatch`, in order: at most ten, and at most
+/// `limit` bytes together (each message alone already fits).
+fn chunk_lengths(sizes: &[usize], limit: usize) -> Vec<usize> {
+    let mut lengths = Vec::new();
+    let (mut length, mut total) = (0, 0);
+    for &size in sizes {
+        if length == BATCH_LIMIT || (length > 0 && total + size > limit) {
+            lengths.push(length);
+            (length, total) = (0, 0);
+        }
+        length += 1;
+        total += size;
+    }
+    if length > 0 {
+        lengths.push(length);
+    }
+    lengths
 }
 
 impl SqsBroker {
@@ -217,6 +225,14 @@ mod tests {
             Ok(_) => panic!("the message should be refused"),
             Err(error) => error.to_string(),
         }
+    }
+
+    #[test]
+    fn batches_split_at_ten_messages_and_at_the_size_limit() {
+        assert_eq!(chunk_lengths(&[1; 25], 1024), vec![10, 10, 5]);
+        assert_eq!(chunk_lengths(&[400, 400, 400, 100], 1024), vec![2, 2]);
+        assert_eq!(chunk_lengths(&[1024, 1, 1024], 1024), vec![1, 1, 1]);
+        assert!(chunk_lengths(&[], 1024).is_empty());
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use aws_sdk_sqs::types::QueueAttributeName;
 use common::{ENDPOINT, broker, broker_at, declare, delete, eventually, unique};
 use conveyor::{
     App, Backoff, Batch, DeliveryInfo, Headers, Json, Message, Outcome, PartitionKey, Publisher,
@@ -212,21 +213,7 @@ async fn a_handler_running_three_visibility_timeouts_is_the_only_one_to_see_its_
     eventually(
         "the slow handler to take it",
         Duration::from_secs(10),
-        || async {
-            short
-                .client()
-                .get_queue_attributes()
-                .queue_url(short_url(&short, &queue).await)
-                .attribute_names(
-                    aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
-                )
-                .send()
-                .await
-                .ok()
-                .and_then(|o| o.attributes().and_then(|a| a.values().next().cloned()))
-                .as_deref()
-                == Some("1")
-        },
+        || async { hidden(&short, &queue).await == Some(1) },
     )
     .await;
     let other = broker_at(ENDPOINT, Duration::from_secs(2)).await;
@@ -250,6 +237,20 @@ async fn a_handler_running_three_visibility_timeouts_is_the_only_one_to_see_its_
         "handled once, by the slow app"
     );
     delete(&short, &[&queue]).await;
+}
+
+/// How many of the queue's messages are received and not yet deleted.
+async fn hidden(broker: &SqsBroker, queue: &str) -> Option<u32> {
+    let url = short_url(broker, queue).await;
+    let attributes = broker
+        .client()
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+        .send()
+        .await
+        .ok()?;
+    attributes.attributes()?.values().next()?.parse().ok()
 }
 
 async fn short_url(broker: &SqsBroker, queue: &str) -> String {
@@ -502,19 +503,7 @@ async fn shutdown_releases_received_but_unstarted_messages_at_once() {
     .await;
     let url = short_url(&broker, &queue).await;
     eventually("the read-ahead", Duration::from_secs(20), || async {
-        broker
-            .client()
-            .get_queue_attributes()
-            .queue_url(&url)
-            .attribute_names(
-                aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
-            )
-            .send()
-            .await
-            .ok()
-            .and_then(|o| o.attributes().and_then(|a| a.values().next().cloned()))
-            .as_deref()
-            == Some("3")
+        hidden(&broker, &queue).await == Some(3)
     })
     .await;
     running.stop_receiving();
