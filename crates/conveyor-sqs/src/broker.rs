@@ -185,10 +185,7 @@ impl SqsBrokerBuilder {
 }
 
 fn config(message: &str) -> Error {
-    Error::Transport {
-        transport: "sqs",
-        source: Box::new(SqsError::Config(message.to_string())),
-    }
+    transport(SqsError::Config(message.to_string()))
 }
 
 impl SqsBroker {
@@ -230,10 +227,7 @@ impl SqsBroker {
     /// Creates the queue if it does not exist (SQS's `CreateQueue` is idempotent for the
     /// same attributes), with its dead-letter queue and redrive policy; returns its URL.
     pub async fn declare_queue(&self, spec: QueueSpec) -> Result<String, Error> {
-        self.create(&spec).await.map_err(|error| Error::Transport {
-            transport: "sqs",
-            source: Box::new(error),
-        })
+        self.create(&spec).await.map_err(transport)
     }
 
     async fn create(&self, spec: &QueueSpec) -> Result<String, SqsError> {
