@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: start the live services the tests need, then check
-# formatting and lints, then run every test (unit, integration, examples, doctests).
+# formatting, lints and docs, then run every test (unit, integration, examples, doctests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,5 +14,7 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo doc"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 echo "== cargo test"
 cargo test --workspace

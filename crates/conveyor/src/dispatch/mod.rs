@@ -1,10 +1,10 @@
 //! The dispatch engine: drives a subscription through a mounted handler.
 //!
-//! Every mode shares two steps: [`receive`] takes the next delivery (or stops at
-//! shutdown), and [`handle_one`] runs the handler and settles the delivery once it has
+//! Every mode shares two steps: `receive` takes the next delivery (or stops at
+//! shutdown), and `handle_one` runs the handler and settles the delivery once it has
 //! finished. The modes differ only in who runs `handle_one`: the mount's own loop
-//! ([`sequential`]), `n` long-lived workers ([`workers`]) or `n` keyed lanes ([`lanes`]).
-//! No mode spawns a task per delivery.
+//! (sequential), `n` long-lived workers (`workers(n)`) or `n` keyed lanes
+//! (`workers(n).by_key()`, see [`lane_for_key`]). No mode spawns a task per delivery.
 
 mod batch;
 mod lanes;
