@@ -11,12 +11,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lapin::tcp::AMQPUriTcpExt;
+use lapin::uri::AMQPScheme;
 use lapin::{Channel, Connection, ConnectionProperties};
 use tokio::sync::Mutex;
 
 use crate::error::LapinError;
 use crate::publisher::LapinPublisher;
 use crate::source::LapinSource;
+use crate::tls::{TlsSettings, is_tls_failure};
 use crate::topology::{Binding, ExchangeSpec, QueueSpec};
 use crate::url::redact_url;
 
@@ -41,12 +44,41 @@ const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(100);
 ///     .await?;
 /// # Ok(()) }
 /// ```
-#[derive(Clone, Debug)]
+///
+/// `amqps://` URLs connect through rustls and trust the webpki root certificates. A
+/// broker whose certificate comes from a private CA needs that CA:
+///
+/// ```no_run
+/// use conveyor_lapin::LapinBroker;
+///
+/// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+/// let ca = std::fs::read_to_string("/etc/rabbitmq/conveyor-tls/ca_certificate.pem")?;
+/// let broker = LapinBroker::builder("amqps://app:s3cret@rabbit.internal:5671/%2f")
+///     .tls_ca_certificate(ca)
+///     .connect()
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
 pub struct LapinBrokerBuilder {
     url: String,
     prefetch: Option<u16>,
     connection_name: Option<String>,
     confirm_timeout: Duration,
+    tls: TlsSettings,
+}
+
+/// The URL's password is redacted and key material left out.
+impl std::fmt::Debug for LapinBrokerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LapinBrokerBuilder")
+            .field("url", &redact_url(&self.url))
+            .field("prefetch", &self.prefetch)
+            .field("connection_name", &self.connection_name)
+            .field("confirm_timeout", &self.confirm_timeout)
+            .field("tls", &self.tls)
+            .finish()
+    }
 }
 
 impl LapinBrokerBuilder {
@@ -70,7 +102,41 @@ impl LapinBrokerBuilder {
         self
     }
 
-    /// Connects. `amqps://` URLs use TLS through rustls.
+    /// Trusts the CA certificate(s) in `pem` (PEM text, one or more
+    /// `-----BEGIN CERTIFICATE-----` blocks) for `amqps://`, besides the webpki roots:
+    /// for brokers whose certificate a private CA signed. Call it again to trust more.
+    /// The broker's certificate must still name the URL's host (a DNS name or IP
+    /// address in its subjectAltName). Ignored, with a warning, for `amqp://`.
+    ///
+    /// `connect` fails with [`LapinError::Invalid`] if `pem` holds no certificate.
+    pub fn tls_ca_certificate(mut self, pem: impl Into<String>) -> Self {
+        self.tls.add_ca_certificate(pem.into());
+        self
+    }
+
+    /// Presents a client certificate during the `amqps://` handshake, for brokers that
+    /// verify their peers (`ssl_options.verify = verify_peer`, or certificate login with
+    /// `rabbitmq_auth_mechanism_ssl`): `certificate_chain` is PEM (the client's
+    /// certificate first, then any intermediates), `private_key` its PEM key (PKCS#8,
+    /// PKCS#1 or SEC1, unencrypted). Ignored, with a warning, for `amqp://`.
+    pub fn tls_client_identity(
+        mut self,
+        certificate_chain: impl Into<String>,
+        private_key: impl Into<String>,
+    ) -> Self {
+        self.tls
+            .set_identity(certificate_chain.into(), private_key.into());
+        self
+    }
+
+    /// Connects. `amqps://` URLs use TLS through rustls (see
+    /// [`tls_ca_certificate`](Self::tls_ca_certificate)); the same TLS settings serve
+    /// every reconnect.
+    ///
+    /// A first `amqps://` connection whose TLS handshake fails (an untrusted or
+    /// misnamed server certificate, say) is an error right away, since trying again
+    /// would not help; a broker that cannot be reached yet is retried with backoff, as
+    /// a lost connection is.
     pub async fn connect(self) -> Result<LapinBroker, LapinError> {
         let redacted = redact_url(&self.url);
         let uri: lapin::uri::AMQPUri =
@@ -92,12 +158,52 @@ impl LapinBrokerBuilder {
         if let Some(name) = &self.connection_name {
             properties = properties.with_connection_name(name.as_str().into());
         }
-        let connection = Connection::connect_uri(uri, properties)
-            .await
-            .map_err(|source| LapinError::Connect {
-                url: redacted.clone(),
-                source,
-            })?;
+        let tls = self.tls.to_lapin()?;
+        let runtime = lapin::runtime::default_runtime().map_err(|source| LapinError::Connect {
+            url: redacted.clone(),
+            source,
+        })?;
+        // The first TLS connection is made here, so that a handshake failure is
+        // reported instead of retried forever; lapin gets the stream, and makes every
+        // later connection itself with the same settings.
+        let mut first = None;
+        if uri.scheme == AMQPScheme::AMQPS {
+            match uri.connect_with_config_async(tls.as_ref(), &runtime).await {
+                Ok(stream) => first = Some(stream),
+                Err(error) if is_tls_failure(&error) => {
+                    return Err(LapinError::Connect {
+                        url: redacted,
+                        source: error.into(),
+                    });
+                }
+                Err(error) => {
+                    tracing::warn!(url = %redacted, %error, "cannot reach RabbitMQ yet; retrying");
+                }
+            }
+        } else if self.tls.is_configured() {
+            tracing::warn!(url = %redacted, "TLS settings are ignored for an amqp:// URL");
+        }
+        let first = std::sync::Mutex::new(first);
+        let connection = Connection::connector(
+            uri,
+            runtime,
+            async move |uri, runtime| {
+                let ready = first.lock().ok().and_then(|mut slot| slot.take());
+                match ready {
+                    Some(stream) => Ok(stream),
+                    None => uri
+                        .connect_with_config_async(tls.as_ref(), &runtime)
+                        .await
+                        .map_err(lapin::Error::from),
+                }
+            },
+            properties,
+        )
+        .await
+        .map_err(|source| LapinError::Connect {
+            url: redacted.clone(),
+            source,
+        })?;
         tracing::info!(url = %redacted, "connected to RabbitMQ");
         tokio::spawn(log_events(connection.events_listener(), redacted.clone()));
         Ok(LapinBroker {
@@ -166,6 +272,7 @@ impl LapinBroker {
             prefetch: None,
             connection_name: None,
             confirm_timeout: DEFAULT_CONFIRM_TIMEOUT,
+            tls: TlsSettings::default(),
         }
     }
 

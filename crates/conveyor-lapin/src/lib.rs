@@ -4,6 +4,9 @@
 //!   passwords out of logs and errors, and recovers a lost connection by itself:
 //!   channels, declarations, prefetch windows and consumers come back, and
 //!   subscriptions resume.
+//! - TLS: `amqps://` trusts the webpki roots; [`LapinBrokerBuilder::tls_ca_certificate`]
+//!   adds a private CA (and [`LapinBrokerBuilder::tls_client_identity`] a client
+//!   certificate).
 //! - [`LapinSource`] (from [`LapinBroker::queue`]) is what a handler is mounted on; its
 //!   [`LapinSubscriber`] consumes on its own channel with a prefetch window (basic.qos)
 //!   and manual acks, in the order the queue pushed.
@@ -66,6 +69,7 @@ mod publisher;
 mod settle;
 mod source;
 mod subscriber;
+mod tls;
 mod topology;
 mod url;
 
