@@ -65,8 +65,12 @@ pub struct LapinBrokerBuilder {
     prefetch: Option<u16>,
     connection_name: Option<String>,
     confirm_timeout: Duration,
+    first_connect_timeout: Duration,
     tls: TlsSettings,
 }
+
+/// How long [`LapinBrokerBuilder::connect`] waits for a first connection by default.
+pub const DEFAULT_FIRST_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The URL's password is redacted and key material left out.
 impl std::fmt::Debug for LapinBrokerBuilder {
@@ -76,6 +80,7 @@ impl std::fmt::Debug for LapinBrokerBuilder {
             .field("prefetch", &self.prefetch)
             .field("connection_name", &self.connection_name)
             .field("confirm_timeout", &self.confirm_timeout)
+            .field("first_connect_timeout", &self.first_connect_timeout)
             .field("tls", &self.tls)
             .finish()
     }
@@ -99,6 +104,15 @@ impl LapinBrokerBuilder {
     /// How long a publish waits for the broker's confirm before failing (default 30 s).
     pub fn confirm_timeout(mut self, timeout: Duration) -> Self {
         self.confirm_timeout = timeout;
+        self
+    }
+
+    /// How long [`connect`](Self::connect) keeps trying to reach a broker that does not
+    /// answer before it fails with [`LapinError::ConnectTimeout`] (default 30 s), so a
+    /// service started without its broker says so instead of waiting silently. Once
+    /// connected, a lost connection is retried for as long as it takes.
+    pub fn first_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.first_connect_timeout = timeout;
         self
     }
 
@@ -184,7 +198,7 @@ impl LapinBrokerBuilder {
             tracing::warn!(url = %redacted, "TLS settings are ignored for an amqp:// URL");
         }
         let first = std::sync::Mutex::new(first);
-        let connection = Connection::connector(
+        let connecting = Connection::connector(
             uri,
             runtime,
             async move |uri, runtime| {
@@ -198,12 +212,17 @@ impl LapinBrokerBuilder {
                 }
             },
             properties,
-        )
-        .await
-        .map_err(|source| LapinError::Connect {
-            url: redacted.clone(),
-            source,
-        })?;
+        );
+        let connection = tokio::time::timeout(self.first_connect_timeout, connecting)
+            .await
+            .map_err(|_| LapinError::ConnectTimeout {
+                url: redacted.clone(),
+                after: self.first_connect_timeout,
+            })?
+            .map_err(|source| LapinError::Connect {
+                url: redacted.clone(),
+                source,
+            })?;
         tracing::info!(url = %redacted, "connected to RabbitMQ");
         tokio::spawn(log_events(connection.events_listener(), redacted.clone()));
         Ok(LapinBroker {
@@ -272,6 +291,7 @@ impl LapinBroker {
             prefetch: None,
             connection_name: None,
             confirm_timeout: DEFAULT_CONFIRM_TIMEOUT,
+            first_connect_timeout: DEFAULT_FIRST_CONNECT_TIMEOUT,
             tls: TlsSettings::default(),
         }
     }

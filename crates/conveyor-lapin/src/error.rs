@@ -24,6 +24,14 @@ pub enum LapinError {
         #[source]
         source: lapin::Error,
     },
+    /// No connection could be made within the first-connect timeout.
+    #[error("RabbitMQ at `{url}` did not accept a connection within {after:?}")]
+    ConnectTimeout {
+        /// The URL, password redacted.
+        url: String,
+        /// How long it tried.
+        after: std::time::Duration,
+    },
     /// A channel could not be opened or configured.
     #[error("cannot open a channel for `{purpose}`")]
     Channel {

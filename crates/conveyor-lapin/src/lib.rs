@@ -36,8 +36,10 @@
 //!   which gets RabbitMQ's own `x-death` header instead.
 //! - A [`Message`](conveyor::Message) with a delivery delay is refused: plain RabbitMQ has
 //!   no per-message delay (retry-after uses the delay queue instead).
-//! - Recovery is lapin's (`enable_auto_recover`, with unlimited reconnect attempts
-//!   backing off from 100 ms to 30 s). Queues the broker deletes with the connection
+//! - `connect` fails with a clear error when no first connection comes within 30 s
+//!   ([`LapinBrokerBuilder::first_connect_timeout`]), so a service started without its
+//!   broker says so. After that, recovery is lapin's (`enable_auto_recover`, with
+//!   unlimited reconnect attempts backing off from 100 ms to 30 s). Queues the broker deletes with the connection
 //!   (exclusive ones) are declared again, empty.
 //!
 //! ```no_run
@@ -73,7 +75,9 @@ mod tls;
 mod topology;
 mod url;
 
-pub use broker::{DEFAULT_CONFIRM_TIMEOUT, LapinBroker, LapinBrokerBuilder};
+pub use broker::{
+    DEFAULT_CONFIRM_TIMEOUT, DEFAULT_FIRST_CONNECT_TIMEOUT, LapinBroker, LapinBrokerBuilder,
+};
 pub use consistent_hash::ConsistentHash;
 pub use error::LapinError;
 pub use headers::{ATTEMPTS_HEADER, DELIVERY_COUNT_HEADER, PARTITION_KEY_HEADER};

@@ -1,0 +1,33 @@
+//! Connecting: a broker that does not answer fails the first connect within its timeout,
+//! with an error that names the URL without its password.
+
+use std::time::{Duration, Instant};
+
+use conveyor_lapin::{LapinBroker, LapinError};
+
+#[tokio::test]
+async fn a_broker_that_does_not_answer_fails_the_first_connect_in_time() {
+    // A port nothing listens on: bound for a moment, then freed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port();
+    let started = Instant::now();
+    let error = LapinBroker::builder(format!("amqp://guest:s3cret@127.0.0.1:{port}/%2f"))
+        .first_connect_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .expect_err("nothing listens there");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        matches!(error, LapinError::ConnectTimeout { .. }),
+        "{error:?}"
+    );
+    let text = format!("{error} {error:?}");
+    assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
+    assert!(!text.contains("s3cret"), "the password leaked: {text}");
+}
