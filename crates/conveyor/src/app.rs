@@ -148,9 +148,7 @@ impl App {
         };
         let result = match early {
             Some(Ok(Err(error))) => Err(error),
-            Some(Err(join_error)) => {
-                Err(Error::config(format!("a mount task failed: {join_error}")))
-            }
+            Some(Err(join_error)) => Err(Error::MountTask(join_error.to_string())),
             Some(Ok(Ok(()))) | None => Ok(()),
         };
         if let Err(error) = &result {

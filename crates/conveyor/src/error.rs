@@ -55,6 +55,9 @@ pub enum Error {
         /// The queue.
         queue: String,
     },
+    /// A mount's task died outside any handler (a panic in a transport, say).
+    #[error("a mount's task failed: {0}")]
+    MountTask(String),
     /// The app or a mount was configured in a way that cannot work; the message says how.
     #[error("invalid configuration: {0}")]
     Config(String),
