@@ -1,0 +1,99 @@
+//! What the transport warns about, and the confirm timeout: a prefetch window of 1 makes
+//! workers and lanes take turns, and a publish whose confirm does not come in time fails.
+
+mod common;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use conveyor::{App, Json, Message};
+use conveyor_lapin::{LapinBroker, LapinError};
+
+use common::{URL, cleanup, unique};
+
+/// Everything logged in this test binary, for assertions.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+/// Installs the capturing subscriber once for the whole binary.
+fn logs() -> Logs {
+    static LOGS: OnceLock<Logs> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs = Logs::default();
+        let writer = logs.clone();
+        tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .init();
+        logs
+    })
+    .clone()
+}
+
+async fn ignore(Json(_n): Json<u64>) {}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lanes_with_a_prefetch_of_one_log_a_warning_and_sequential_mounts_do_not() {
+    let logs = logs();
+    let broker = LapinBroker::connect(URL).await.unwrap();
+    let lanes = unique("warn-lanes");
+    let sequential = unique("warn-sequential");
+    let running = App::new("warnings")
+        .mount(broker.queue(lanes.as_str()), ignore, |m| {
+            m.workers(2).by_key().prefetch(1)
+        })
+        .mount(broker.queue(sequential.as_str()), ignore, |m| m.prefetch(1))
+        .start()
+        .await
+        .unwrap();
+    running.shutdown().await.unwrap();
+    let warnings: Vec<String> = logs
+        .text()
+        .lines()
+        .filter(|line| line.contains("prefetch 1 with workers or lanes"))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains(&lanes), "{warnings:?}");
+    cleanup(&broker, &[&lanes, &sequential], &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_whose_confirm_does_not_come_in_time_is_an_error() {
+    let _ = logs();
+    let broker = LapinBroker::builder(URL)
+        .confirm_timeout(Duration::ZERO)
+        .connect()
+        .await
+        .unwrap();
+    let queue = unique("confirm-timeout");
+    broker.declare_queue(&queue.as_str().into()).await.unwrap();
+    let publisher = broker.publisher().await.unwrap();
+    let error = conveyor::Publisher::publish(&publisher, &queue, Message::json(&1u64).unwrap())
+        .await
+        .expect_err("no confirm comes within zero time");
+    let source = std::error::Error::source(&error).and_then(|e| e.downcast_ref::<LapinError>());
+    assert!(
+        matches!(source, Some(LapinError::ConfirmTimeout { .. })),
+        "{error:?}"
+    );
+    cleanup(&broker, &[&queue], &[]).await;
+}
