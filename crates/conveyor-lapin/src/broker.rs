@@ -461,3 +461,13 @@ async fn log_events(events: impl futures_util::Stream<Item = lapin::Event>, url:
         }
     }
 }
+
+/// An app given this broker with `App::broker` closes its connection at the end of
+/// shutdown, after every mount has settled its deliveries.
+impl conveyor::Broker for LapinBroker {
+    async fn close(&self) -> Result<(), conveyor::Error> {
+        LapinBroker::close(self)
+            .await
+            .map_err(conveyor::Error::from)
+    }
+}

@@ -378,3 +378,11 @@ impl fmt::Debug for SqsBroker {
             .finish_non_exhaustive()
     }
 }
+
+/// SQS speaks HTTP: there is no connection to close, so an app that owns this broker
+/// (`App::broker`) has nothing to wait for.
+impl conveyor::Broker for SqsBroker {
+    async fn close(&self) -> Result<(), Error> {
+        Ok(())
+    }
+}

@@ -9,18 +9,19 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::dispatch::{Run, Shutdown};
+use crate::dispatch::{Phase, Run, Shutdown};
 use crate::error::Error;
 use crate::extract::Context;
 use crate::handler::{Endpoint, Handler};
 use crate::mount::{Dispatch, MountOptions};
 use crate::state::StateMap;
-use crate::transport::{Source, SubscribeSettings};
+use crate::transport::{Broker, Source, SubscribeSettings};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 type MountTask = BoxFuture<Result<(), Error>>;
 type Start = Box<dyn FnOnce(Run) -> BoxFuture<Result<MountTask, Error>> + Send>;
 type Check = Box<dyn Fn(&Context) -> Result<(), Error> + Send>;
+type Close = Box<dyn FnOnce() -> BoxFuture<Result<(), Error>> + Send>;
 
 /// The default time in-flight handlers get to finish at shutdown.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -54,6 +55,7 @@ pub struct App {
     name: String,
     state: StateMap,
     mounts: Vec<Mount>,
+    brokers: Vec<Close>,
     shutdown_timeout: Duration,
 }
 
@@ -72,8 +74,28 @@ impl App {
             name: name.into(),
             state: StateMap::default(),
             mounts: Vec::new(),
+            brokers: Vec::new(),
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
         }
+    }
+
+    /// Gives the app a broker to own: it is closed at the end of shutdown, once every
+    /// mount has stopped and settled its deliveries. Sources and publishers hold their
+    /// own handles, so the app needs it only to close it in order.
+    ///
+    /// ```
+    /// # use conveyor::{App, Json, MemoryBroker};
+    /// # async fn handle(Json(n): Json<u64>) {}
+    /// let broker = MemoryBroker::new();
+    /// let app = App::new("orders")
+    ///     .broker(broker.clone())
+    ///     .mount(broker.queue("orders"), handle, |m| m);
+    /// ```
+    pub fn broker<B: Broker>(mut self, broker: B) -> Self {
+        self.brokers.push(Box::new(move || {
+            Box::pin(async move { broker.close().await })
+        }));
+        self
     }
 
     /// Adds a shared value that handlers extract with [`State<T>`](crate::State). One
@@ -189,6 +211,7 @@ impl App {
             name: self.name,
             stop,
             mounts,
+            brokers: self.brokers,
             shutdown_timeout: self.shutdown_timeout,
         })
     }
@@ -232,8 +255,9 @@ fn validate(queue: &str, options: &MountOptions, batch_handler: bool) -> Result<
 /// every mount at once, releasing their deliveries to the broker.
 pub struct RunningApp {
     name: String,
-    stop: watch::Sender<bool>,
+    stop: watch::Sender<Phase>,
     mounts: JoinSet<Result<(), Error>>,
+    brokers: Vec<Close>,
     shutdown_timeout: Duration,
 }
 
@@ -242,36 +266,63 @@ impl RunningApp {
     /// yet started are released. [`shutdown`](Self::shutdown) then waits for the rest. Use
     /// it to drain a service (before a readiness probe fails, say) ahead of shutting down.
     pub fn stop_receiving(&self) {
-        self.stop.send_replace(true);
+        self.stop.send_if_modified(|phase| {
+            let running = *phase == Phase::Running;
+            if running {
+                *phase = Phase::Draining;
+            }
+            running
+        });
     }
 
     /// Stops receiving, lets in-flight handlers finish within the shutdown timeout and
-    /// settles them, releases received-but-unstarted deliveries, then returns. Handlers
-    /// still running at the timeout are cancelled and their deliveries released.
+    /// settles them, releases received-but-unstarted deliveries, closes the brokers given
+    /// with [`App::broker`], then returns. Handlers still running at the timeout are
+    /// cancelled and their deliveries released.
     pub async fn shutdown(mut self) -> Result<(), Error> {
         tracing::info!(app = self.name, "shutting down");
         self.stop_receiving();
         let mut first_error = None;
-        let drained = tokio::time::timeout(self.shutdown_timeout, async {
-            while let Some(joined) = self.mounts.join_next().await {
-                if let Ok(Err(error)) = joined {
-                    first_error.get_or_insert(error);
-                }
-            }
-        })
-        .await;
+        let drained =
+            tokio::time::timeout(self.shutdown_timeout, self.join_mounts(&mut first_error)).await;
         if drained.is_err() {
             tracing::warn!(
                 app = self.name,
                 timeout = ?self.shutdown_timeout,
-                "handlers still running at the shutdown timeout were cancelled; their messages go back to the broker"
+                "handlers still running at the shutdown timeout are cancelled; their messages go back to the broker"
             );
-            self.mounts.shutdown().await;
+            // Every mount drops its running handlers (releasing their deliveries) and
+            // ends; one that does not within the grace period is aborted.
+            self.stop.send_replace(Phase::Cancelling);
+            let ended =
+                tokio::time::timeout(CANCEL_GRACE, self.join_mounts(&mut first_error)).await;
+            if ended.is_err() {
+                self.mounts.shutdown().await;
+            }
+        }
+        for close in self.brokers.drain(..) {
+            if let Err(error) = close().await {
+                tracing::warn!(app = self.name, %error, "closing a broker failed");
+                first_error.get_or_insert(error);
+            }
         }
         tracing::info!(app = self.name, "stopped");
         first_error.map_or(Ok(()), Err)
     }
 }
+
+impl RunningApp {
+    async fn join_mounts(&mut self, first_error: &mut Option<Error>) {
+        while let Some(joined) = self.mounts.join_next().await {
+            if let Ok(Err(error)) = joined {
+                first_error.get_or_insert(error);
+            }
+        }
+    }
+}
+
+/// How long mounts get to drop their cancelled handlers before they are aborted.
+const CANCEL_GRACE: Duration = Duration::from_secs(5);
 
 impl fmt::Debug for RunningApp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -72,4 +72,4 @@ pub use outcome::{IntoOutcome, Outcome, Settlement};
 pub use payload::{DecodeError, FromPayload, Json};
 pub use policy::{Backoff, FailurePolicy, OnError};
 pub use state::StateMap;
-pub use transport::{Publisher, Source, SubscribeSettings, Subscriber};
+pub use transport::{Broker, Publisher, Source, SubscribeSettings, Subscriber};

@@ -129,3 +129,11 @@ pub trait Publisher: Send + Sync {
         async move { self.publish(destination, message?).await }
     }
 }
+
+/// A broker connection the app owns: given with [`App::broker`](crate::App::broker), it
+/// is closed once every mount has stopped and settled its deliveries, so that nothing
+/// the handlers published or acked is cut off.
+pub trait Broker: Send + Sync + 'static {
+    /// Closes the broker's connections. Called once, at the end of the app's shutdown.
+    fn close(&self) -> impl Future<Output = Result<(), Error>> + Send;
+}

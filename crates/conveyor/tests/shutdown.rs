@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use conveyor::{App, Json, MemoryBroker, Publisher, State};
+use conveyor::{App, Json, MemoryBroker, MountOptions, Publisher, State};
 use tokio::sync::Semaphore;
 
 /// Handlers that wait for the test to let them finish, noting who started and finished.
@@ -92,24 +92,33 @@ async fn shutdown_finishes_in_flight_work_and_returns_the_rest_at_once() {
     assert_eq!(stats.consumers, 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn handlers_past_the_shutdown_timeout_are_cancelled_and_their_messages_returned() {
+/// Mounts `work` (which never finishes here) with `configure`, waits until `running`
+/// handlers have started, and shuts down with a short timeout.
+async fn shut_down_stuck(configure: fn(MountOptions) -> MountOptions, running: usize) {
     let broker = MemoryBroker::new();
     publish_numbers(&broker, 5).await;
     let work_state = Work::new();
-    let running = App::new("stuck")
+    let app = App::new("stuck")
         .with_state(work_state.clone())
         .shutdown_timeout(Duration::from_millis(100))
-        .mount(broker.queue("jobs"), work, |m| m.workers(3))
+        .mount(broker.queue("jobs"), work, configure)
         .start()
         .await
         .unwrap();
-    work_state.wait_started(3).await;
-    running.shutdown().await.unwrap();
+    work_state.wait_started(running).await;
+    app.shutdown().await.unwrap();
+    // Checked as soon as shutdown returns: the cancelled handlers' deliveries are back.
     let stats = broker.stats("jobs");
     assert_eq!(stats.acked, 0);
     assert_eq!(stats.in_flight, 0);
     assert_eq!(stats.ready, 5, "every message is back on the queue");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handlers_past_the_shutdown_timeout_are_cancelled_and_their_messages_returned() {
+    shut_down_stuck(|m| m, 1).await;
+    shut_down_stuck(|m| m.workers(3), 3).await;
+    shut_down_stuck(|m| m.workers(3).by_key(), 3).await;
 }
 
 #[tokio::test]
@@ -138,4 +147,45 @@ async fn sequential_shutdown_releases_nothing_it_has_not_received() {
         work_state.finished.lock().unwrap().len()
     );
     assert_eq!(stats.ready as u64 + stats.acked, 3);
+}
+
+/// A broker that notes when it is closed, next to what the handler noted.
+#[derive(Clone, Default)]
+struct Events(Arc<Mutex<Vec<&'static str>>>);
+
+impl conveyor::Broker for Events {
+    async fn close(&self) -> Result<(), conveyor::Error> {
+        self.0.lock().unwrap().push("broker closed");
+        Ok(())
+    }
+}
+
+async fn slow_note(Json(_n): Json<u64>, State(events): State<Events>) {
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    events.0.lock().unwrap().push("handled");
+}
+
+#[tokio::test]
+async fn the_brokers_the_app_owns_are_closed_after_the_last_handler_settles() {
+    let broker = MemoryBroker::new();
+    publish_numbers(&broker, 1).await;
+    let events = Events::default();
+    let running = App::new("owner")
+        .with_state(events.clone())
+        .broker(events.clone())
+        .broker(broker.clone())
+        .mount(broker.queue("jobs"), slow_note, |m| m)
+        .start()
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while broker.stats("jobs").in_flight == 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the handler started");
+    running.shutdown().await.unwrap();
+    assert_eq!(*events.0.lock().unwrap(), vec!["handled", "broker closed"]);
+    assert_eq!(broker.stats("jobs").acked, 1);
 }

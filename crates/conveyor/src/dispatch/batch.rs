@@ -32,7 +32,15 @@ pub(super) async fn drive<H: CallBatch, S: Subscriber>(
         };
         match received {
             None => break true,
-            Some(Ok(())) => handle_batch(&*handler, &mut gathered, &run).await,
+            Some(Ok(())) => {
+                // Past the shutdown timeout the batch is dropped, its deliveries released.
+                let mut shutdown = run.shutdown.clone();
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => gathered.clear(),
+                    () = handle_batch(&*handler, &mut gathered, &run) => {}
+                }
+            }
             Some(Err(error)) => {
                 tracing::warn!(queue = run.cx.queue(), error = %error_chain(&error), "receive failed");
                 tokio::select! {

@@ -36,23 +36,39 @@ pub struct Run {
     pub(crate) shutdown: Shutdown,
 }
 
+/// Where the app is in its life, as the mounts see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Phase {
+    Running,
+    /// Stop receiving; let in-flight handlers finish.
+    Draining,
+    /// The shutdown timeout passed: drop the handlers still running, releasing their
+    /// deliveries.
+    Cancelling,
+}
+
 /// Tells running mounts that the app is shutting down.
 #[derive(Clone, Debug)]
-pub(crate) struct Shutdown(watch::Receiver<bool>);
+pub(crate) struct Shutdown(watch::Receiver<Phase>);
 
 impl Shutdown {
-    pub(crate) fn new() -> (watch::Sender<bool>, Shutdown) {
-        let (tx, rx) = watch::channel(false);
+    pub(crate) fn new() -> (watch::Sender<Phase>, Shutdown) {
+        let (tx, rx) = watch::channel(Phase::Running);
         (tx, Shutdown(rx))
     }
 
     /// Resolves once shutdown has been requested (or the app is gone).
     pub(crate) async fn requested(&mut self) {
-        let _ = self.0.wait_for(|stop| *stop).await;
+        let _ = self.0.wait_for(|phase| *phase >= Phase::Draining).await;
+    }
+
+    /// Resolves once the shutdown timeout has passed (or the app is gone).
+    pub(crate) async fn cancelled(&mut self) {
+        let _ = self.0.wait_for(|phase| *phase == Phase::Cancelling).await;
     }
 
     pub(crate) fn is_requested(&self) -> bool {
-        *self.0.borrow()
+        *self.0.borrow() >= Phase::Draining
     }
 }
 

@@ -20,8 +20,18 @@ pub(crate) const REJECTED_BY_HANDLER: &str = "rejected by the handler";
 ///
 /// A delivery the handler cannot take (bad payload, failed extractor) is rejected with one
 /// error log. A handler error or panic goes to the mount's failure policy; a panic never
-/// escapes, so the mount keeps running.
+/// escapes, so the mount keeps running. A handler still running when the app's shutdown
+/// timeout passes is dropped, and its delivery released to the broker.
 pub(crate) async fn handle_one<H: CallOne>(handler: &H, delivery: Delivery, run: &Run) {
+    let mut shutdown = run.shutdown.clone();
+    tokio::select! {
+        biased;
+        () = shutdown.cancelled() => {}
+        () = run_and_settle(handler, delivery, run) => {}
+    }
+}
+
+async fn run_and_settle<H: CallOne>(handler: &H, delivery: Delivery, run: &Run) {
     let future = match handler.call(&delivery, &run.cx) {
         Ok(future) => future,
         Err(refusal) => {

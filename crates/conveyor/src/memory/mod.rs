@@ -39,7 +39,7 @@ pub use subscriber::MemorySubscriber;
 
 use crate::error::Error;
 use crate::message::{Message, PartitionKey};
-use crate::transport::{Publisher, Source, SubscribeSettings};
+use crate::transport::{Broker, Publisher, Source, SubscribeSettings};
 use history::History;
 use queue::{Queue, Stored};
 
@@ -273,6 +273,13 @@ impl Publisher for MemoryBroker {
             );
         }
         queue.push(stored, delay);
+        Ok(())
+    }
+}
+
+impl Broker for MemoryBroker {
+    /// Nothing to close: the queues live as long as a handle does.
+    async fn close(&self) -> Result<(), Error> {
         Ok(())
     }
 }
