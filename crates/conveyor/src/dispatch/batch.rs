@@ -34,11 +34,13 @@ pub(super) async fn drive<H: CallBatch, S: Subscriber>(
             None => break true,
             Some(Ok(())) => {
                 // Past the shutdown timeout the batch is dropped, its deliveries released.
-                let mut shutdown = run.shutdown.clone();
-                tokio::select! {
+                let cancelled = tokio::select! {
                     biased;
-                    () = shutdown.cancelled() => gathered.clear(),
-                    () = handle_batch(&*handler, &mut gathered, &run) => {}
+                    () = handle_batch(&*handler, &mut gathered, &run) => false,
+                    () = run.shutdown.cancelled() => true,
+                };
+                if cancelled {
+                    gathered.clear();
                 }
             }
             Some(Err(error)) => {

@@ -62,9 +62,11 @@ impl Shutdown {
         let _ = self.0.wait_for(|phase| *phase >= Phase::Draining).await;
     }
 
-    /// Resolves once the shutdown timeout has passed (or the app is gone).
-    pub(crate) async fn cancelled(&mut self) {
-        let _ = self.0.wait_for(|phase| *phase == Phase::Cancelling).await;
+    /// Resolves once the shutdown timeout has passed (or the app is gone). Costs nothing
+    /// until first polled, so racing it against a handler that finishes at once is free.
+    pub(crate) async fn cancelled(&self) {
+        let mut phase = self.0.clone();
+        let _ = phase.wait_for(|phase| *phase == Phase::Cancelling).await;
     }
 
     pub(crate) fn is_requested(&self) -> bool {

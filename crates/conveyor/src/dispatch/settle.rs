@@ -23,11 +23,11 @@ pub(crate) const REJECTED_BY_HANDLER: &str = "rejected by the handler";
 /// escapes, so the mount keeps running. A handler still running when the app's shutdown
 /// timeout passes is dropped, and its delivery released to the broker.
 pub(crate) async fn handle_one<H: CallOne>(handler: &H, delivery: Delivery, run: &Run) {
-    let mut shutdown = run.shutdown.clone();
+    // The handler is polled first: one that finishes at once never polls the other.
     tokio::select! {
         biased;
-        () = shutdown.cancelled() => {}
         () = run_and_settle(handler, delivery, run) => {}
+        () = run.shutdown.cancelled() => {}
     }
 }
 
