@@ -7,8 +7,8 @@
 //! cargo bench -p conveyor-benches --bench sqs -- --messages 500
 //! ```
 //!
-//! It starts its own moto server (`moto_server` must be on the PATH;
-//! `scripts/services/sqs.sh` installs it) and counts requests from its log, one line per
+//! It starts its own moto server (`python3 -m moto.server`; `scripts/services/sqs.sh`
+//! installs moto) and counts requests from its log, one line per
 //! request. Publishing happens before each run and is not counted. moto scans the whole
 //! queue on every call, so msg/s says little about SQS itself: compare requests/message.
 //! Without `--bench` (as `cargo test --all-targets` runs it) it makes a quick 30-message
@@ -46,12 +46,19 @@ impl Emulator {
             .port();
         let log = std::env::temp_dir().join(format!("conveyor-bench-moto-{port}.log"));
         let file = std::fs::File::create(&log)?;
-        let child = Command::new("moto_server")
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        let child = Command::new("python3")
+            .args([
+                "-m",
+                "moto.server",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
             .stdout(Stdio::from(file.try_clone()?))
             .stderr(Stdio::from(file))
             .spawn()
-            .map_err(|e| format!("moto_server on the PATH (scripts/services/sqs.sh): {e}"))?;
+            .map_err(|e| format!("python3 with moto (scripts/services/sqs.sh): {e}"))?;
         Ok(Emulator {
             child,
             endpoint: format!("http://127.0.0.1:{port}"),

@@ -11,14 +11,19 @@ if curl -s -o /dev/null "$url"; then
     exit 0
 fi
 
-if ! command -v moto_server >/dev/null 2>&1; then
+if ! python3 -c 'import moto.server' >/dev/null 2>&1; then
     echo "sqs emulator: installing moto[server] from PyPI"
     python3 -m pip install --quiet 'moto[server]>=5,<6'
-    hash -r
+fi
+# pyenv creates the `moto_server` shim only on a rehash: make it, so the tests that start
+# an emulator of their own find the command.
+if ! command -v moto_server >/dev/null 2>&1 && command -v pyenv >/dev/null 2>&1; then
+    pyenv rehash || true
 fi
 
 log=${TMPDIR:-/tmp}/conveyor-moto-${port}.log
-nohup moto_server -H 127.0.0.1 -p "$port" >"$log" 2>&1 &
+# The module, not the `moto_server` script, so that a missing shim does not matter here.
+nohup python3 -m moto.server -H 127.0.0.1 -p "$port" >"$log" 2>&1 &
 
 for _ in $(seq 1 100); do
     if curl -s -o /dev/null "$url"; then

@@ -2,7 +2,7 @@
 //! resumes by itself, and no message is lost.
 //!
 //! This test starts its own moto server (on a free port) so that stopping it disturbs no
-//! other test; `moto_server` must be on the PATH (`scripts/services/sqs.sh` installs it).
+//! other test; python3 must have moto (`scripts/services/sqs.sh` installs it).
 
 mod common;
 
@@ -27,12 +27,19 @@ impl Emulator {
             .and_then(|listener| listener.local_addr())
             .expect("a free port")
             .port();
-        let child = Command::new("moto_server")
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        let child = Command::new("python3")
+            .args([
+                "-m",
+                "moto.server",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("moto_server on the PATH (scripts/services/sqs.sh installs it)");
+            .expect("python3 with moto (scripts/services/sqs.sh installs it)");
         Emulator {
             child,
             endpoint: format!("http://127.0.0.1:{port}"),
