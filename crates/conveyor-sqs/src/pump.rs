@@ -43,10 +43,9 @@ impl Handover {
         delivery
     }
 
-    /// Releases every waiting delivery back to SQS.
+    /// Releases every waiting delivery back to SQS (dropped outside the lock).
     pub(crate) fn release_all(&self) {
-        let waiting: Vec<Delivery> = self.lock().drain(..).collect();
-        drop(waiting);
+        drop(std::mem::take(&mut *self.lock()));
     }
 
     async fn wait_empty(&self) {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use futures_util::FutureExt;
 
 use super::settle::{Failure, REJECTED_BY_HANDLER, settle_failed};
-use super::{Run, error_chain, finish};
+use super::{RetryPause, Run, finish};
 use crate::batch::{Batch, BatchOutcome, IntoBatchOutcome};
 use crate::delivery::Delivery;
 use crate::error::Error;
@@ -23,6 +23,7 @@ pub(super) async fn drive<H: CallBatch, S: Subscriber>(
 ) -> Result<(), Error> {
     let size = run.options.batch_size().unwrap_or(DEFAULT_BATCH_SIZE);
     let mut gathered = Vec::with_capacity(size);
+    let mut pause = RetryPause::new();
     let ended = loop {
         let received = tokio::select! {
             biased;
@@ -33,6 +34,7 @@ pub(super) async fn drive<H: CallBatch, S: Subscriber>(
         match received {
             None => break true,
             Some(Ok(())) => {
+                pause.reset();
                 // Past the shutdown timeout the batch is dropped, its deliveries released.
                 let cancelled = tokio::select! {
                     biased;
@@ -44,11 +46,8 @@ pub(super) async fn drive<H: CallBatch, S: Subscriber>(
                 }
             }
             Some(Err(error)) => {
-                tracing::warn!(queue = run.cx.queue(), error = %error_chain(&error), "receive failed");
-                tokio::select! {
-                    biased;
-                    () = run.shutdown.requested() => break false,
-                    () = tokio::time::sleep(std::time::Duration::from_millis(500)) => {}
+                if !pause.after(&error, &mut run).await {
+                    break false;
                 }
             }
         }

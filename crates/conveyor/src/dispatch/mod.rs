@@ -105,34 +105,58 @@ pub(crate) enum Received {
     Ended,
 }
 
-const RECEIVE_RETRY_MIN: Duration = Duration::from_millis(100);
-const RECEIVE_RETRY_MAX: Duration = Duration::from_secs(30);
+/// The pause after failed receives: from 100 ms, doubling up to 30 s.
+pub(crate) struct RetryPause(Duration);
+
+impl RetryPause {
+    const MIN: Duration = Duration::from_millis(100);
+    const MAX: Duration = Duration::from_secs(30);
+
+    pub(crate) fn new() -> Self {
+        RetryPause(Self::MIN)
+    }
+
+    /// Back to the shortest pause, after a receive that worked.
+    pub(crate) fn reset(&mut self) {
+        self.0 = Self::MIN;
+    }
+
+    /// Logs a failed receive and waits out the pause, doubling it for next time. Returns
+    /// `false` if shutdown was requested meanwhile.
+    pub(crate) async fn after(&mut self, error: &Error, run: &mut Run) -> bool {
+        tracing::warn!(
+            queue = run.cx.queue(),
+            error = %error_chain(error),
+            retry_in = ?self.0,
+            "receive failed"
+        );
+        tokio::select! {
+            biased;
+            () = run.shutdown.requested() => false,
+            () = tokio::time::sleep(self.0) => {
+                self.0 = (self.0 * 2).min(Self::MAX);
+                true
+            }
+        }
+    }
+}
 
 /// Waits for the next delivery, or for shutdown. A receive error is logged and the
 /// receive retried after a growing pause; the transport is expected to recover.
 pub(crate) async fn receive<S: Subscriber>(subscriber: &mut S, run: &mut Run) -> Received {
-    let mut pause = RECEIVE_RETRY_MIN;
+    let mut pause = RetryPause::new();
     loop {
-        tokio::select! {
+        let error = tokio::select! {
             biased;
             () = run.shutdown.requested() => return Received::Stop,
             next = subscriber.recv() => match next {
                 Some(Ok(delivery)) => return Received::Delivery(delivery),
                 None => return Received::Ended,
-                Some(Err(error)) => {
-                    tracing::warn!(
-                        queue = run.cx.queue(),
-                        error = %error_chain(&error),
-                        retry_in = ?pause,
-                        "receive failed"
-                    );
-                }
+                Some(Err(error)) => error,
             },
-        }
-        tokio::select! {
-            biased;
-            () = run.shutdown.requested() => return Received::Stop,
-            () = tokio::time::sleep(pause) => pause = (pause * 2).min(RECEIVE_RETRY_MAX),
+        };
+        if !pause.after(&error, run).await {
+            return Received::Stop;
         }
     }
 }

@@ -99,10 +99,6 @@ impl Queue {
         self.lock().options = options;
     }
 
-    pub(super) fn options(&self) -> QueueOptions {
-        self.lock().options.clone()
-    }
-
     pub(super) fn stats(&self) -> QueueStats {
         let state = self.lock();
         QueueStats {
@@ -212,31 +208,38 @@ impl Queue {
 
     /// Moves a rejected message to the dead-letter queue, or discards it; records both.
     fn dead_letter(&self, mut stored: Stored, reason: &str) {
-        let options = self.options();
-        if let Some(broker) = self.broker.upgrade() {
+        let dead_letter_queue = {
+            let mut state = self.lock();
+            state.stats.rejected += 1;
+            state.options.dead_letter_queue.clone()
+        };
+        let Some(broker) = self.broker.upgrade() else {
+            return;
+        };
+        if broker.history.is_recording() {
             broker.history.record_dead_letter(
                 &self.name,
                 DeadLetter {
                     message: stored.record(),
                     reason: reason.to_string(),
-                    dead_letter_queue: options.dead_letter_queue.clone(),
+                    dead_letter_queue: dead_letter_queue.clone(),
                 },
             );
-            if let Some(dlq) = &options.dead_letter_queue {
+        }
+        match dead_letter_queue {
+            Some(dlq) => {
                 stored
                     .headers
                     .insert(REJECT_REASON_HEADER, reason.to_string());
                 stored.receive_count = 0;
-                broker.queue(dlq).push(stored, None);
-            } else {
-                tracing::warn!(
-                    queue = &*self.name,
-                    reason,
-                    "discarding a rejected message: the queue has no dead-letter queue"
-                );
+                broker.queue(&dlq).push(stored, None);
             }
+            None => tracing::warn!(
+                queue = &*self.name,
+                reason,
+                "discarding a rejected message: the queue has no dead-letter queue"
+            ),
         }
-        self.lock().stats.rejected += 1;
     }
 
     /// Wakes subscribers and anyone waiting for the broker to go idle.
