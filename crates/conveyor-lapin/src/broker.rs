@@ -328,7 +328,7 @@ impl LapinBroker {
 
     /// Declares a queue now (or checks it, if passive).
     pub async fn declare_queue(&self, queue: &QueueSpec) -> Result<(), LapinError> {
-        self.on_topology_channel(|channel| async move { queue.declare(&channel).await })
+        self.on_topology_channel(|channel| async move { queue.declare(&channel).await.map(drop) })
             .await
     }
 
@@ -380,28 +380,9 @@ impl LapinBroker {
     /// How many messages are ready in `queue` (not counting those delivered and unacked).
     pub async fn ready_count(&self, queue: &str) -> Result<u32, LapinError> {
         let channel = self.open_channel(queue).await?;
-        let result = channel
-            .queue_declare(
-                crate::error::short("queue name", queue)?,
-                lapin::options::QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                lapin::types::FieldTable::default(),
-            )
-            .await;
+        let result = QueueSpec::new(queue).passive().declare(&channel).await;
         let _ = channel.close(200, "done".into()).await;
-        match result {
-            Ok(q) => Ok(q.message_count()),
-            Err(e) if crate::error::is_not_found(&e) => Err(LapinError::MissingQueue {
-                queue: queue.to_string(),
-            }),
-            Err(source) => Err(LapinError::Declare {
-                what: "queue",
-                name: queue.to_string(),
-                source,
-            }),
-        }
+        result
     }
 
     /// Opens a channel for `purpose` (named in errors).

@@ -13,7 +13,7 @@ use crate::error::{LapinError, short};
 use crate::headers::to_table;
 
 /// AMQP delivery mode 2: the broker writes the message to disk (on a durable queue).
-const PERSISTENT: u8 = 2;
+pub(crate) const PERSISTENT: u8 = 2;
 /// AMQP delivery mode 1: kept in memory only.
 const TRANSIENT: u8 = 1;
 

@@ -22,6 +22,7 @@ use lapin::{Acker, BasicProperties, Channel, Confirmation};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::headers::{ATTEMPTS_HEADER, DELIVERY_COUNT_HEADER};
+use crate::publisher::PERSISTENT;
 
 /// A received delivery the core has not settled yet.
 pub(crate) struct Pending {
@@ -181,24 +182,24 @@ async fn nack(acker: &Acker, requeue: bool) -> lapin::Result<bool> {
 
 /// Publishes `copy` to the delay queue with `after` as its TTL, and waits for the confirm.
 async fn republish(route: &DelayRoute, copy: Box<Copy>, after: Duration) -> Result<(), String> {
-    let mut headers: FieldTable = copy.properties.headers().clone().unwrap_or_default();
-    let mut table = FieldTable::default();
-    for (name, value) in headers.inner() {
-        if name.as_str() != DELIVERY_COUNT_HEADER && name.as_str() != ATTEMPTS_HEADER {
-            table.insert(name.clone(), value.clone());
-        }
-    }
-    table.insert(
+    // The received headers, with the attempt count in place of the queue's delivery count.
+    let mut headers = copy
+        .properties
+        .headers()
+        .as_ref()
+        .map(|table| table.inner().clone())
+        .unwrap_or_default();
+    headers.remove(DELIVERY_COUNT_HEADER);
+    headers.insert(
         ATTEMPTS_HEADER.into(),
         AMQPValue::LongLongInt(copy.attempt.into()),
     );
-    headers = table;
     let ttl = after.as_millis().max(1).to_string();
     let properties = copy
         .properties
-        .with_headers(headers)
+        .with_headers(FieldTable::from(headers))
         .with_expiration(ttl.into())
-        .with_delivery_mode(2);
+        .with_delivery_mode(PERSISTENT);
     let confirm = route
         .channel
         .basic_publish(

@@ -62,7 +62,7 @@ impl LapinSource {
         self
     }
 
-    /// The consumer tag (default: chosen by the broker).
+    /// The consumer tag (default: `conveyor.<process id>.<n>`, unique in the process).
     pub fn consumer_tag(mut self, tag: impl Into<String>) -> Self {
         self.consumer_tag = Some(tag.into());
         self

@@ -9,9 +9,10 @@ use futures_util::{FutureExt, StreamExt};
 use lapin::options::{
     BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions,
 };
-use lapin::types::FieldTable;
+use lapin::types::{FieldTable, ShortString};
 use lapin::{Channel, Consumer};
 
+use crate::broker::LapinBroker;
 use crate::error::{LapinError, short};
 use crate::headers::{self, ATTEMPTS_HEADER, DELIVERY_COUNT_HEADER};
 use crate::settle::{Copy, DelayRoute, Pending, Settler};
@@ -34,11 +35,12 @@ pub struct LapinSubscriber {
     queue: Arc<str>,
     channel: Channel,
     consumer: Consumer,
-    consumer_tag: String,
+    consumer_tag: ShortString,
     settler: Arc<Settler>,
     settle_task: tokio::task::JoinHandle<()>,
+    /// The confirm-mode channel retry-after republishes on, when the source has a delay
+    /// queue (and then each delivery keeps a copy of its message).
     delay_channel: Option<Channel>,
-    keep_copies: bool,
     next_tag: u64,
     /// An error met while taking a batch, reported by the next receive.
     stashed: Option<lapin::Error>,
@@ -53,6 +55,38 @@ fn default_prefetch(settings: &SubscribeSettings) -> u16 {
         .max(1);
     let window = holds.saturating_mul(2).max(MIN_DEFAULT_PREFETCH);
     u16::try_from(window).unwrap_or(u16::MAX)
+}
+
+/// Opens the confirm-mode channel to the delay queue `name` of `spec`, and declares it.
+///
+/// The delay queue lives as long as its queue: durable with a durable one, gone with the
+/// connection with an exclusive one. It dead-letters expired messages back to `spec`.
+async fn open_delay_route(
+    broker: &LapinBroker,
+    spec: &QueueSpec,
+    name: String,
+) -> Result<DelayRoute, LapinError> {
+    let channel = broker.open_channel(&name).await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .map_err(|source| LapinError::Channel {
+            purpose: name.clone(),
+            source,
+        })?;
+    let mut delay_spec = QueueSpec::new(name.as_str())
+        .durable(spec.is_durable() && !spec.is_exclusive())
+        .argument("x-dead-letter-exchange", "")
+        .argument("x-dead-letter-routing-key", spec.name());
+    if spec.is_exclusive() {
+        delay_spec = delay_spec.exclusive();
+    }
+    delay_spec.declare(&channel).await?;
+    Ok(DelayRoute {
+        channel,
+        queue: short("queue name", &name)?,
+        confirm_timeout: broker.inner.confirm_timeout,
+    })
 }
 
 impl LapinSubscriber {
@@ -72,31 +106,7 @@ impl LapinSubscriber {
         spec.declare(&channel).await?;
 
         let delay = match delay_queue {
-            Some(name) => {
-                let delay_channel = broker.open_channel(&name).await?;
-                delay_channel
-                    .confirm_select(ConfirmSelectOptions::default())
-                    .await
-                    .map_err(|source| LapinError::Channel {
-                        purpose: name.clone(),
-                        source,
-                    })?;
-                // The delay queue lives as long as its queue: durable with a durable one,
-                // gone with the connection with an exclusive one.
-                let mut delay_spec = QueueSpec::new(name.as_str())
-                    .durable(spec.is_durable() && !spec.is_exclusive())
-                    .argument("x-dead-letter-exchange", "")
-                    .argument("x-dead-letter-routing-key", spec.name());
-                if spec.is_exclusive() {
-                    delay_spec = delay_spec.exclusive();
-                }
-                delay_spec.declare(&delay_channel).await?;
-                Some(DelayRoute {
-                    channel: delay_channel,
-                    queue: short("queue name", &name)?,
-                    confirm_timeout: broker.inner.confirm_timeout,
-                })
-            }
+            Some(name) => Some(open_delay_route(&broker, &spec, name).await?),
             None => None,
         };
 
@@ -131,10 +141,11 @@ impl LapinSubscriber {
                 CONSUMERS.fetch_add(1, Ordering::Relaxed)
             )
         });
+        let consumer_tag = short("consumer tag", &tag)?;
         let consumer = channel
             .basic_consume(
                 short("queue name", &queue)?,
-                short("consumer tag", &tag)?,
+                consumer_tag.clone(),
                 BasicConsumeOptions::default(),
                 FieldTable::default(),
             )
@@ -145,18 +156,16 @@ impl LapinSubscriber {
             })?;
         tracing::info!(queue = %queue, prefetch = window, consumer = %tag, "subscribed");
 
-        let keep_copies = delay.is_some();
         let delay_channel = delay.as_ref().map(|route| route.channel.clone());
         let (settler, settle_task) = Settler::start(queue.clone(), delay);
         Ok(LapinSubscriber {
             queue,
             channel,
             consumer,
-            consumer_tag: tag,
+            consumer_tag,
             settler,
             settle_task,
             delay_channel,
-            keep_copies,
             next_tag: 0,
             stashed: None,
         })
@@ -202,7 +211,7 @@ impl LapinSubscriber {
         let payload = Bytes::from(data);
         let tag = self.next_tag;
         self.next_tag += 1;
-        let copy = self.keep_copies.then(|| {
+        let copy = self.delay_channel.is_some().then(|| {
             Box::new(Copy {
                 payload: payload.clone(),
                 properties,
@@ -268,10 +277,7 @@ impl Subscriber for LapinSubscriber {
         }
         while batch.len() < max {
             match self.consumer.next().now_or_never() {
-                Some(Some(Ok(delivery))) => {
-                    let delivery = self.convert(delivery);
-                    batch.push(delivery);
-                }
+                Some(Some(Ok(delivery))) => batch.push(self.convert(delivery)),
                 Some(Some(Err(error))) => {
                     self.stashed = Some(error);
                     break;
@@ -293,11 +299,9 @@ impl Subscriber for LapinSubscriber {
             consumer,
             ..
         } = self;
-        if let Ok(tag) = short("consumer tag", &consumer_tag) {
-            let _ = channel
-                .basic_cancel(tag, BasicCancelOptions::default())
-                .await;
-        }
+        let _ = channel
+            .basic_cancel(consumer_tag, BasicCancelOptions::default())
+            .await;
         settler.flush().await;
         drop(consumer);
         // Closing the channel returns every delivery it holds unacked to the queue at once.

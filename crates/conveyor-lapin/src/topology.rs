@@ -109,7 +109,7 @@ pub struct QueueSpec {
     exclusive: bool,
     auto_delete: bool,
     passive: bool,
-    pub(crate) arguments: Arguments,
+    arguments: Arguments,
 }
 
 impl QueueSpec {
@@ -203,8 +203,9 @@ impl QueueSpec {
         self.argument("x-max-priority", max)
     }
 
-    /// Declares the queue on `channel` (or checks it, in passive mode).
-    pub(crate) async fn declare(&self, channel: &Channel) -> Result<(), LapinError> {
+    /// Declares the queue on `channel` (or checks it, in passive mode), and returns how
+    /// many messages are ready in it.
+    pub(crate) async fn declare(&self, channel: &Channel) -> Result<u32, LapinError> {
         let options = QueueDeclareOptions {
             passive: self.passive,
             durable: self.durable,
@@ -221,7 +222,7 @@ impl QueueSpec {
             .queue_declare(short("queue name", &self.name)?, options, arguments)
             .await
         {
-            Ok(_) => Ok(()),
+            Ok(queue) => Ok(queue.message_count()),
             Err(e) if self.passive && is_not_found(&e) => Err(LapinError::MissingQueue {
                 queue: self.name.clone(),
             }),

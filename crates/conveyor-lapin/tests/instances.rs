@@ -9,18 +9,7 @@ use std::time::Duration;
 
 use conveyor::{App, Json, Message, Publisher, State};
 
-use common::{Seen, broker, cleanup, unique, wait_until};
-
-#[derive(Clone)]
-struct Instance(&'static str);
-
-async fn record_instance(
-    Json(id): Json<u32>,
-    State(instance): State<Instance>,
-    State(seen): State<Seen<(&'static str, u32)>>,
-) {
-    seen.push((instance.0, id));
-}
+use common::{Instance, Seen, broker, cleanup, record_instance, unique, wait_until};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn competing_instances_handle_every_message_once() {

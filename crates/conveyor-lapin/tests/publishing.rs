@@ -4,32 +4,19 @@ mod common;
 
 use std::time::Duration;
 
-use conveyor::{App, Json, Message, Publisher, State};
-use conveyor_lapin::{Binding, ExchangeSpec, ExchangeType, LapinError, PublishOptions, QueueSpec};
+use conveyor::{App, Message, Publisher};
+use conveyor_lapin::{ExchangeType, LapinError, PublishOptions, QueueSpec};
 
-use common::{Seen, broker, cleanup, unique, wait_for, wait_until};
-
-async fn record(Json(n): Json<u32>, State(seen): State<Seen<u32>>) {
-    seen.push(n);
-}
+use common::{
+    Seen, broker, cleanup, declare_bound_queue, publish_one, record, unique, wait_for, wait_until,
+};
 
 #[tokio::test]
 async fn a_topic_exchange_routes_by_routing_key_and_returns_what_matches_nothing() {
     let broker = broker().await;
     let exchange = unique("topic");
     let queue = unique("topic-orders");
-    broker
-        .declare_exchange(&ExchangeSpec::new(exchange.as_str(), ExchangeType::Topic))
-        .await
-        .unwrap();
-    broker
-        .declare_queue(&QueueSpec::new(queue.as_str()))
-        .await
-        .unwrap();
-    broker
-        .bind(&Binding::new(queue.as_str(), exchange.as_str(), "orders.*"))
-        .await
-        .unwrap();
+    declare_bound_queue(&broker, &exchange, ExchangeType::Topic, &queue, "orders.*").await;
     let seen = Seen::<u32>::default();
     let running = App::new("topic")
         .with_state(seen.clone())
@@ -143,13 +130,7 @@ async fn an_exclusive_auto_delete_queue_can_be_mounted() {
         .start()
         .await
         .unwrap();
-    broker
-        .publisher()
-        .await
-        .unwrap()
-        .publish_json(&queue, &5u32)
-        .await
-        .unwrap();
+    publish_one(&broker, &queue, 5).await;
     wait_until("the message", || seen.len() == 1).await;
     running.shutdown().await.unwrap();
     cleanup(&broker, &[&queue], &[]).await;

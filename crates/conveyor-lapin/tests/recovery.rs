@@ -7,79 +7,38 @@
 mod common;
 
 use std::collections::HashSet;
-use std::process::Command;
 
-use conveyor::{App, Json, Message, Publisher, State};
+use conveyor::{App, Json, Message, State};
 use conveyor_lapin::LapinPublisher;
 
-use common::{Seen, broker_named, cleanup, unique, wait_until};
+use common::{
+    Seen, broker_named, cleanup, close_connections_named, publish_confirmed, record, unique,
+    wait_until,
+};
 
 /// Holds handlers of messages from 300 on until the connections have been killed, so
 /// that deliveries are in flight on the channel that dies.
 #[derive(Clone)]
 struct Gate(tokio::sync::watch::Receiver<bool>);
 
-async fn record(Json(id): Json<u32>, State(seen): State<Seen<u32>>, State(gate): State<Gate>) {
+async fn record_gated(
+    Json(id): Json<u32>,
+    State(seen): State<Seen<u32>>,
+    State(gate): State<Gate>,
+) {
     if id >= 300 {
         let _ = gate.0.clone().wait_for(|open| *open).await;
     }
     seen.push(id);
 }
 
-/// Closes, from the server's side, every connection named `name` (and only those, so
-/// that nothing else using this broker is disturbed), the way
-/// `rabbitmqctl close_all_connections` closes them all. Returns how many it closed.
-fn close_connections_named(name: &str) -> usize {
-    let listing = Command::new("rabbitmqctl")
-        .args(["-q", "-s", "list_connections", "pid", "client_properties"])
-        .output()
-        .expect("rabbitmqctl");
-    assert!(
-        listing.status.success(),
-        "rabbitmqctl list_connections failed"
-    );
-    let mut closed = 0;
-    for line in String::from_utf8_lossy(&listing.stdout).lines() {
-        let Some((pid, properties)) = line.split_once('\t') else {
-            continue;
-        };
-        if !properties.contains(name) {
-            continue;
-        }
-        let output = Command::new("rabbitmqctl")
-            .args(["-q", "close_connection", pid, "test"])
-            .output()
-            .expect("rabbitmqctl");
-        assert!(
-            output.status.success(),
-            "rabbitmqctl close_connection {pid} failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        closed += 1;
-    }
-    closed
-}
-
-/// Publishes `ids`, retrying each until the broker confirms it (a publish cut by the
-/// connection loss may or may not have arrived; at-least-once allows a duplicate).
-async fn publish_confirmed(publisher: &LapinPublisher, queue: &str, ids: std::ops::Range<u32>) {
+/// Publishes `ids`, each retried until the broker confirms it, keyed over 20 keys.
+async fn publish_keyed(publisher: &LapinPublisher, queue: &str, ids: std::ops::Range<u32>) {
     for id in ids {
-        let deadline = tokio::time::Instant::now() + common::DEADLINE;
-        loop {
-            let message = Message::json(&id)
-                .unwrap()
-                .partition_key(format!("k{}", id % 20));
-            match publisher.publish(queue, message).await {
-                Ok(()) => break,
-                Err(error) => {
-                    assert!(
-                        tokio::time::Instant::now() < deadline,
-                        "publish never recovered: {error}"
-                    );
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                }
-            }
-        }
+        let message = Message::json(&id)
+            .unwrap()
+            .partition_key(format!("k{}", id % 20));
+        publish_confirmed(publisher, queue, message).await;
     }
 }
 
@@ -93,7 +52,7 @@ async fn killed_connections_resume_and_lose_nothing() {
     let running = App::new("recovery")
         .with_state(seen.clone())
         .with_state(Gate(gate))
-        .mount(broker.queue(queue.as_str()), record, |m| {
+        .mount(broker.queue(queue.as_str()), record_gated, |m| {
             m.workers(4).by_key()
         })
         .start()
@@ -104,7 +63,7 @@ async fn killed_connections_resume_and_lose_nothing() {
     let publisher = publisher_broker.publisher().await.unwrap();
     let publishing = {
         let (publisher, queue) = (publisher.clone(), queue.clone());
-        tokio::spawn(async move { publish_confirmed(&publisher, &queue, 0..2000).await })
+        tokio::spawn(async move { publish_keyed(&publisher, &queue, 0..2000).await })
     };
     wait_until("the first 300 messages to be handled", || seen.len() >= 300).await;
 
@@ -128,7 +87,7 @@ async fn killed_connections_resume_and_lose_nothing() {
     );
 
     // And the subscription keeps going on the recovered connection.
-    publish_confirmed(&publisher, &queue, 2000..2010).await;
+    publish_keyed(&publisher, &queue, 2000..2010).await;
     wait_until("messages after recovery to be handled", || {
         let handled: HashSet<u32> = seen.all().into_iter().collect();
         (2000..2010).all(|id| handled.contains(&id))
@@ -137,10 +96,6 @@ async fn killed_connections_resume_and_lose_nothing() {
 
     running.shutdown().await.unwrap();
     cleanup(&broker, &[&queue], &[]).await;
-}
-
-async fn record_plain(Json(id): Json<u32>, State(seen): State<Seen<u32>>) {
-    seen.push(id);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -157,7 +112,7 @@ async fn a_queue_deleted_with_the_connection_is_declared_again() {
                     .durable(false)
                     .exclusive(),
             ),
-            record_plain,
+            record,
             |m| m,
         )
         .start()
@@ -165,13 +120,13 @@ async fn a_queue_deleted_with_the_connection_is_declared_again() {
         .unwrap();
     let publisher_broker = common::broker().await;
     let publisher = publisher_broker.publisher().await.unwrap();
-    publish_confirmed(&publisher, &queue, 0..1).await;
+    publish_keyed(&publisher, &queue, 0..1).await;
     wait_until("the first message", || seen.len() == 1).await;
 
     // The exclusive queue goes with its connection; recovery declares it again and
     // resumes the consumer on it.
     assert_eq!(close_connections_named(&name), 1);
-    publish_confirmed(&publisher, &queue, 1..2).await;
+    publish_keyed(&publisher, &queue, 1..2).await;
     wait_until("a message after recovery", || seen.all().contains(&1)).await;
 
     running.shutdown().await.unwrap();

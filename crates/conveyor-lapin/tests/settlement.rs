@@ -6,10 +6,12 @@ mod common;
 use std::time::Duration;
 
 use conveyor::{App, Backoff, DeliveryInfo, Json, Outcome, Publisher, State};
-use conveyor_lapin::{Binding, ExchangeSpec, ExchangeType, QueueSpec};
+use conveyor_lapin::{ExchangeType, QueueSpec};
 use tokio::time::Instant;
 
-use common::{Seen, broker, cleanup, unique, wait_for, wait_until};
+use common::{
+    Seen, broker, cleanup, declare_bound_queue, publish_one, unique, wait_for, wait_until,
+};
 
 type Attempt = (u32, Option<u32>, bool, Instant);
 
@@ -42,13 +44,7 @@ async fn retry_redelivers_at_once_flagged_as_redelivered() {
         .start()
         .await
         .unwrap();
-    broker
-        .publisher()
-        .await
-        .unwrap()
-        .publish_json(&queue, &1u32)
-        .await
-        .unwrap();
+    publish_one(&broker, &queue, 1).await;
     wait_until("a redelivery", || seen.len() >= 2).await;
     let attempts = seen.all();
     assert_eq!((attempts[0].0, attempts[0].2), (1, false));
@@ -72,13 +68,7 @@ async fn a_quorum_queue_counts_deliveries() {
         .start()
         .await
         .unwrap();
-    broker
-        .publisher()
-        .await
-        .unwrap()
-        .publish_json(&queue, &1u32)
-        .await
-        .unwrap();
+    publish_one(&broker, &queue, 1).await;
     wait_until("three deliveries", || seen.len() == 3).await;
     let counts: Vec<(u32, Option<u32>)> = seen.all().iter().map(|a| (a.0, a.1)).collect();
     assert_eq!(counts, vec![(1, None), (2, Some(2)), (3, Some(3))]);
@@ -162,18 +152,7 @@ async fn exhausted_retries_dead_letter_through_the_dlx() {
     let queue = unique("dlx-main");
     let dlx = unique("dlx");
     let dlq = unique("dlx-dead");
-    broker
-        .declare_exchange(&ExchangeSpec::new(dlx.as_str(), ExchangeType::Fanout))
-        .await
-        .unwrap();
-    broker
-        .declare_queue(&QueueSpec::new(dlq.as_str()))
-        .await
-        .unwrap();
-    broker
-        .bind(&Binding::new(dlq.as_str(), dlx.as_str(), ""))
-        .await
-        .unwrap();
+    declare_bound_queue(&broker, &dlx, ExchangeType::Fanout, &dlq, "").await;
 
     let seen = Seen::<u32>::default();
     let running = App::new("dlx")
@@ -189,13 +168,7 @@ async fn exhausted_retries_dead_letter_through_the_dlx() {
         .start()
         .await
         .unwrap();
-    broker
-        .publisher()
-        .await
-        .unwrap()
-        .publish_json(&queue, &1u32)
-        .await
-        .unwrap();
+    publish_one(&broker, &queue, 1).await;
 
     wait_for("the message in the dead-letter queue", || async {
         broker.ready_count(&dlq).await.unwrap() == 1

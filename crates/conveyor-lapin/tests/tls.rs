@@ -8,13 +8,13 @@
 
 mod common;
 
-use std::process::Command;
-use std::time::Duration;
+use conveyor::{App, Message, Publisher};
+use conveyor_lapin::{LapinBroker, LapinError};
 
-use conveyor::{App, Json, Message, Publisher, State};
-use conveyor_lapin::{LapinBroker, LapinError, LapinPublisher};
-
-use common::{DEADLINE, Seen, cleanup, unique, wait_until};
+use common::{
+    DEADLINE, Seen, cleanup, close_connections_named, connections_named, init_tracing,
+    publish_confirmed, record, unique, wait_until,
+};
 
 /// Where `scripts/services/rabbitmq.sh` puts the CA that signed the broker's certificate.
 const DEFAULT_CA: &str = "/etc/rabbitmq/conveyor-tls/ca_certificate.pem";
@@ -32,10 +32,7 @@ fn ca_certificate() -> String {
 
 /// A TLS connection trusting the test CA, shown as `name` on the server.
 async fn tls_broker(name: &str) -> LapinBroker {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
+    init_tracing();
     LapinBroker::builder(TLS_URL)
         .tls_ca_certificate(ca_certificate())
         .connection_name(name)
@@ -54,74 +51,6 @@ fn chain(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
-}
-
-/// The `client_properties` and `ssl` columns of the server's connections named `name`.
-fn connections_named(name: &str) -> Vec<(String, bool)> {
-    let listing = Command::new("rabbitmqctl")
-        .args([
-            "-q",
-            "-s",
-            "list_connections",
-            "pid",
-            "ssl",
-            "client_properties",
-        ])
-        .output()
-        .expect("rabbitmqctl");
-    assert!(
-        listing.status.success(),
-        "rabbitmqctl list_connections failed"
-    );
-    String::from_utf8_lossy(&listing.stdout)
-        .lines()
-        .filter(|line| line.contains(name))
-        .filter_map(|line| {
-            let mut columns = line.split('\t');
-            let pid = columns.next()?.to_string();
-            let ssl = columns.next()? == "true";
-            Some((pid, ssl))
-        })
-        .collect()
-}
-
-/// Closes, from the server's side, the connections named `name` (and only those).
-fn close_connections_named(name: &str) -> usize {
-    let connections = connections_named(name);
-    for (pid, _) in &connections {
-        let output = Command::new("rabbitmqctl")
-            .args(["-q", "close_connection", pid, "test"])
-            .output()
-            .expect("rabbitmqctl");
-        assert!(
-            output.status.success(),
-            "rabbitmqctl close_connection {pid} failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    connections.len()
-}
-
-/// Publishes `id` to `queue`, retrying until the broker confirms it (a publish cut by a
-/// connection loss is retried on the recovered connection).
-async fn publish_confirmed(publisher: &LapinPublisher, queue: &str, id: u32) {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        match publisher.publish(queue, Message::json(&id).unwrap()).await {
-            Ok(()) => return,
-            Err(error) => {
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "publish never succeeded: {error}"
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
-
-async fn record(Json(id): Json<u32>, State(seen): State<Seen<u32>>) {
-    seen.push(id);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,13 +104,13 @@ async fn a_killed_amqps_connection_recovers_over_tls() {
         .await
         .unwrap();
     let publisher = broker.publisher().await.unwrap();
-    publish_confirmed(&publisher, &queue, 1).await;
+    publish_confirmed(&publisher, &queue, Message::json(&1u32).unwrap()).await;
     wait_until("the first message", || seen.len() == 1).await;
 
     // lapin reconnects with the TLS settings the broker was built with: without the
     // CA, the new handshake would fail and nothing below would arrive.
     assert_eq!(close_connections_named(&name), 1);
-    publish_confirmed(&publisher, &queue, 2).await;
+    publish_confirmed(&publisher, &queue, Message::json(&2u32).unwrap()).await;
     wait_until("a message after the reconnection", || {
         seen.all().contains(&2)
     })

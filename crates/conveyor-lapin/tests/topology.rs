@@ -7,18 +7,7 @@ use std::collections::{HashMap, HashSet};
 use conveyor::{App, DeliveryInfo, Json, Message, PartitionKey, Publisher, State};
 use conveyor_lapin::{ConsistentHash, PublishOptions, QueueSpec};
 
-use common::{Seen, broker, cleanup, unique, wait_until};
-
-#[derive(Clone)]
-struct Instance(&'static str);
-
-async fn record_instance(
-    Json(id): Json<u32>,
-    State(instance): State<Instance>,
-    State(seen): State<Seen<(&'static str, u32)>>,
-) {
-    seen.push((instance.0, id));
-}
+use common::{Instance, Seen, broker, cleanup, record_instance, unique, wait_until};
 
 #[tokio::test]
 async fn a_single_active_consumer_queue_feeds_one_subscription_until_it_stops() {

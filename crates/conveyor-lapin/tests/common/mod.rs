@@ -1,13 +1,16 @@
-//! Shared helpers for the live tests: a broker on 127.0.0.1, unique names, cleanup, and
-//! waiting on conditions with deadlines.
+//! Shared helpers for the live tests: a broker on 127.0.0.1, unique names, topology and
+//! cleanup, recording handlers, killing connections from the server's side, and waiting
+//! on conditions with deadlines.
 #![allow(dead_code)]
 
 use std::future::Future;
+use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use conveyor_lapin::LapinBroker;
+use conveyor::{Json, Message, Publisher, State};
+use conveyor_lapin::{Binding, ExchangeSpec, ExchangeType, LapinBroker, LapinPublisher, QueueSpec};
 
 /// The broker the live tests use.
 pub const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
@@ -21,15 +24,20 @@ pub async fn broker() -> LapinBroker {
 
 /// A broker whose connection shows as `name` on the server.
 pub async fn broker_named(name: &str) -> LapinBroker {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
+    init_tracing();
     LapinBroker::builder(URL)
         .connection_name(name)
         .connect()
         .await
         .expect("RabbitMQ on 127.0.0.1:5672 (run scripts/services/rabbitmq.sh)")
+}
+
+/// Logs to the test output, filtered by `RUST_LOG` (once per test binary).
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
 }
 
 /// A name no other test (or run) uses.
@@ -71,6 +79,99 @@ pub async fn wait_for<F: Future<Output = bool>>(what: &str, mut condition: impl 
     }
 }
 
+/// Declares the exchange `exchange` of type `kind` and the queue `queue`, and binds the
+/// queue to it under `routing_key`.
+pub async fn declare_bound_queue(
+    broker: &LapinBroker,
+    exchange: &str,
+    kind: ExchangeType,
+    queue: &str,
+    routing_key: &str,
+) {
+    broker
+        .declare_exchange(&ExchangeSpec::new(exchange, kind))
+        .await
+        .unwrap();
+    broker.declare_queue(&QueueSpec::new(queue)).await.unwrap();
+    broker
+        .bind(&Binding::new(queue, exchange, routing_key))
+        .await
+        .unwrap();
+}
+
+/// Publishes `n` as JSON to `queue` on a new publisher of `broker`.
+pub async fn publish_one(broker: &LapinBroker, queue: &str, n: u32) {
+    broker
+        .publisher()
+        .await
+        .unwrap()
+        .publish_json(queue, &n)
+        .await
+        .unwrap();
+}
+
+/// Publishes `message` to `queue`, retrying until the broker confirms it (a publish cut
+/// by a connection loss is retried on the recovered connection; at-least-once allows a
+/// duplicate), for at most [`DEADLINE`].
+pub async fn publish_confirmed(publisher: &LapinPublisher, queue: &str, message: Message) {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while let Err(error) = publisher.publish(queue, message.clone()).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "publish never succeeded: {error}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The server's connections named `name`: each one's pid and whether it is a TLS one.
+pub fn connections_named(name: &str) -> Vec<(String, bool)> {
+    let listing = Command::new("rabbitmqctl")
+        .args([
+            "-q",
+            "-s",
+            "list_connections",
+            "pid",
+            "ssl",
+            "client_properties",
+        ])
+        .output()
+        .expect("rabbitmqctl");
+    assert!(
+        listing.status.success(),
+        "rabbitmqctl list_connections failed"
+    );
+    String::from_utf8_lossy(&listing.stdout)
+        .lines()
+        .filter(|line| line.contains(name))
+        .filter_map(|line| {
+            let mut columns = line.split('\t');
+            let pid = columns.next()?.to_string();
+            let ssl = columns.next()? == "true";
+            Some((pid, ssl))
+        })
+        .collect()
+}
+
+/// Closes, from the server's side, every connection named `name` (and only those, so
+/// that nothing else using this broker is disturbed), the way
+/// `rabbitmqctl close_all_connections` closes them all. Returns how many it closed.
+pub fn close_connections_named(name: &str) -> usize {
+    let connections = connections_named(name);
+    for (pid, _) in &connections {
+        let output = Command::new("rabbitmqctl")
+            .args(["-q", "close_connection", pid, "test"])
+            .output()
+            .expect("rabbitmqctl");
+        assert!(
+            output.status.success(),
+            "rabbitmqctl close_connection {pid} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    connections.len()
+}
+
 /// Deletes the named queues and exchanges.
 pub async fn cleanup(broker: &LapinBroker, queues: &[&str], exchanges: &[&str]) {
     for queue in queues {
@@ -80,6 +181,24 @@ pub async fn cleanup(broker: &LapinBroker, queues: &[&str], exchanges: &[&str]) 
     for exchange in exchanges {
         let _ = broker.delete_exchange(exchange).await;
     }
+}
+
+/// A handler that records each number it gets.
+pub async fn record(Json(n): Json<u32>, State(seen): State<Seen<u32>>) {
+    seen.push(n);
+}
+
+/// Which app instance a handler runs in.
+#[derive(Clone)]
+pub struct Instance(pub &'static str);
+
+/// A handler that records each number it gets with the instance that got it.
+pub async fn record_instance(
+    Json(id): Json<u32>,
+    State(instance): State<Instance>,
+    State(seen): State<Seen<(&'static str, u32)>>,
+) {
+    seen.push((instance.0, id));
 }
 
 /// A shared, cloneable record of what handlers saw.
