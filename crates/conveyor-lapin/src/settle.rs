@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use conveyor::{Bytes, Settle, Settlement};
+use conveyor::{Bytes, Settle, Settled, Settlement};
 use lapin::options::{BasicAckOptions, BasicNackOptions, BasicPublishOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Acker, BasicProperties, Channel, Confirmation};
@@ -99,7 +99,10 @@ impl Settler {
 }
 
 impl Settle for Settler {
-    fn settle(&self, tag: u64, settlement: Settlement<'_>) {
+    fn settle(&self, settled: Settled<'_>) {
+        let Settled {
+            tag, settlement, ..
+        } = settled;
         let pending = self
             .pending
             .lock()

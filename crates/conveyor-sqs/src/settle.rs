@@ -9,7 +9,7 @@ use aws_sdk_sqs::Client;
 use aws_sdk_sqs::types::{
     BatchResultErrorEntry, ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry,
 };
-use conveyor::{Settle, Settlement};
+use conveyor::{Settle, Settled, Settlement};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -54,7 +54,10 @@ impl Settler {
 }
 
 impl Settle for Settler {
-    fn settle(&self, tag: u64, settlement: Settlement<'_>) {
+    fn settle(&self, settled: Settled<'_>) {
+        let Settled {
+            tag, settlement, ..
+        } = settled;
         let Some(entry) = self.in_flight.remove(tag) else {
             return;
         };
@@ -348,8 +351,8 @@ mod tests {
             ops,
         );
         let tag = in_flight.insert("r".into(), Duration::from_secs(30));
-        settler.settle(tag, settlement);
-        settler.settle(tag, Settlement::Ack); // a second settle of the same tag is ignored
+        settler.settle(Settled::new(tag, settlement));
+        settler.settle(Settled::new(tag, Settlement::Ack)); // a second settle of the same tag is ignored
         let op = queued.try_recv().expect("one op");
         assert!(queued.try_recv().is_err());
         op

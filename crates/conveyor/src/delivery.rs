@@ -19,8 +19,47 @@ use crate::outcome::Settlement;
 /// I/O queues the work (an AMQP ack, an SQS `DeleteMessageBatch`) and flushes it itself,
 /// at the latest when its subscriber is closed.
 pub trait Settle: Send + Sync + 'static {
-    /// Settles the delivery identified by `tag`.
-    fn settle(&self, tag: u64, settlement: Settlement<'_>);
+    /// Settles the delivery [`Settled::tag`] names.
+    fn settle(&self, settled: Settled<'_>);
+}
+
+/// A delivery being settled: what a transport needs to carry out the settlement.
+///
+/// The delivery gives up its payload and headers here, so a transport that must send the
+/// message somewhere (a dead-letter queue with the reason, a copy that counts attempts)
+/// keeps no copy of its own while the handler runs.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Settled<'a> {
+    /// The tag the transport gave the delivery in [`Delivery::new`].
+    pub tag: u64,
+    /// What to do with the message.
+    pub settlement: Settlement<'a>,
+    /// Which attempt just ended, counting from 1: the broker's count when it was
+    /// received, plus the retries the dispatcher made while holding it (see
+    /// [`Delivery::attempt`]). A transport that counts attempts itself carries it on.
+    pub attempt: u32,
+    /// The payload.
+    pub payload: Bytes,
+    /// The headers, as received.
+    pub headers: Headers,
+    /// The partition key, if the message has one.
+    pub partition_key: Option<PartitionKey>,
+}
+
+impl<'a> Settled<'a> {
+    /// A settlement of `tag` with no message contents, attempt 1: for a transport's own
+    /// tests.
+    pub fn new(tag: u64, settlement: Settlement<'a>) -> Self {
+        Settled {
+            tag,
+            settlement,
+            attempt: 1,
+            payload: Bytes::new(),
+            headers: Headers::new(),
+            partition_key: None,
+        }
+    }
 }
 
 /// One received message: payload, headers, partition key, receive count, and the duty to
@@ -35,6 +74,8 @@ pub struct Delivery {
     partition_key: Option<PartitionKey>,
     receive_count: Option<u32>,
     redelivered: bool,
+    /// Retries the dispatcher made while holding the delivery (retries inside a lane).
+    retries: u32,
     queue: Arc<str>,
     lane: Option<usize>,
     settler: Option<(Arc<dyn Settle>, u64)>,
@@ -51,6 +92,7 @@ impl Delivery {
             partition_key: None,
             receive_count: None,
             redelivered: false,
+            retries: 0,
             queue,
             lane: None,
             settler: Some((settler, tag)),
@@ -110,10 +152,17 @@ impl Delivery {
     }
 
     /// Which attempt this is, counting from 1: the receive count where the broker keeps
-    /// one, otherwise 2 for a redelivery and 1 for a first delivery.
+    /// one (otherwise 2 for a redelivery and 1 for a first delivery), plus the retries the
+    /// dispatcher made while holding the delivery.
     pub fn attempt(&self) -> u32 {
         self.receive_count
             .unwrap_or(if self.redelivered { 2 } else { 1 })
+            .saturating_add(self.retries)
+    }
+
+    /// Counts one more attempt made without handing the delivery back to the broker.
+    pub(crate) fn count_retry(&mut self) {
+        self.retries = self.retries.saturating_add(1);
     }
 
     /// The queue the delivery came from.
@@ -137,17 +186,26 @@ impl Delivery {
 
     /// Settles the delivery. Called by the dispatcher once its handler has finished.
     pub fn settle(mut self, settlement: Settlement<'_>) {
+        self.settle_now(settlement);
+    }
+
+    fn settle_now(&mut self, settlement: Settlement<'_>) {
         if let Some((settler, tag)) = self.settler.take() {
-            settler.settle(tag, settlement);
+            settler.settle(Settled {
+                tag,
+                settlement,
+                attempt: self.attempt(),
+                payload: std::mem::take(&mut self.payload),
+                headers: std::mem::take(&mut self.headers),
+                partition_key: self.partition_key.take(),
+            });
         }
     }
 }
 
 impl Drop for Delivery {
     fn drop(&mut self) {
-        if let Some((settler, tag)) = self.settler.take() {
-            settler.settle(tag, Settlement::Release);
-        }
+        self.settle_now(Settlement::Release);
     }
 }
 
@@ -173,9 +231,9 @@ mod tests {
     struct Recorder(Mutex<Vec<(u64, String)>>);
 
     impl Settle for Recorder {
-        fn settle(&self, tag: u64, settlement: Settlement<'_>) {
+        fn settle(&self, settled: Settled<'_>) {
             if let Ok(mut seen) = self.0.lock() {
-                seen.push((tag, format!("{settlement:?}")));
+                seen.push((settled.tag, format!("{:?}", settled.settlement)));
             }
         }
     }
@@ -207,5 +265,13 @@ mod tests {
         assert_eq!(delivery(&recorder, 1).attempt(), 1);
         assert_eq!(delivery(&recorder, 2).with_redelivered(true).attempt(), 2);
         assert_eq!(delivery(&recorder, 3).with_receive_count(5).attempt(), 5);
+    }
+
+    #[test]
+    fn retries_made_while_held_count_as_attempts() {
+        let recorder = Arc::new(Recorder::default());
+        let mut held = delivery(&recorder, 1).with_receive_count(2);
+        held.count_retry();
+        assert_eq!(held.attempt(), 3);
     }
 }

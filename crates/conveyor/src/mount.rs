@@ -107,7 +107,9 @@ impl MountOptions {
         self
     }
 
-    /// Rejects a delivery whose attempt number `n` fails, whatever the policy says.
+    /// Rejects a delivery whose attempt number `n` fails, or asks for a retry
+    /// ([`Outcome::Retry`](crate::Outcome::Retry), `RetryAfter`), whatever the policy
+    /// says. So a message that keeps failing always ends in a reject.
     pub fn max_attempts(mut self, n: u32) -> Self {
         self.policy.max_attempts = Some(n);
         self

@@ -4,6 +4,10 @@ use std::time::Duration;
 
 use crate::error::BoxError;
 
+/// The header a dead-lettered message carries with the reason it was rejected, on every
+/// transport: the handler's error, the decode failure, or "rejected by the handler".
+pub const REJECT_REASON_HEADER: &str = "x-reject-reason";
+
 /// The fate of a delivery once its handler has finished.
 ///
 /// A handler returns an `Outcome` directly, or `()` (which means [`Outcome::Ack`]), or a

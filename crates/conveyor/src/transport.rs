@@ -64,6 +64,10 @@ pub trait Source: Send + 'static {
 pub trait Subscriber: Send + 'static {
     /// Waits for the next delivery. `None` means the subscription has ended for good.
     ///
+    /// An error is taken as passing: the dispatcher logs it and receives again after a
+    /// growing pause. An [`Error::Subscribe`] says the subscription can never work again
+    /// (its queue is gone, access is denied): the mount ends with it and the app stops.
+    ///
     /// Must be cancel-safe: the dispatcher drops this future at shutdown, and a delivery
     /// the transport had received but not returned must not be lost by that.
     fn recv(&mut self) -> impl Future<Output = Option<Result<Delivery, Error>>> + Send;
@@ -89,9 +93,23 @@ pub trait Subscriber: Send + 'static {
         }
     }
 
-    /// Stops receiving, returns what was received but not handed over to the broker, and
-    /// flushes outstanding settlements. Called once, after every delivery of this
-    /// subscription has been settled or dropped.
+    /// Stops receiving, at once: makes no new receive, releases what a receive already
+    /// under way brings once it completes, and releases every delivery received but not
+    /// yet returned by [`recv`](Self::recv), so that other consumers can take them while
+    /// this subscription's in-flight handlers finish. Deliveries already returned stay
+    /// valid and are settled as usual.
+    ///
+    /// Called once, when the app starts draining, before its in-flight handlers have
+    /// finished; `recv` is not called after it. It must not wait for those handlers, nor
+    /// for a long poll to end. The default does nothing, for transports that hold nothing
+    /// back.
+    fn stop_receiving(&mut self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+
+    /// Returns what was received but not handed over to the broker, waits for a receive
+    /// still under way, and flushes outstanding settlements. Called once, after every
+    /// delivery of this subscription has been settled or dropped.
     fn close(self) -> impl Future<Output = ()> + Send;
 }
 

@@ -147,12 +147,13 @@ async fn retry_after_waits_the_backoff_between_attempts() {
 async fn settled_leaves_messages_that_are_still_waiting_out_a_delay() {
     let broker = MemoryBroker::new();
     let log = Attempts::default();
-    let app =
-        App::new("backoff")
-            .with_state(log.clone())
-            .mount(broker.queue("jobs"), fail_twice, |m| {
-                m.retry_after(Backoff::fixed(Duration::from_secs(5)))
-            });
+    let app = App::new("backoff")
+        .with_state(log.clone())
+        // Workers retry through the broker (sequential and lanes retry in place).
+        .mount(broker.queue("jobs"), fail_twice, |m| {
+            m.workers(1)
+                .retry_after(Backoff::fixed(Duration::from_secs(5)))
+        });
     let test = TestApp::start(app, &broker).await.unwrap();
     test.publish_json("jobs", &1u64).await.unwrap();
     test.settled().await.unwrap();

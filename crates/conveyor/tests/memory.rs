@@ -124,7 +124,8 @@ async fn a_message_received_more_than_the_max_receive_count_is_dead_lettered() {
     let app = App::new("redrive").with_state(attempts.clone()).mount(
         broker.queue("jobs"),
         always_retry,
-        |m| m,
+        // Workers retry through the queue, whose max receive count then applies.
+        |m| m.workers(1).unlimited_attempts(),
     );
     let test = TestApp::start(app, &broker).await.unwrap();
     test.publish_json("jobs", &1u64).await.unwrap();

@@ -1,12 +1,12 @@
 //! Batch dispatch: one batch at a time, of what the subscriber already has.
 
-use std::panic::AssertUnwindSafe;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
 use futures_util::FutureExt;
 
 use super::settle::{Failure, REJECTED_BY_HANDLER, settle_failed};
-use super::{RetryPause, Run, finish};
+use super::{End, RetryPause, Run, finish};
 use crate::batch::{Batch, BatchOutcome, IntoBatchOutcome};
 use crate::delivery::Delivery;
 use crate::error::Error;
@@ -24,15 +24,15 @@ pub(super) async fn drive<H: CallBatch, S: Subscriber>(
     let size = run.options.batch_size().unwrap_or(DEFAULT_BATCH_SIZE);
     let mut gathered = Vec::with_capacity(size);
     let mut pause = RetryPause::new();
-    let ended = loop {
+    let end = loop {
         let received = tokio::select! {
             biased;
             // Deliveries gathered so far are released when `gathered` is dropped below.
-            () = run.shutdown.requested() => break false,
+            () = run.shutdown.requested() => break End::Stopped,
             received = subscriber.recv_batch(size, &mut gathered) => received,
         };
         match received {
-            None => break true,
+            None => break End::Ended,
             Some(Ok(())) => {
                 pause.reset();
                 // Past the shutdown timeout the batch is dropped, its deliveries released.
@@ -45,15 +45,17 @@ pub(super) async fn drive<H: CallBatch, S: Subscriber>(
                     gathered.clear();
                 }
             }
+            Some(Err(error @ Error::Subscribe { .. })) => break End::Failed(error),
             Some(Err(error)) => {
                 if !pause.after(&error, &mut run).await {
-                    break false;
+                    break End::Stopped;
                 }
             }
         }
     };
     drop(gathered);
-    finish(subscriber, &run, ended).await
+    subscriber.stop_receiving().await;
+    finish(subscriber, &run, end).await
 }
 
 /// Decodes each delivery (rejecting those that fail on their own), runs the handler once
@@ -63,26 +65,41 @@ async fn handle_batch<H: CallBatch>(handler: &H, gathered: &mut Vec<Delivery>, r
     let mut keys = Vec::with_capacity(gathered.len());
     let mut deliveries = Vec::with_capacity(gathered.len());
     for delivery in gathered.drain(..) {
-        match H::Payload::from_payload(delivery.payload()) {
-            Ok(payload) => {
+        // Decoding runs user code (`FromPayload`, serde): a panic there fails this one.
+        let decoded = catch_unwind(AssertUnwindSafe(|| {
+            H::Payload::from_payload(delivery.payload())
+        }));
+        match decoded {
+            Ok(Ok(payload)) => {
                 payloads.push(payload);
                 keys.push(delivery.partition_key().cloned());
                 deliveries.push(delivery);
             }
-            Err(error) => {
+            Ok(Err(error)) => {
                 tracing::error!(queue = run.cx.queue(), %error, "rejecting a message the handler cannot take");
                 delivery.settle(Settlement::Reject {
                     reason: &error.to_string(),
                 });
             }
+            Err(panic) => settle_failed(delivery, &Failure::Panic(panic), run),
         }
     }
     if deliveries.is_empty() {
         return;
     }
-    let future = match handler.call(Batch::new(payloads, keys), &run.cx) {
-        Ok(future) => future,
-        Err(rejection) => {
+    let called = catch_unwind(AssertUnwindSafe(|| {
+        handler.call(Batch::new(payloads, keys), &run.cx)
+    }));
+    let future = match called {
+        Ok(Ok(future)) => future,
+        Err(panic) => {
+            let failure = Failure::Panic(panic);
+            for delivery in deliveries {
+                settle_failed(delivery, &failure, run);
+            }
+            return;
+        }
+        Ok(Err(rejection)) => {
             tracing::error!(queue = run.cx.queue(), error = %rejection, "rejecting a batch the handler cannot take");
             let reason = rejection.to_string();
             for delivery in deliveries {

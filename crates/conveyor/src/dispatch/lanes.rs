@@ -12,7 +12,9 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
-use super::{Received, Run, finish, handle_one, receive};
+use super::{
+    End, Received, Retries, Run, finish, handle_one, join_tasks, receive, task_died, task_error,
+};
 use crate::delivery::Delivery;
 use crate::error::Error;
 use crate::handler::CallOne;
@@ -55,11 +57,15 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
     }
 
     let mut rotation = 0usize;
-    let ended = loop {
-        let mut delivery = match receive(&mut subscriber, &mut run).await {
+    let end: End = loop {
+        let received = tokio::select! {
+            biased;
+            died = task_died(&mut tasks) => break End::Failed(task_error(&died, &run)),
+            received = receive(&mut subscriber, &mut run) => received,
+        };
+        let mut delivery = match received {
             Received::Delivery(delivery) => delivery,
-            Received::Stop => break false,
-            Received::Ended => break true,
+            other => break other.into(),
         };
         let lane = match delivery.partition_key() {
             Some(key) => lane_for_key(key, n),
@@ -72,17 +78,23 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
         tokio::select! {
             biased;
             // The delivery inside the dropped send is released.
-            () = run.shutdown.requested() => break false,
-            sent = lanes[lane].send(delivery) => if sent.is_err() { break false },
+            () = run.shutdown.requested() => break End::Stopped,
+            died = task_died(&mut tasks) => break End::Failed(task_error(&died, &run)),
+            sent = lanes[lane].send(delivery) => if sent.is_err() {
+                let died = task_died(&mut tasks).await;
+                break End::Failed(task_error(&died, &run));
+            },
         }
     };
     drop(lanes);
-    while tasks.join_next().await.is_some() {}
-    finish(subscriber, &run, ended).await
+    subscriber.stop_receiving().await;
+    let joined = join_tasks(tasks, &run).await;
+    finish(subscriber, &run, end).await.and(joined)
 }
 
-/// One lane: runs its deliveries in order. At shutdown it starts no new one; those still
-/// waiting in it are released when its queue is dropped.
+/// One lane: runs its deliveries in order, each to its end, retries included, before the
+/// next. At shutdown it starts no new one; those still waiting in it are released when
+/// its queue is dropped.
 async fn run_lane<H: CallOne>(handler: Arc<H>, mut queue: mpsc::Receiver<Delivery>, mut run: Run) {
     loop {
         let next = tokio::select! {
@@ -91,7 +103,7 @@ async fn run_lane<H: CallOne>(handler: Arc<H>, mut queue: mpsc::Receiver<Deliver
             next = queue.recv() => next,
         };
         let Some(delivery) = next else { return };
-        handle_one(&*handler, delivery, &run).await;
+        handle_one(&*handler, delivery, &run, Retries::InPlace).await;
     }
 }
 

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio::task::{JoinError, JoinSet};
 
 use crate::delivery::Delivery;
 use crate::error::Error;
@@ -25,7 +26,7 @@ use crate::mount::{Dispatch, MountOptions};
 use crate::transport::Subscriber;
 
 pub use lanes::lane_for_key;
-pub(crate) use settle::handle_one;
+pub(crate) use settle::{Retries, handle_one};
 
 /// Everything a running mount needs besides its handler and subscriber.
 #[derive(Clone, Debug)]
@@ -103,6 +104,28 @@ pub(crate) enum Received {
     Stop,
     /// The subscription ended by itself.
     Ended,
+    /// The subscription can never work again.
+    Failed(Error),
+}
+
+/// How a mount's loop ended.
+pub(crate) enum End {
+    /// Shutdown was requested.
+    Stopped,
+    /// The subscription ended by itself.
+    Ended,
+    /// The subscription or one of the mount's tasks failed for good.
+    Failed(Error),
+}
+
+impl From<Received> for End {
+    fn from(received: Received) -> End {
+        match received {
+            Received::Ended => End::Ended,
+            Received::Failed(error) => End::Failed(error),
+            Received::Delivery(_) | Received::Stop => End::Stopped,
+        }
+    }
 }
 
 /// The pause after failed receives: from 100 ms, doubling up to 30 s.
@@ -142,7 +165,8 @@ impl RetryPause {
 }
 
 /// Waits for the next delivery, or for shutdown. A receive error is logged and the
-/// receive retried after a growing pause; the transport is expected to recover.
+/// receive retried after a growing pause, as the transport is expected to recover; an
+/// [`Error::Subscribe`] cannot heal and ends the mount.
 pub(crate) async fn receive<S: Subscriber>(subscriber: &mut S, run: &mut Run) -> Received {
     let mut pause = RetryPause::new();
     loop {
@@ -152,6 +176,7 @@ pub(crate) async fn receive<S: Subscriber>(subscriber: &mut S, run: &mut Run) ->
             next = subscriber.recv() => match next {
                 Some(Ok(delivery)) => return Received::Delivery(delivery),
                 None => return Received::Ended,
+                Some(Err(error @ Error::Subscribe { .. })) => return Received::Failed(error),
                 Some(Err(error)) => error,
             },
         };
@@ -161,20 +186,48 @@ pub(crate) async fn receive<S: Subscriber>(subscriber: &mut S, run: &mut Run) ->
     }
 }
 
-/// The end of a mount's loop: close the subscriber, and report a subscription that ended
-/// by itself while the app was running.
-pub(crate) async fn finish<S: Subscriber>(
-    subscriber: S,
-    run: &Run,
-    ended: bool,
-) -> Result<(), Error> {
-    subscriber.close().await;
-    if ended && !run.shutdown.is_requested() {
-        return Err(Error::SubscriptionEnded {
-            queue: run.cx.queue().to_string(),
-        });
+/// Resolves once one of a mount's tasks (a worker, a lane) has died. A task that ends
+/// normally (at shutdown) is no news.
+pub(crate) async fn task_died(tasks: &mut JoinSet<()>) -> JoinError {
+    loop {
+        match tasks.join_next().await {
+            Some(Err(died)) => return died,
+            Some(Ok(())) => {}
+            None => std::future::pending::<()>().await,
+        }
     }
-    Ok(())
+}
+
+/// The error that stops the app when one of a mount's tasks died.
+pub(crate) fn task_error(died: &JoinError, run: &Run) -> Error {
+    Error::MountTask(format!(
+        "a task of the mount on `{}` died: {died}",
+        run.cx.queue()
+    ))
+}
+
+/// Waits for a mount's tasks to end; the first that died is an error.
+pub(crate) async fn join_tasks(mut tasks: JoinSet<()>, run: &Run) -> Result<(), Error> {
+    let mut result = Ok(());
+    while let Some(joined) = tasks.join_next().await {
+        if let (Err(died), Ok(())) = (joined, &result) {
+            result = Err(task_error(&died, run));
+        }
+    }
+    result
+}
+
+/// The end of a mount's loop: close the subscriber, and report a subscription that ended
+/// or failed by itself while the app was running.
+pub(crate) async fn finish<S: Subscriber>(subscriber: S, run: &Run, end: End) -> Result<(), Error> {
+    subscriber.close().await;
+    match end {
+        End::Failed(error) => Err(error),
+        End::Ended if !run.shutdown.is_requested() => Err(Error::SubscriptionEnded {
+            queue: run.cx.queue().to_string(),
+        }),
+        End::Ended | End::Stopped => Ok(()),
+    }
 }
 
 /// An error with its sources, on one line.

@@ -2,24 +2,27 @@
 
 use std::sync::Arc;
 
-use super::{Received, Run, finish, handle_one, receive};
+use super::{End, Received, Retries, Run, finish, handle_one, receive};
 use crate::error::Error;
 use crate::handler::CallOne;
 use crate::transport::Subscriber;
 
-/// Nothing runs side by side and the queue's order holds. The handler's future lives on
-/// this loop's stack: no task, no allocation per delivery.
+/// Nothing runs side by side and the queue's order holds, retries included: a delivery to
+/// retry runs again before the next one is taken. The handler's future lives on this
+/// loop's stack: no task, no allocation per delivery.
 pub(super) async fn drive<H: CallOne, S: Subscriber>(
     handler: Arc<H>,
     mut subscriber: S,
     mut run: Run,
 ) -> Result<(), Error> {
-    let ended = loop {
+    let end: End = loop {
         match receive(&mut subscriber, &mut run).await {
-            Received::Delivery(delivery) => handle_one(&*handler, delivery, &run).await,
-            Received::Stop => break false,
-            Received::Ended => break true,
+            Received::Delivery(delivery) => {
+                handle_one(&*handler, delivery, &run, Retries::InPlace).await;
+            }
+            other => break other.into(),
         }
     };
-    finish(subscriber, &run, ended).await
+    subscriber.stop_receiving().await;
+    finish(subscriber, &run, end).await
 }

@@ -1,57 +1,146 @@
 //! Running a handler on one delivery and settling it by its outcome or the failure policy.
 
 use std::any::Any;
+use std::borrow::Cow;
 use std::fmt;
 use std::panic::AssertUnwindSafe;
+use std::time::Duration;
 
 use futures_util::FutureExt;
+use tokio::time::Instant;
 
 use super::{Run, error_chain};
 use crate::delivery::Delivery;
 use crate::error::BoxError;
-use crate::handler::CallOne;
-use crate::outcome::{IntoOutcome, Settlement};
+use crate::handler::{CallOne, Refusal};
+use crate::outcome::{IntoOutcome, Outcome, Settlement};
 use crate::policy::Verdict;
 
 /// The reason recorded when a handler itself returns [`Outcome::Reject`](crate::Outcome).
 pub(crate) const REJECTED_BY_HANDLER: &str = "rejected by the handler";
 
+/// Whether a mount keeps each key's order across retries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Retries {
+    /// Sequential and lanes: a delivery to retry is run again in place, after its delay,
+    /// before anything later of its key. It stays held (unacked, invisible) meanwhile.
+    InPlace,
+    /// Workers and batches keep no order: a retry goes back to the broker.
+    ToBroker,
+}
+
 /// Runs `handler` on `delivery` and settles it once the handler has finished.
 ///
 /// A delivery the handler cannot take (bad payload, failed extractor) is rejected with one
-/// error log. A handler error or panic goes to the mount's failure policy; a panic never
-/// escapes, so the mount keeps running. A handler still running when the app's shutdown
-/// timeout passes is dropped, and its delivery released to the broker.
-pub(crate) async fn handle_one<H: CallOne>(handler: &H, delivery: Delivery, run: &Run) {
+/// error log. A handler error or panic, in the handler or while building its arguments,
+/// goes to the mount's failure policy; a panic never escapes, so the mount keeps running.
+/// A handler still running when the app's shutdown timeout passes is dropped, and its
+/// delivery released to the broker.
+pub(crate) async fn handle_one<H: CallOne>(
+    handler: &H,
+    delivery: Delivery,
+    run: &Run,
+    retries: Retries,
+) {
     // The handler is polled first: one that finishes at once never polls the other.
     tokio::select! {
         biased;
-        () = run_and_settle(handler, delivery, run) => {}
+        () = run_and_settle(handler, delivery, run, retries) => {}
         () = run.shutdown.cancelled() => {}
     }
 }
 
-async fn run_and_settle<H: CallOne>(handler: &H, delivery: Delivery, run: &Run) {
-    let future = match handler.call(&delivery, &run.cx) {
-        Ok(future) => future,
-        Err(refusal) => {
-            tracing::error!(
-                queue = run.cx.queue(),
-                error = %refusal,
-                "rejecting a message the handler cannot take"
-            );
-            let reason = refusal.to_string();
-            delivery.settle(Settlement::Reject { reason: &reason });
-            return;
+/// What one run of the handler decided for its delivery.
+enum Fate {
+    Ack,
+    /// Again: now (`None`) or after the delay.
+    Retry(Option<Duration>),
+    Reject(Cow<'static, str>),
+}
+
+async fn run_and_settle<H: CallOne>(
+    handler: &H,
+    mut delivery: Delivery,
+    run: &Run,
+    retries: Retries,
+) {
+    loop {
+        let delay = match run_once(handler, &delivery, run).await {
+            Fate::Ack => return delivery.settle(Settlement::Ack),
+            Fate::Reject(reason) => return delivery.settle(Settlement::Reject { reason: &reason }),
+            Fate::Retry(delay) => delay,
+        };
+        let to_broker = |delay: Option<Duration>| match delay {
+            Some(delay) => Settlement::RetryAfter(delay),
+            None => Settlement::Retry,
+        };
+        // Draining: hand the delivery back (with its attempt count) rather than keep the
+        // shutdown waiting for its retries.
+        if retries == Retries::ToBroker || run.shutdown.is_requested() {
+            return delivery.settle(to_broker(delay));
         }
+        if let Some(delay) = delay {
+            let due = Instant::now().checked_add(delay);
+            let mut shutdown = run.shutdown.clone();
+            tokio::select! {
+                biased;
+                () = shutdown.requested() => {
+                    let left = due.map_or(delay, |due| due.saturating_duration_since(Instant::now()));
+                    return delivery.settle(Settlement::RetryAfter(left));
+                }
+                () = tokio::time::sleep(delay) => {}
+            }
+        }
+        delivery.count_retry();
+    }
+}
+
+/// Runs the handler once and decides the delivery's fate.
+async fn run_once<H: CallOne>(handler: &H, delivery: &Delivery, run: &Run) -> Fate {
+    // Decoding and extractors run user code too (`FromPayload`, `FromDelivery`, serde).
+    let called = std::panic::catch_unwind(AssertUnwindSafe(|| handler.call(delivery, &run.cx)));
+    let future = match called {
+        Ok(Ok(future)) => future,
+        Ok(Err(refusal)) => return refused(&refusal, run),
+        Err(panic) => return failed(delivery, &Failure::Panic(panic), run),
     };
     match AssertUnwindSafe(future).catch_unwind().await {
         Ok(output) => match output.into_outcome() {
-            Ok(outcome) => delivery.settle(outcome.settlement(REJECTED_BY_HANDLER)),
-            Err(error) => settle_failed(delivery, &Failure::Error(error), run),
+            Ok(Outcome::Ack) => Fate::Ack,
+            Ok(Outcome::Retry) => asked_again(delivery, None, run),
+            Ok(Outcome::RetryAfter(delay)) => asked_again(delivery, Some(delay), run),
+            Ok(Outcome::Reject) => Fate::Reject(Cow::Borrowed(REJECTED_BY_HANDLER)),
+            Err(error) => failed(delivery, &Failure::Error(error), run),
         },
-        Err(panic) => settle_failed(delivery, &Failure::Panic(panic), run),
+        Err(panic) => failed(delivery, &Failure::Panic(panic), run),
     }
+}
+
+/// A retry the handler asked for: granted while attempts are left, like a failure's.
+fn asked_again(delivery: &Delivery, delay: Option<Duration>, run: &Run) -> Fate {
+    let attempt = delivery.attempt();
+    match run.options.failure_policy().max_attempts {
+        Some(max) if attempt >= max => {
+            tracing::error!(
+                queue = run.cx.queue(),
+                attempt,
+                "the handler asked for a retry with no attempts left; rejecting"
+            );
+            Fate::Reject(Cow::Owned(format!(
+                "the handler asked for a retry on attempt {attempt}, the last allowed"
+            )))
+        }
+        _ => Fate::Retry(delay),
+    }
+}
+
+fn refused(refusal: &Refusal, run: &Run) -> Fate {
+    tracing::error!(
+        queue = run.cx.queue(),
+        error = %refusal,
+        "rejecting a message the handler cannot take"
+    );
+    Fate::Reject(Cow::Owned(refusal.to_string()))
 }
 
 /// Why a handler did not produce an outcome.
@@ -81,27 +170,37 @@ impl fmt::Display for Failure {
     }
 }
 
-/// Settles a delivery whose handler failed, as the mount's failure policy says.
-pub(crate) fn settle_failed(delivery: Delivery, failure: &Failure, run: &Run) {
+/// The fate the mount's failure policy gives a delivery whose handler failed, logged.
+fn failed(delivery: &Delivery, failure: &Failure, run: &Run) -> Fate {
     let attempt = delivery.attempt();
     let queue = run.cx.queue();
     match run.options.failure_policy().verdict(attempt) {
         Verdict::Retry => {
             tracing::warn!(queue, attempt, error = %failure, "handler failed; retrying now");
-            delivery.settle(Settlement::Retry);
+            Fate::Retry(None)
         }
         Verdict::RetryAfter(delay) => {
             tracing::warn!(queue, attempt, ?delay, error = %failure, "handler failed; retrying later");
-            delivery.settle(Settlement::RetryAfter(delay));
+            Fate::Retry(Some(delay))
         }
         Verdict::Reject { attempts_exhausted } => {
             tracing::error!(queue, attempt, error = %failure, "handler failed; rejecting");
-            let reason = if attempts_exhausted {
+            Fate::Reject(Cow::Owned(if attempts_exhausted {
                 format!("{failure} (attempt {attempt}, no attempts left)")
             } else {
                 failure.to_string()
-            };
-            delivery.settle(Settlement::Reject { reason: &reason });
+            }))
         }
+    }
+}
+
+/// Settles a delivery whose handler failed, as the mount's failure policy says; a retry
+/// goes back to the broker.
+pub(crate) fn settle_failed(delivery: Delivery, failure: &Failure, run: &Run) {
+    match failed(&delivery, failure, run) {
+        Fate::Ack => delivery.settle(Settlement::Ack),
+        Fate::Retry(None) => delivery.settle(Settlement::Retry),
+        Fate::Retry(Some(delay)) => delivery.settle(Settlement::RetryAfter(delay)),
+        Fate::Reject(reason) => delivery.settle(Settlement::Reject { reason: &reason }),
     }
 }

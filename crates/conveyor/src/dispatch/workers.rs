@@ -10,7 +10,9 @@ use std::sync::Arc;
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
-use super::{Received, Run, finish, handle_one, receive};
+use super::{
+    End, Received, Retries, Run, finish, handle_one, join_tasks, receive, task_died, task_error,
+};
 use crate::delivery::Delivery;
 use crate::error::Error;
 use crate::handler::CallOne;
@@ -34,29 +36,37 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
     }
     drop(jobs);
 
-    let ended = loop {
+    let end: End = loop {
         let permit = tokio::select! {
             biased;
-            () = run.shutdown.requested() => break false,
+            () = run.shutdown.requested() => break End::Stopped,
+            died = task_died(&mut workers) => break End::Failed(task_error(&died, &run)),
             permit = permits.clone().acquire_owned() => match permit {
                 Ok(permit) => permit,
-                Err(_) => break false, // never closed; stop rather than spin
+                Err(_) => break End::Stopped, // never closed; stop rather than spin
             },
         };
-        match receive(&mut subscriber, &mut run).await {
+        let received = tokio::select! {
+            biased;
+            died = task_died(&mut workers) => break End::Failed(task_error(&died, &run)),
+            received = receive(&mut subscriber, &mut run) => received,
+        };
+        match received {
             Received::Delivery(delivery) => {
                 // Room is guaranteed: the channel holds `n` and we hold one of `n` permits.
-                if hand_over.send((delivery, permit)).await.is_err() {
-                    break false;
+                if let Err(unsent) = hand_over.send((delivery, permit)).await {
+                    drop(unsent);
+                    let died = task_died(&mut workers).await;
+                    break End::Failed(task_error(&died, &run));
                 }
             }
-            Received::Stop => break false,
-            Received::Ended => break true,
+            other => break other.into(),
         }
     };
     drop(hand_over);
-    while workers.join_next().await.is_some() {}
-    finish(subscriber, &run, ended).await
+    subscriber.stop_receiving().await;
+    let joined = join_tasks(workers, &run).await;
+    finish(subscriber, &run, end).await.and(joined)
 }
 
 /// One worker: takes the next delivery, runs it, returns the permit. At shutdown it takes
@@ -71,7 +81,7 @@ async fn work<H: CallOne>(handler: Arc<H>, jobs: Arc<Mutex<mpsc::Receiver<Job>>>
         let Some((delivery, permit)) = job else {
             return;
         };
-        handle_one(&*handler, delivery, &run).await;
+        handle_one(&*handler, delivery, &run, Retries::ToBroker).await;
         drop(permit);
     }
 }

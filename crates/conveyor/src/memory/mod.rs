@@ -46,8 +46,7 @@ use queue::{Queue, Stored};
 /// The header that carries a message's partition key on the in-process transport.
 pub const PARTITION_KEY_HEADER: &str = "x-partition-key";
 
-/// The header a dead-lettered message carries with the reason it was rejected.
-pub const REJECT_REASON_HEADER: &str = "x-reject-reason";
+pub use crate::outcome::REJECT_REASON_HEADER;
 
 /// Settings of one in-process queue.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -252,6 +251,7 @@ impl MemoryBroker {
             headers,
             key,
             receive_count: 0,
+            seq: 0, // given when it arrives
         };
         (self.inner.queue(destination), stored, parts.delay)
     }

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::Notify;
@@ -10,7 +11,7 @@ use tokio::time::Instant;
 
 use super::history::{DeadLetter, RecordedMessage};
 use super::{BrokerInner, QueueOptions, QueueStats, REJECT_REASON_HEADER};
-use crate::delivery::{Delivery, Settle};
+use crate::delivery::{Delivery, Settle, Settled};
 use crate::headers::Headers;
 use crate::message::PartitionKey;
 use crate::outcome::Settlement;
@@ -22,6 +23,9 @@ pub(super) struct Stored {
     pub(super) headers: Headers,
     pub(super) key: Option<PartitionKey>,
     pub(super) receive_count: u32,
+    /// Its place in the queue: the order it arrived in. The ready list stays sorted by it,
+    /// so a message that goes back goes back to its place.
+    pub(super) seq: u64,
 }
 
 impl Stored {
@@ -50,7 +54,10 @@ struct State {
     /// FIFO only: groups with a message in flight (or waiting out a retry delay).
     held_groups: HashMap<PartitionKey, usize>,
     next_tag: u64,
+    /// The `seq` of the next message to arrive.
     next_seq: u64,
+    /// Tells apart delayed messages due at the same instant.
+    next_timer: u64,
     consumers: usize,
     options: QueueOptions,
     stats: QueueStats,
@@ -141,10 +148,8 @@ impl Queue {
             let mut state = self.lock();
             state.stats.published += 1;
             match delay {
-                Some(delay) if !delay.is_zero() => {
-                    state.delay(stored, Instant::now() + delay, false);
-                }
-                _ => state.ready.push_back(stored),
+                Some(delay) if !delay.is_zero() => state.delay(stored, delay, false),
+                _ => state.arrive(stored),
             }
         }
         self.changed();
@@ -194,7 +199,7 @@ impl Queue {
         for stored in expired {
             let reason = format!(
                 "received {} times, more than the queue's max receive count",
-                stored.receive_count - 1
+                stored.receive_count.saturating_sub(1)
             );
             self.dead_letter(stored, &reason);
         }
@@ -256,10 +261,25 @@ impl Queue {
 }
 
 impl State {
-    fn delay(&mut self, stored: Stored, due: Instant, holds_group: bool) {
+    /// Adds a message that arrives now (published, or due after a delay) behind every
+    /// ready one.
+    fn arrive(&mut self, mut stored: Stored) {
         self.next_seq += 1;
+        stored.seq = self.next_seq;
+        self.ready.push_back(stored);
+    }
+
+    /// Puts a message back in its place: ahead of every ready message that arrived after
+    /// it. So messages retried or released together keep their order.
+    fn put_back(&mut self, stored: Stored) {
+        let at = self.ready.partition_point(|ready| ready.seq < stored.seq);
+        self.ready.insert(at, stored);
+    }
+
+    fn delay(&mut self, stored: Stored, delay: Duration, holds_group: bool) {
+        self.next_timer += 1;
         self.delayed.insert(
-            (due, self.next_seq),
+            (due_after(delay), self.next_timer),
             Delayed {
                 stored,
                 holds_group,
@@ -280,9 +300,9 @@ impl State {
             if holds_group {
                 // A retried FIFO message goes back at the head of its group.
                 self.release_group(&stored.key, fifo);
-                self.ready.push_front(stored);
+                self.put_back(stored);
             } else {
-                self.ready.push_back(stored);
+                self.arrive(stored);
             }
         }
     }
@@ -311,15 +331,32 @@ impl State {
     }
 }
 
+/// The instant `delay` from now; a delay too long for the clock means never, in practice.
+fn due_after(delay: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+    let now = Instant::now();
+    now.checked_add(delay)
+        .or_else(|| now.checked_add(FAR))
+        .unwrap_or(now)
+}
+
 impl Settle for Queue {
-    fn settle(&self, tag: u64, settlement: Settlement<'_>) {
+    fn settle(&self, settled: Settled<'_>) {
         let mut rejected = None;
         let mut acked = None;
         {
             let mut state = self.lock();
-            let Some(mut stored) = state.in_flight.remove(&tag) else {
+            let Some(mut stored) = state.in_flight.remove(&settled.tag) else {
                 return;
             };
+            if matches!(
+                settled.settlement,
+                Settlement::Retry | Settlement::RetryAfter(_)
+            ) {
+                // Attempts the dispatcher made while holding it count as receives.
+                stored.receive_count = stored.receive_count.max(settled.attempt);
+            }
+            let settlement = settled.settlement;
             match settlement {
                 Settlement::Ack => {
                     state.release_group(&stored.key, self.fifo);
@@ -329,17 +366,17 @@ impl Settle for Queue {
                 Settlement::Retry | Settlement::Release => {
                     if settlement == Settlement::Release {
                         // Never handled: the receive does not count as an attempt.
-                        stored.receive_count -= 1;
+                        stored.receive_count = stored.receive_count.saturating_sub(1);
                     } else {
                         state.stats.retried += 1;
                     }
                     state.release_group(&stored.key, self.fifo);
-                    state.ready.push_front(stored);
+                    state.put_back(stored);
                 }
                 Settlement::RetryAfter(delay) => {
                     state.stats.retried += 1;
                     let holds_group = self.fifo && stored.key.is_some();
-                    state.delay(stored, Instant::now() + delay, holds_group);
+                    state.delay(stored, delay, holds_group);
                 }
                 Settlement::Reject { reason } => {
                     state.release_group(&stored.key, self.fifo);
