@@ -104,8 +104,10 @@ async fn run_once<H: CallOne>(handler: &H, delivery: &Delivery, run: &Run) -> Fa
         Ok(Err(refusal)) => return refused(&refusal, run),
         Err(panic) => return failed(delivery, &Failure::Panic(panic), run),
     };
-    match AssertUnwindSafe(future).catch_unwind().await {
-        Ok(output) => match output.into_outcome() {
+    // `into_outcome` is user code too (a custom `IntoOutcome`).
+    let finished = AssertUnwindSafe(async { future.await.into_outcome() });
+    match finished.catch_unwind().await {
+        Ok(outcome) => match outcome {
             Ok(Outcome::Ack) => Fate::Ack,
             Ok(Outcome::Retry) => asked_again(delivery, None, run),
             Ok(Outcome::RetryAfter(delay)) => asked_again(delivery, Some(delay), run),

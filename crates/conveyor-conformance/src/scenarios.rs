@@ -1,0 +1,532 @@
+//! The scenarios: each proves one guarantee of the transport contract on a live broker.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use conveyor::{
+    App, Backoff, Batch, Bytes, Context, DecodeError, Delivery, FromDelivery, FromPayload, Headers,
+    Json, Message, MountOptions, Publisher, Rejection, RunningApp, State,
+};
+
+use crate::journal::{Job, Journal, handle};
+use crate::{Fixture, QueueSpec, TestQueue, eventually};
+
+/// The partition key of job `id` when a scenario spreads jobs over `keys` keys.
+fn key(id: u64, keys: u64) -> String {
+    format!("k{}", id % keys.max(1))
+}
+
+/// Publishes `jobs`, job `id` under the key `key(id, keys)`.
+async fn publish<F: Fixture>(fixture: &F, queue: &TestQueue, jobs: Vec<Job>, keys: u64) {
+    let messages = jobs
+        .into_iter()
+        .map(|job| {
+            let key = key(job.id, keys);
+            match Message::json(&job) {
+                Ok(message) => message.partition_key(key),
+                Err(error) => panic!("cannot encode a job: {error}"),
+            }
+        })
+        .collect();
+    if let Err(error) = fixture
+        .publisher()
+        .publish_batch(&queue.name, messages)
+        .await
+    {
+        panic!("cannot publish to `{}`: {error}", queue.name);
+    }
+}
+
+/// Starts an app running the scenarios' handler on `queue`.
+async fn start<F: Fixture>(
+    fixture: &F,
+    queue: &TestQueue,
+    journal: &Journal,
+    configure: impl FnOnce(MountOptions) -> MountOptions,
+) -> RunningApp {
+    let started = App::new("conformance")
+        .with_state(journal.clone())
+        .shutdown_timeout(Duration::from_secs(30))
+        .mount(fixture.source(queue), handle, configure)
+        .start()
+        .await;
+    match started {
+        Ok(app) => app,
+        Err(error) => panic!("the app does not start on `{}`: {error}", queue.name),
+    }
+}
+
+async fn stop(app: RunningApp) {
+    if let Err(error) = app.shutdown().await {
+        panic!("the app does not shut down cleanly: {error}");
+    }
+}
+
+async fn all_acked(journal: &Journal, count: usize) {
+    eventually(&format!("{count} jobs acked"), || async {
+        journal.acked_distinct() >= count
+    })
+    .await;
+}
+
+async fn dead_lettered<F: Fixture>(
+    fixture: &F,
+    queue: &TestQueue,
+    count: usize,
+) -> Vec<crate::DeadLetter> {
+    eventually(&format!("{count} dead letters"), || async {
+        fixture.dead_letters(queue).await.len() >= count
+    })
+    .await;
+    fixture.dead_letters(queue).await
+}
+
+/// Whether `ids` never go back: a retried job runs again before any later one.
+fn in_order(ids: &[u64]) -> bool {
+    ids.windows(2).all(|pair| pair[0] <= pair[1])
+}
+
+fn fixed(ms: u64) -> Backoff {
+    Backoff::fixed(Duration::from_millis(ms))
+}
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<(Bytes, Headers)>>>);
+
+async fn capture(payload: Bytes, headers: Headers, State(seen): State<Captured>) {
+    seen.0
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push((payload, headers));
+}
+
+/// The payload arrives byte for byte, and so do text and binary headers.
+pub async fn round_trip_keeps_payload_and_headers<F: Fixture>(fixture: &F) {
+    let queue = fixture.declare(QueueSpec::plain()).await;
+    let payload = Bytes::from_static(b"{\"id\":1,\"note\":\"caf\xc3\xa9\"}");
+    let binary = Bytes::from_static(&[0, 159, 146, 150, 255]);
+    let message = Message::new(payload.clone())
+        .header("x-trace", "abc-123")
+        .header("x-binary", binary.clone())
+        .partition_key("k0");
+    if let Err(error) = fixture.publisher().publish(&queue.name, message).await {
+        panic!("cannot publish: {error}");
+    }
+    let seen = Captured::default();
+    let app = App::new("conformance")
+        .with_state(seen.clone())
+        .mount(fixture.source(&queue), capture, |m| m)
+        .start()
+        .await
+        .unwrap_or_else(|error| panic!("the app does not start: {error}"));
+    eventually("the message to arrive", || async {
+        !seen
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty()
+    })
+    .await;
+    stop(app).await;
+    let (got, headers) = seen.0.lock().unwrap_or_else(PoisonError::into_inner)[0].clone();
+    assert_eq!(got, payload);
+    assert_eq!(headers.get_str("x-trace"), Some("abc-123"));
+    assert_eq!(headers.get("x-binary"), Some(&binary));
+    fixture.delete(queue).await;
+}
+
+/// Two apps on one queue: every message is handled, and (unless the broker says it may
+/// duplicate) by one of them only.
+pub async fn competing_subscriptions_lose_nothing_and_handle_each_message_once<F: Fixture>(
+    fixture: &F,
+) {
+    const JOBS: u64 = 200;
+    let queue = fixture.declare(QueueSpec::plain()).await;
+    let journal = Journal::default();
+    let one = start(fixture, &queue, &journal, |m| m.workers(4)).await;
+    let two = start(fixture, &queue, &journal, |m| m.workers(4)).await;
+    publish(fixture, &queue, (0..JOBS).map(Job::new).collect(), 8).await;
+    all_acked(&journal, JOBS as usize).await;
+    stop(one).await;
+    stop(two).await;
+    if !fixture.may_duplicate() {
+        assert_eq!(
+            journal.acked().len(),
+            JOBS as usize,
+            "a message was handled twice"
+        );
+    }
+    fixture.delete(queue).await;
+}
+
+/// A mount with no `workers` runs one handler at a time.
+pub async fn the_sequential_mount_never_overlaps<F: Fixture>(fixture: &F) {
+    const JOBS: u64 = 30;
+    let queue = fixture.declare(QueueSpec::plain()).await;
+    let journal = Journal::default();
+    publish(fixture, &queue, (0..JOBS).map(Job::new).collect(), 4).await;
+    let app = start(fixture, &queue, &journal, |m| m).await;
+    all_acked(&journal, JOBS as usize).await;
+    stop(app).await;
+    assert_eq!(journal.most_running(), 1);
+    fixture.delete(queue).await;
+}
+
+/// Jobs of one key, some failing before they succeed: each runs again, until it
+/// succeeds, before the next one starts.
+pub async fn the_sequential_mount_keeps_order_across_retries<F: Fixture>(fixture: &F) {
+    const JOBS: u64 = 20;
+    let queue = fixture.declare(QueueSpec::plain()).await;
+    let journal = Journal::default();
+    let jobs = (0..JOBS)
+        .map(|id| Job {
+            fail_first: u32::from(id % 4 == 1),
+            ..Job::new(id)
+        })
+        .collect();
+    publish(fixture, &queue, jobs, 1).await;
+    let app = start(fixture, &queue, &journal, |m| m.retry_after(fixed(20))).await;
+    all_acked(&journal, JOBS as usize).await;
+    stop(app).await;
+    let ids: Vec<u64> = journal.runs().iter().map(|run| run.id).collect();
+    assert!(in_order(&ids), "handled out of order: {ids:?}");
+    assert_eq!(journal.acked().len(), JOBS as usize);
+    fixture.delete(queue).await;
+}
+
+/// Lanes, with failures that are retried now or later: every key's jobs run in order, a
+/// retried job again before any later job of its key.
+pub async fn lanes_keep_each_key_in_order_across_retries<F: Fixture>(fixture: &F) {
+    const KEYS: u64 = 4;
+    const JOBS: u64 = 60;
+    for retry_later in [false, true] {
+        let queue = fixture.declare(QueueSpec::plain()).await;
+        let journal = Journal::default();
+        let jobs = (0..JOBS)
+            .map(|id| Job {
+                fail_first: match id % 5 {
+                    1 => 1,
+                    3 => 2,
+                    _ => 0,
+                },
+                ..Job::new(id)
+            })
+            .collect();
+        publish(fixture, &queue, jobs, KEYS).await;
+        let app = start(fixture, &queue, &journal, |m| {
+            let lanes = m.workers(2).by_key();
+            if retry_later {
+                lanes.retry_after(fixed(20))
+            } else {
+                lanes.retry()
+            }
+        })
+        .await;
+        all_acked(&journal, JOBS as usize).await;
+        stop(app).await;
+        let mut by_key: HashMap<String, Vec<u64>> = HashMap::new();
+        for run in journal.runs() {
+            by_key.entry(key(run.id, KEYS)).or_default().push(run.id);
+        }
+        for (key, ids) in by_key {
+            assert!(
+                in_order(&ids),
+                "key {key} out of order (retry later: {retry_later}): {ids:?}"
+            );
+        }
+        fixture.delete(queue).await;
+    }
+}
+
+async fn max_attempts_end_in_the_dead_letter_queue<F: Fixture>(
+    fixture: &F,
+    configure: impl FnOnce(MountOptions) -> MountOptions,
+) {
+    let queue = fixture.declare(QueueSpec::with_dead_letter_queue()).await;
+    let journal = Journal::default();
+    let poison = Job {
+        always_fail: true,
+        ..Job::new(7)
+    };
+    publish(fixture, &queue, vec![poison], 1).await;
+    let app = start(fixture, &queue, &journal, |m| configure(m).max_attempts(3)).await;
+    let dead = dead_lettered(fixture, &queue, 1).await;
+    stop(app).await;
+    let attempts: Vec<u32> = journal.runs_of(7).iter().map(|run| run.attempt).collect();
+    assert_eq!(attempts, [1, 2, 3], "the handler runs once per attempt");
+    assert_eq!(dead.len(), 1);
+    let reason = dead[0].reason.clone().unwrap_or_default();
+    assert!(
+        reason.contains("planned failure") && reason.contains("no attempts left"),
+        "the dead letter carries the policy's reason, not {reason:?}"
+    );
+    fixture.delete(queue).await;
+}
+
+/// `workers(1).retry().max_attempts(3)`: the broker counts the attempts (a classic
+/// RabbitMQ queue keeps no count of its own), and the third failure dead-letters.
+pub async fn max_attempts_ends_in_the_dead_letter_queue_when_the_broker_retries<F: Fixture>(
+    fixture: &F,
+) {
+    max_attempts_end_in_the_dead_letter_queue(fixture, |m| m.workers(1).retry()).await;
+}
+
+/// Lanes retry in place and count the attempts themselves; the third failure
+/// dead-letters.
+pub async fn max_attempts_ends_in_the_dead_letter_queue_when_the_lane_retries<F: Fixture>(
+    fixture: &F,
+) {
+    max_attempts_end_in_the_dead_letter_queue(fixture, |m| m.workers(2).by_key().retry()).await;
+}
+
+/// `reject_on_error`: the first failure dead-letters the message, with the handler's
+/// error as its reason, and the handler never runs again for it.
+pub async fn a_reject_reaches_the_dead_letter_queue_at_once_with_its_reason<F: Fixture>(
+    fixture: &F,
+) {
+    let queue = fixture.declare(QueueSpec::with_dead_letter_queue()).await;
+    let journal = Journal::default();
+    let poison = Job {
+        always_fail: true,
+        ..Job::new(3)
+    };
+    publish(fixture, &queue, vec![poison, Job::new(4)], 2).await;
+    let app = start(fixture, &queue, &journal, |m| {
+        m.workers(2).reject_on_error()
+    })
+    .await;
+    let dead = dead_lettered(fixture, &queue, 1).await;
+    all_acked(&journal, 1).await;
+    stop(app).await;
+    assert_eq!(journal.runs_of(3).len(), 1, "the handler ran once");
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].reason.as_deref(), Some("planned failure"));
+    let job: Job = serde_json::from_slice(&dead[0].payload)
+        .unwrap_or_else(|error| panic!("the dead letter keeps its payload: {error}"));
+    assert_eq!(job.id, 3);
+    fixture.delete(queue).await;
+}
+
+/// A retry-after comes back no sooner than its delay, sub-second delays included, when
+/// the broker holds it (workers) and when the lane does.
+pub async fn retry_after_comes_no_sooner_than_its_delay<F: Fixture>(fixture: &F) {
+    let delays = [300u64, 1500];
+    for lanes in [false, true] {
+        let queue = fixture.declare(QueueSpec::plain()).await;
+        let journal = Journal::default();
+        let jobs = delays
+            .iter()
+            .enumerate()
+            .map(|(id, &ms)| Job {
+                retry_after_ms: Some(ms),
+                ..Job::new(id as u64)
+            })
+            .collect();
+        publish(fixture, &queue, jobs, 2).await;
+        let app = start(fixture, &queue, &journal, |m| {
+            if lanes {
+                m.workers(2).by_key()
+            } else {
+                m.workers(2)
+            }
+        })
+        .await;
+        all_acked(&journal, delays.len()).await;
+        stop(app).await;
+        for (id, &ms) in delays.iter().enumerate() {
+            let runs = journal.runs_of(id as u64);
+            assert_eq!(runs.len(), 2, "job {id}: {runs:?}");
+            let waited = runs[1].started - runs[0].started;
+            assert!(
+                waited >= Duration::from_millis(ms),
+                "job {id} came back after {waited:?}, before its {ms} ms (lanes: {lanes})"
+            );
+        }
+        fixture.delete(queue).await;
+    }
+}
+
+#[derive(Clone, Default)]
+struct Sizes(Arc<Mutex<Vec<usize>>>);
+
+async fn sizes(batch: Batch<Json<Job>>, State(sizes): State<Sizes>) {
+    sizes
+        .0
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(batch.len());
+}
+
+/// Batch handlers get between one and `size` messages, and every message once.
+pub async fn batches_are_never_empty_and_never_larger_than_their_size<F: Fixture>(fixture: &F) {
+    const JOBS: usize = 25;
+    let queue = fixture.declare(QueueSpec::plain()).await;
+    publish(fixture, &queue, (0..JOBS as u64).map(Job::new).collect(), 5).await;
+    let seen = Sizes::default();
+    let app = App::new("conformance")
+        .with_state(seen.clone())
+        .mount(fixture.source(&queue), sizes, |m| m.batch(4))
+        .start()
+        .await
+        .unwrap_or_else(|error| panic!("the app does not start: {error}"));
+    let total = || {
+        seen.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .sum::<usize>()
+    };
+    eventually("every job in some batch", || async { total() >= JOBS }).await;
+    stop(app).await;
+    let sizes = seen
+        .0
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    assert!(sizes.iter().all(|&n| (1..=4).contains(&n)), "{sizes:?}");
+    assert_eq!(total(), JOBS);
+    fixture.delete(queue).await;
+}
+
+/// When the app starts draining, what it received but has not started goes back to the
+/// queue while the running handlers carry on; those then finish and are acked.
+pub async fn draining_hands_back_unstarted_deliveries_while_handlers_run<F: Fixture>(fixture: &F) {
+    const JOBS: u64 = 10;
+    let queue = fixture.declare(QueueSpec::plain()).await;
+    let journal = Journal::gated();
+    publish(fixture, &queue, (0..JOBS).map(Job::new).collect(), JOBS).await;
+    let app = start(fixture, &queue, &journal, |m| m.workers(2)).await;
+    eventually("two handlers at the gate", || async {
+        journal.waiting() == 2
+    })
+    .await;
+    app.stop_receiving();
+    // The queue's hold (visibility, prefetch) outlasts the deadline: only a release passes.
+    eventually("the unstarted jobs back on the queue", || async {
+        fixture.ready(&queue).await == JOBS as usize - 2
+    })
+    .await;
+    assert_eq!(journal.waiting(), 2, "the running handlers still run");
+    journal.open();
+    stop(app).await;
+    assert_eq!(journal.acked().len(), 2);
+    assert_eq!(fixture.ready(&queue).await, JOBS as usize - 2);
+    fixture.delete(queue).await;
+}
+
+/// Five apps in turn, each shut down mid-stream, then a last one: nothing is lost, and
+/// after each shutdown every message not acked is ready again at once.
+pub async fn stopping_and_restarting_mid_stream_loses_nothing<F: Fixture>(fixture: &F) {
+    const JOBS: u64 = 100;
+    let queue = fixture.declare(QueueSpec::plain()).await;
+    let journal = Journal::default();
+    publish(fixture, &queue, (0..JOBS).map(Job::new).collect(), 8).await;
+    for round in 1..=5usize {
+        let app = start(fixture, &queue, &journal, |m| m.workers(3)).await;
+        all_acked(&journal, round * 10).await;
+        stop(app).await;
+        let left = JOBS as usize - journal.acked_distinct();
+        eventually(
+            &format!("{left} jobs ready after shutdown {round}"),
+            || async { fixture.ready(&queue).await == left },
+        )
+        .await;
+    }
+    let app = start(fixture, &queue, &journal, |m| m.workers(3)).await;
+    all_acked(&journal, JOBS as usize).await;
+    stop(app).await;
+    if !fixture.may_duplicate() {
+        assert_eq!(
+            journal.acked().len(),
+            JOBS as usize,
+            "a message was handled twice"
+        );
+    }
+    fixture.delete(queue).await;
+}
+
+/// A job whose decoder panics when its id is 1.
+struct Touchy(Job);
+
+impl FromPayload for Touchy {
+    fn from_payload(payload: &Bytes) -> Result<Self, DecodeError> {
+        let Json(job) = Json::<Job>::from_payload(payload)?;
+        assert!(job.id != 1, "the decoder panics on job 1");
+        Ok(Touchy(job))
+    }
+}
+
+/// An extractor that panics on a message with a `boom` header.
+struct Fussy;
+
+impl FromDelivery for Fussy {
+    fn from_delivery(delivery: &Delivery, _: &Context) -> Result<Self, Rejection> {
+        assert!(!delivery.headers().contains("boom"), "the extractor panics");
+        Ok(Fussy)
+    }
+}
+
+async fn touchy(Touchy(job): Touchy, _: Fussy, State(journal): State<Journal>) {
+    assert!(!job.panic, "the handler panics");
+    journal.start().await;
+    journal.finish(crate::journal::Run {
+        id: job.id,
+        key: None,
+        attempt: 1,
+        started: tokio::time::Instant::now(),
+        acked: true,
+    });
+}
+
+/// Panics while decoding, in an extractor and in the handler each dead-letter their
+/// message; the other messages are handled and the app shuts down cleanly.
+pub async fn a_panic_in_decode_an_extractor_or_a_handler_leaves_the_service_up<F: Fixture>(
+    fixture: &F,
+) {
+    let queue = fixture.declare(QueueSpec::with_dead_letter_queue()).await;
+    let journal = Journal::default();
+    let mut messages = Vec::new();
+    for id in 0..10u64 {
+        let job = Job {
+            panic: id == 3,
+            ..Job::new(id)
+        };
+        let mut message = Message::json(&job)
+            .unwrap_or_else(|error| panic!("cannot encode: {error}"))
+            .partition_key(key(id, 3));
+        if id == 2 {
+            message = message.header("boom", "1");
+        }
+        messages.push(message);
+    }
+    if let Err(error) = fixture
+        .publisher()
+        .publish_batch(&queue.name, messages)
+        .await
+    {
+        panic!("cannot publish: {error}");
+    }
+    let app = App::new("conformance")
+        .with_state(journal.clone())
+        .mount(fixture.source(&queue), touchy, |m| {
+            m.workers(2).by_key().reject_on_error()
+        })
+        .start()
+        .await
+        .unwrap_or_else(|error| panic!("the app does not start: {error}"));
+    let dead = dead_lettered(fixture, &queue, 3).await;
+    all_acked(&journal, 7).await;
+    stop(app).await;
+    let mut reasons: Vec<String> = dead.into_iter().filter_map(|d| d.reason).collect();
+    reasons.sort();
+    assert_eq!(reasons.len(), 3, "{reasons:?}");
+    for (reason, expected) in reasons.iter().zip([
+        "handler panicked: the decoder panics on job 1",
+        "handler panicked: the extractor panics",
+        "handler panicked: the handler panics",
+    ]) {
+        assert_eq!(reason, expected);
+    }
+    fixture.delete(queue).await;
+}
