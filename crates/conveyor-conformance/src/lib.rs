@@ -25,7 +25,7 @@ pub mod scenarios;
 use std::future::Future;
 use std::time::Duration;
 
-use conveyor::{Bytes, Publisher, Source};
+use conveyor::{Bytes, Publisher, Settlement, Source, SubscribeSettings, Subscriber};
 
 pub use journal::Journal;
 
@@ -121,6 +121,29 @@ pub trait Fixture: Send + Sync + 'static {
     fn may_duplicate(&self) -> bool {
         false
     }
+}
+
+/// Takes (and acks) every message `source` has ready, as dead letters, into `into`: for
+/// fixtures that read a dead-letter queue with their own transport. A receive that brings
+/// nothing within `wait` ends it; what it misses is taken on the next call.
+pub async fn collect_dead_letters<S: Source>(source: S, wait: Duration, into: &mut Vec<DeadLetter>) {
+    let queue = source.queue_name().to_string();
+    let mut subscriber = match source.subscribe(SubscribeSettings::new(10)).await {
+        Ok(subscriber) => subscriber,
+        Err(error) => panic!("cannot read the dead-letter queue `{queue}`: {error}"),
+    };
+    while let Ok(Some(Ok(delivery))) = tokio::time::timeout(wait, subscriber.recv()).await {
+        into.push(DeadLetter {
+            payload: delivery.payload().clone(),
+            reason: delivery
+                .headers()
+                .get_str(conveyor::REJECT_REASON_HEADER)
+                .map(str::to_string),
+        });
+        delivery.settle(Settlement::Ack);
+    }
+    subscriber.stop_receiving().await;
+    subscriber.close().await;
 }
 
 /// How long a scenario may wait for any one condition.

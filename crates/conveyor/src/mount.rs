@@ -56,8 +56,8 @@ pub(crate) const LANE_BUFFER: usize = 1;
 
 impl MountOptions {
     /// Runs up to `n` handlers at once, finishing in any order. While `n` are in flight
-    /// the subscription reads nothing further. Follow with [`by_key`](Self::by_key) for
-    /// ordered lanes.
+    /// the subscription reads nothing further. A retry goes back to the broker. Follow
+    /// with [`by_key`](Self::by_key) for ordered lanes.
     pub fn workers(mut self, n: usize) -> Self {
         self.dispatch = Dispatch::Workers(n);
         self
@@ -66,6 +66,10 @@ impl MountOptions {
     /// Turns `workers(n)` into `n` ordered lanes keyed by the partition key: one key never
     /// spreads over two lanes, a lane runs its deliveries one at a time in arrival order,
     /// and deliveries without a key rotate over the lanes. Alone, it means one lane.
+    ///
+    /// A lane retries a failed delivery in place, after its backoff, before it runs the
+    /// next one, so each key keeps its order across retries; meanwhile the lane's other
+    /// keys wait.
     pub fn by_key(mut self) -> Self {
         self.dispatch = match self.dispatch {
             Dispatch::Workers(n) | Dispatch::Lanes(n) => Dispatch::Lanes(n),

@@ -5,7 +5,8 @@
 //! partition key, so one key never spreads over two lanes; keyless deliveries rotate.
 //! When the chosen lane is full the dispatcher waits instead of passing another delivery
 //! ahead, so nothing is reordered and read-ahead stays at `n` running, `n` waiting in
-//! lanes and one in the dispatcher's hand.
+//! lanes and one in the dispatcher's hand. A lane retries a failed delivery in place
+//! (`Retries::InPlace`), so a key keeps its order across retries.
 
 use std::sync::Arc;
 

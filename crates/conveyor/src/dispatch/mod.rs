@@ -5,6 +5,12 @@
 //! finished. The modes differ only in who runs `handle_one`: the mount's own loop
 //! (sequential), `n` long-lived workers (`workers(n)`) or `n` keyed lanes
 //! (`workers(n).by_key()`, see [`lane_for_key`]). No mode spawns a task per delivery.
+//!
+//! Sequential mounts and lanes retry a failed delivery in place, holding it through its
+//! backoff, so a key's order holds across retries; workers and batches hand retries back
+//! to the broker. When the app starts draining, each mode stops taking deliveries, lets
+//! the subscriber hand back what it holds (`Subscriber::stop_receiving`), waits for its
+//! running handlers and closes the subscriber.
 
 mod batch;
 mod lanes;
