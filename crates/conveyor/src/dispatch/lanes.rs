@@ -61,8 +61,8 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
     let end: End = loop {
         let received = tokio::select! {
             biased;
-            died = task_died(&mut tasks) => break End::Failed(task_error(&died, &run)),
             received = receive(&mut subscriber, &mut run) => received,
+            died = task_died(&mut tasks) => break End::Failed(task_error(&died, &run)),
         };
         let mut delivery = match received {
             Received::Delivery(delivery) => delivery,
@@ -80,11 +80,11 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
             biased;
             // The delivery inside the dropped send is released.
             () = run.shutdown.requested() => break End::Stopped,
-            died = task_died(&mut tasks) => break End::Failed(task_error(&died, &run)),
             sent = lanes[lane].send(delivery) => if sent.is_err() {
                 let died = task_died(&mut tasks).await;
                 break End::Failed(task_error(&died, &run));
             },
+            died = task_died(&mut tasks) => break End::Failed(task_error(&died, &run)),
         }
     };
     drop(lanes);

@@ -194,6 +194,9 @@ pub(crate) async fn receive<S: Subscriber>(subscriber: &mut S, run: &mut Run) ->
 
 /// Resolves once one of a mount's tasks (a worker, a lane) has died. A task that ends
 /// normally (at shutdown) is no news.
+///
+/// Dispatch loops race it last in a biased `select!`: it is polled only when the
+/// dispatcher would wait anyway, so a busy mount never pays for polling the tasks.
 pub(crate) async fn task_died(tasks: &mut JoinSet<()>) -> JoinError {
     loop {
         match tasks.join_next().await {

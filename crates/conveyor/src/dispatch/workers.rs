@@ -40,16 +40,16 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
         let permit = tokio::select! {
             biased;
             () = run.shutdown.requested() => break End::Stopped,
-            died = task_died(&mut workers) => break End::Failed(task_error(&died, &run)),
             permit = permits.clone().acquire_owned() => match permit {
                 Ok(permit) => permit,
                 Err(_) => break End::Stopped, // never closed; stop rather than spin
             },
+            died = task_died(&mut workers) => break End::Failed(task_error(&died, &run)),
         };
         let received = tokio::select! {
             biased;
-            died = task_died(&mut workers) => break End::Failed(task_error(&died, &run)),
             received = receive(&mut subscriber, &mut run) => received,
+            died = task_died(&mut workers) => break End::Failed(task_error(&died, &run)),
         };
         match received {
             Received::Delivery(delivery) => {
