@@ -126,7 +126,11 @@ pub trait Fixture: Send + Sync + 'static {
 /// Takes (and acks) every message `source` has ready, as dead letters, into `into`: for
 /// fixtures that read a dead-letter queue with their own transport. A receive that brings
 /// nothing within `wait` ends it; what it misses is taken on the next call.
-pub async fn collect_dead_letters<S: Source>(source: S, wait: Duration, into: &mut Vec<DeadLetter>) {
+pub async fn collect_dead_letters<S: Source>(
+    source: S,
+    wait: Duration,
+    into: &mut Vec<DeadLetter>,
+) {
     let queue = source.queue_name().to_string();
     let mut subscriber = match source.subscribe(SubscribeSettings::new(10)).await {
         Ok(subscriber) => subscriber,

@@ -390,29 +390,38 @@ pub async fn batches_are_never_empty_and_never_larger_than_their_size<F: Fixture
 }
 
 /// When the app starts draining, what it received but has not started goes back to the
-/// queue while the running handlers carry on; those then finish and are acked.
+/// queue while the running handlers carry on; those then finish and are acked. Both for
+/// workers and for a sequential mount (whose transport may read ahead of it).
 pub async fn draining_hands_back_unstarted_deliveries_while_handlers_run<F: Fixture>(fixture: &F) {
     const JOBS: u64 = 10;
-    let queue = fixture.declare(QueueSpec::plain()).await;
-    let journal = Journal::gated();
-    publish(fixture, &queue, (0..JOBS).map(Job::new).collect(), JOBS).await;
-    let app = start(fixture, &queue, &journal, |m| m.workers(2)).await;
-    eventually("two handlers at the gate", || async {
-        journal.waiting() == 2
-    })
-    .await;
-    app.stop_receiving();
-    // The queue's hold (visibility, prefetch) outlasts the deadline: only a release passes.
-    eventually("the unstarted jobs back on the queue", || async {
-        fixture.ready(&queue).await == JOBS as usize - 2
-    })
-    .await;
-    assert_eq!(journal.waiting(), 2, "the running handlers still run");
-    journal.open();
-    stop(app).await;
-    assert_eq!(journal.acked().len(), 2);
-    assert_eq!(fixture.ready(&queue).await, JOBS as usize - 2);
-    fixture.delete(queue).await;
+    for running in [2usize, 1] {
+        let queue = fixture.declare(QueueSpec::plain()).await;
+        let journal = Journal::gated();
+        publish(fixture, &queue, (0..JOBS).map(Job::new).collect(), JOBS).await;
+        let app = start(fixture, &queue, &journal, |m| {
+            if running > 1 { m.workers(running) } else { m }
+        })
+        .await;
+        eventually(&format!("{running} handlers at the gate"), || async {
+            journal.waiting() == running
+        })
+        .await;
+        app.stop_receiving();
+        // The queue's hold (visibility, prefetch) outlasts the deadline: only a release
+        // passes.
+        let unstarted = JOBS as usize - running;
+        eventually(
+            &format!("{unstarted} unstarted jobs back on the queue"),
+            || async { fixture.ready(&queue).await == unstarted },
+        )
+        .await;
+        assert_eq!(journal.waiting(), running, "the running handlers still run");
+        journal.open();
+        stop(app).await;
+        assert_eq!(journal.acked().len(), running);
+        assert_eq!(fixture.ready(&queue).await, unstarted);
+        fixture.delete(queue).await;
+    }
 }
 
 /// Five apps in turn, each shut down mid-stream, then a last one: nothing is lost, and

@@ -19,8 +19,8 @@ use crate::message::Message;
 #[non_exhaustive]
 pub struct SubscribeSettings {
     /// How many deliveries the mount can hold at most: running, waiting for a lane, or
-    /// being gathered into a batch. A transport sizes its read-ahead from it (SQS asks
-    /// for no more than this, RabbitMQ's default prefetch covers it).
+    /// being gathered into a batch. A transport sizes its read-ahead from it (RabbitMQ's
+    /// default prefetch covers it; the SQS pump receives again once the mount has room).
     pub max_in_flight: usize,
     /// The batch size of a batch mount, `None` for a single-delivery handler.
     pub batch_size: Option<usize>,

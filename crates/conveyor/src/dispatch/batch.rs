@@ -6,7 +6,7 @@ use std::sync::Arc;
 use futures_util::FutureExt;
 
 use super::settle::{Failure, REJECTED_BY_HANDLER, settle_failed};
-use super::{End, RetryPause, Run, finish};
+use super::{End, RetryPause, Run, finish, run_then_drain};
 use crate::batch::{Batch, BatchOutcome, IntoBatchOutcome};
 use crate::delivery::Delivery;
 use crate::error::Error;
@@ -24,6 +24,8 @@ pub(super) async fn drive<H: CallBatch, S: Subscriber>(
     let size = run.options.batch_size().unwrap_or(DEFAULT_BATCH_SIZE);
     let mut gathered = Vec::with_capacity(size);
     let mut pause = RetryPause::new();
+    let mut draining = run.shutdown.clone();
+    let mut stopped = false;
     let end = loop {
         let received = tokio::select! {
             biased;
@@ -36,11 +38,15 @@ pub(super) async fn drive<H: CallBatch, S: Subscriber>(
             Some(Ok(())) => {
                 pause.reset();
                 // Past the shutdown timeout the batch is dropped, its deliveries released.
-                let cancelled = tokio::select! {
-                    biased;
-                    () = handle_batch(&*handler, &mut gathered, &run) => false,
-                    () = run.shutdown.cancelled() => true,
+                let handled = async {
+                    tokio::select! {
+                        biased;
+                        () = handle_batch(&*handler, &mut gathered, &run) => false,
+                        () = run.shutdown.cancelled() => true,
+                    }
                 };
+                let cancelled =
+                    run_then_drain(handled, &mut subscriber, &mut draining, &mut stopped).await;
                 if cancelled {
                     gathered.clear();
                 }
@@ -54,7 +60,9 @@ pub(super) async fn drive<H: CallBatch, S: Subscriber>(
         }
     };
     drop(gathered);
-    subscriber.stop_receiving().await;
+    if !stopped {
+        subscriber.stop_receiving().await;
+    }
     finish(subscriber, &run, end).await
 }
 

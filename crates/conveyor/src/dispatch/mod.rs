@@ -18,6 +18,7 @@ mod sequential;
 mod settle;
 mod workers;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -188,6 +189,29 @@ pub(crate) async fn receive<S: Subscriber>(subscriber: &mut S, run: &mut Run) ->
         };
         if !pause.after(&error, run).await {
             return Received::Stop;
+        }
+    }
+}
+
+/// Runs a mount's own work on one delivery or batch (sequential and batch mounts) to its
+/// end. If the app starts draining meanwhile, the subscriber stops receiving at once, so
+/// what it holds goes back to the broker while the work goes on; `stopped` records it.
+pub(crate) async fn run_then_drain<S: Subscriber, T>(
+    work: impl Future<Output = T>,
+    subscriber: &mut S,
+    draining: &mut Shutdown,
+    stopped: &mut bool,
+) -> T {
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            biased;
+            // Polled first: work that finishes at once never polls the shutdown.
+            done = &mut work => return done,
+            () = draining.requested(), if !*stopped => {
+                subscriber.stop_receiving().await;
+                *stopped = true;
+            }
         }
     }
 }

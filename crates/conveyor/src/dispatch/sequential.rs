@@ -2,27 +2,33 @@
 
 use std::sync::Arc;
 
-use super::{End, Received, Retries, Run, finish, handle_one, receive};
+use super::{End, Received, Retries, Run, finish, handle_one, receive, run_then_drain};
 use crate::error::Error;
 use crate::handler::CallOne;
 use crate::transport::Subscriber;
 
 /// Nothing runs side by side and the queue's order holds, retries included: a delivery to
-/// retry runs again before the next one is taken. The handler's future lives on this
-/// loop's stack: no task, no allocation per delivery.
+/// retry runs again before the next one is taken. When the app starts draining while a
+/// handler runs, the subscriber stops receiving at once, handing back what it read ahead.
+/// The handler's future lives on this loop's stack: no task, no allocation per delivery.
 pub(super) async fn drive<H: CallOne, S: Subscriber>(
     handler: Arc<H>,
     mut subscriber: S,
     mut run: Run,
 ) -> Result<(), Error> {
+    let mut draining = run.shutdown.clone();
+    let mut stopped = false;
     let end: End = loop {
         match receive(&mut subscriber, &mut run).await {
             Received::Delivery(delivery) => {
-                handle_one(&*handler, delivery, &run, Retries::InPlace).await;
+                let handled = handle_one(&*handler, delivery, &run, Retries::InPlace);
+                run_then_drain(handled, &mut subscriber, &mut draining, &mut stopped).await;
             }
             other => break other.into(),
         }
     };
-    subscriber.stop_receiving().await;
+    if !stopped {
+        subscriber.stop_receiving().await;
+    }
     finish(subscriber, &run, end).await
 }
