@@ -11,7 +11,7 @@ use aws_sdk_sqs::primitives::Blob;
 use aws_sdk_sqs::types::{
     Message as SqsMessage, MessageAttributeValue, MessageSystemAttributeName,
 };
-use conveyor::{Bytes, Headers, MessageParts, PartitionKey};
+use conveyor::{Bytes, Headers, MessageParts, PartitionKey, REJECT_REASON_HEADER};
 
 use crate::error::SqsError;
 
@@ -35,14 +35,70 @@ pub(crate) struct Outgoing {
 
 /// Maps a message's body and headers onto SQS, refusing what SQS would refuse.
 pub(crate) fn encode(queue: &str, parts: &MessageParts) -> Result<Outgoing, SqsError> {
-    let invalid = |reason: String| SqsError::InvalidMessage {
-        queue: queue.to_string(),
-        reason,
-    };
-    let mut attributes = HashMap::new();
-    let mut size = 0;
-    let mut add = |name: &str, value: &[u8]| -> Result<(), SqsError> {
-        check_attribute_name(name).map_err(invalid)?;
+    let mut attributes = Attributes::new(queue);
+    for (name, value) in parts.headers.iter() {
+        if !name.eq_ignore_ascii_case(PARTITION_KEY_HEADER) {
+            attributes.add(name, value)?;
+        }
+    }
+    if let Some(content_type) = &parts.content_type {
+        attributes.add("content-type", content_type.as_bytes())?;
+    }
+    if let Some(id) = &parts.correlation_id {
+        attributes.add("correlation-id", id.as_bytes())?;
+    }
+    attributes.finish(&parts.payload)
+}
+
+/// A rejected message on its way to a dead-letter queue: its payload and headers as
+/// received, and `reason` in the [`REJECT_REASON_HEADER`] attribute (replacing one an
+/// earlier rejection left).
+pub(crate) fn encode_dead_letter(
+    queue: &str,
+    payload: &[u8],
+    headers: &Headers,
+    reason: Option<&str>,
+) -> Result<Outgoing, SqsError> {
+    let mut attributes = Attributes::new(queue);
+    for (name, value) in headers.iter() {
+        if !name.eq_ignore_ascii_case(PARTITION_KEY_HEADER)
+            && !name.eq_ignore_ascii_case(REJECT_REASON_HEADER)
+        {
+            attributes.add(name, value)?;
+        }
+    }
+    if let Some(reason) = reason {
+        attributes.add(REJECT_REASON_HEADER, reason.as_bytes())?;
+    }
+    attributes.finish(payload)
+}
+
+/// Message attributes being gathered for one message, with the size SQS counts.
+struct Attributes<'q> {
+    queue: &'q str,
+    map: HashMap<String, MessageAttributeValue>,
+    size: usize,
+}
+
+impl<'q> Attributes<'q> {
+    fn new(queue: &'q str) -> Self {
+        Attributes {
+            queue,
+            map: HashMap::new(),
+            size: 0,
+        }
+    }
+
+    fn invalid(&self, reason: String) -> SqsError {
+        SqsError::InvalidMessage {
+            queue: self.queue.to_string(),
+            reason,
+        }
+    }
+
+    /// Adds `value` as a `String` attribute where SQS takes it as text, else `Binary`.
+    fn add(&mut self, name: &str, value: &[u8]) -> Result<(), SqsError> {
+        check_attribute_name(name).map_err(|reason| self.invalid(reason))?;
         let (data_type, attribute) = match std::str::from_utf8(value) {
             Ok(text) if !text.is_empty() && text.chars().all(sqs_allows) => (
                 "String",
@@ -59,41 +115,34 @@ pub(crate) fn encode(queue: &str, parts: &MessageParts) -> Result<Outgoing, SqsE
         };
         let attribute = attribute
             .build()
-            .map_err(|e| invalid(format!("header `{name}`: {e}")))?;
-        size += name.len() + data_type.len() + value.len();
-        attributes.insert(name.to_string(), attribute);
+            .map_err(|e| self.invalid(format!("header `{name}`: {e}")))?;
+        self.size += name.len() + data_type.len() + value.len();
+        self.map.insert(name.to_string(), attribute);
         Ok(())
-    };
-    for (name, value) in parts.headers.iter() {
-        if !name.eq_ignore_ascii_case(PARTITION_KEY_HEADER) {
-            add(name, value)?;
+    }
+
+    /// The body (base64 where SQS cannot carry it as text), checked against SQS's limit
+    /// on attributes.
+    fn finish(mut self, payload: &[u8]) -> Result<Outgoing, SqsError> {
+        let body = match std::str::from_utf8(payload) {
+            Ok(text) if text.chars().all(sqs_allows) && !text.is_empty() => text.to_string(),
+            _ => {
+                self.add(BODY_ENCODING_ATTRIBUTE, b"base64")?;
+                aws_smithy_types::base64::encode(payload)
+            }
+        };
+        if self.map.len() > MAX_ATTRIBUTES {
+            return Err(self.invalid(format!(
+                "{} message attributes (headers and properties); SQS carries at most {MAX_ATTRIBUTES}",
+                self.map.len()
+            )));
         }
+        Ok(Outgoing {
+            size: self.size + body.len(),
+            body,
+            attributes: self.map,
+        })
     }
-    if let Some(content_type) = &parts.content_type {
-        add("content-type", content_type.as_bytes())?;
-    }
-    if let Some(id) = &parts.correlation_id {
-        add("correlation-id", id.as_bytes())?;
-    }
-    let body = match std::str::from_utf8(&parts.payload) {
-        Ok(text) if text.chars().all(sqs_allows) && !text.is_empty() => text.to_string(),
-        _ => {
-            add(BODY_ENCODING_ATTRIBUTE, b"base64")?;
-            aws_smithy_types::base64::encode(&parts.payload)
-        }
-    };
-    if attributes.len() > MAX_ATTRIBUTES {
-        return Err(invalid(format!(
-            "{} message attributes (headers and properties); SQS carries at most {MAX_ATTRIBUTES}",
-            attributes.len()
-        )));
-    }
-    size += body.len();
-    Ok(Outgoing {
-        body,
-        attributes,
-        size,
-    })
 }
 
 /// What a received SQS message becomes: payload, headers and partition key.
@@ -206,6 +255,28 @@ mod tests {
         }
         let error = encode("q", &message.into_parts()).err().expect("refused");
         assert!(error.to_string().contains("at most 10"), "{error}");
+    }
+
+    #[test]
+    fn a_dead_letter_carries_payload_headers_and_the_reason() {
+        let mut headers = Headers::new();
+        headers.insert("x-tenant", "acme");
+        headers.insert(PARTITION_KEY_HEADER, "alice");
+        headers.insert(REJECT_REASON_HEADER, "an earlier reason");
+        let outgoing = encode_dead_letter("dead", &[0u8, 0xff], &headers, Some("bad input"))
+            .expect("encodable");
+        let received = SqsMessage::builder()
+            .body(outgoing.body)
+            .set_message_attributes(Some(outgoing.attributes))
+            .build();
+        let (payload, headers, _) = decode(&received);
+        assert_eq!(payload.as_ref(), &[0u8, 0xff]);
+        assert_eq!(headers.get_str("x-tenant"), Some("acme"));
+        assert_eq!(headers.get_str(REJECT_REASON_HEADER), Some("bad input"));
+        assert!(
+            !headers.contains(PARTITION_KEY_HEADER),
+            "the group travels as the FIFO group, not as an attribute"
+        );
     }
 
     #[test]

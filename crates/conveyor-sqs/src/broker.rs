@@ -12,7 +12,7 @@ use aws_sdk_sqs::types::QueueAttributeName;
 use conveyor::Error;
 
 use crate::error::SqsError;
-use crate::queue::{QueueInfo, QueueSpec};
+use crate::queue::{DeadLetterTarget, QueueInfo, QueueSpec};
 use crate::subscriber::SqsQueue;
 
 /// How the transport polls, hides and settles messages.
@@ -156,7 +156,7 @@ impl SqsBrokerBuilder {
             return Err(config("wait_time is at most 20 s"));
         }
         if settings.visibility_timeout < Duration::from_secs(1)
-            || settings.visibility_timeout > crate::extender::MAX_VISIBILITY
+            || settings.visibility_timeout > crate::settle::MAX_VISIBILITY
         {
             return Err(config("visibility_timeout is between 1 s and 12 h"));
         }
@@ -360,6 +360,50 @@ impl SqsBroker {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .insert(name_or_url.to_string(), info.clone());
+        Ok(info)
+    }
+
+    /// The dead-letter queue a redrive policy names by ARN: its URL from its name and
+    /// owning account, then its attributes; cached under the ARN.
+    pub(crate) async fn resolve_dead_letter(
+        &self,
+        target: &DeadLetterTarget,
+    ) -> Result<Arc<QueueInfo>, SqsError> {
+        if let Some(known) = self
+            .inner
+            .queues
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(&target.arn)
+        {
+            return Ok(known.clone());
+        }
+        let found = self
+            .inner
+            .client
+            .get_queue_url()
+            .queue_name(&target.name)
+            .queue_owner_aws_account_id(&target.account)
+            .send()
+            .await
+            .map_err(|e| {
+                if e.as_service_error()
+                    .is_some_and(|s| s.is_queue_does_not_exist())
+                {
+                    SqsError::NoSuchQueue(target.arn.clone())
+                } else {
+                    SqsError::call("GetQueueUrl", &target.name, e)
+                }
+            })?;
+        let url = found
+            .queue_url()
+            .ok_or_else(|| SqsError::NoSuchQueue(target.arn.clone()))?;
+        let info = self.resolve(url).await?;
+        self.inner
+            .queues
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(target.arn.clone(), info.clone());
         Ok(info)
     }
 }

@@ -1,6 +1,7 @@
 //! The SQS transport's errors.
 
-use aws_sdk_sqs::error::{DisplayErrorContext, SdkError};
+use aws_sdk_sqs::config::http::HttpResponse;
+use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 
 /// What can go wrong talking to SQS, each naming the queue it concerns.
 #[derive(Debug, thiserror::Error)]
@@ -58,5 +59,103 @@ impl SqsError {
             queue: queue.to_string(),
             message: DisplayErrorContext(&error).to_string(),
         }
+    }
+}
+
+/// Whether a failed call can never succeed by trying again: the queue is gone, access is
+/// denied, the credentials are refused, or SQS refused the request itself (any other 4xx
+/// but throttling and timeouts). Timeouts, connection failures, 5xx and throttling may
+/// heal, and so may anything this transport does not recognise.
+pub(crate) fn cannot_heal<E>(error: &SdkError<E, HttpResponse>) -> bool
+where
+    E: ProvideErrorMetadata,
+{
+    match error {
+        SdkError::ServiceError(context) => {
+            refused_for_good(context.raw().status().as_u16(), context.err().code())
+        }
+        _ => false,
+    }
+}
+
+/// Error codes that heal with time (throttling, expiring credentials a provider renews,
+/// SQS's own trouble), whatever their HTTP status.
+const TRANSIENT_CODES: &[&str] = &[
+    "ThrottlingException",
+    "Throttling",
+    "RequestThrottled",
+    "RequestThrottledException",
+    "TooManyRequestsException",
+    "SlowDown",
+    "OverLimit",
+    "KmsThrottled",
+    "RequestTimeout",
+    "RequestTimeoutException",
+    "RequestExpired",
+    "ExpiredToken",
+    "ExpiredTokenException",
+    "InternalError",
+    "InternalFailure",
+    "ServiceUnavailable",
+];
+
+/// Error codes that never heal by retrying, whatever their HTTP status.
+const PERMANENT_CODES: &[&str] = &[
+    "QueueDoesNotExist",
+    "AWS.SimpleQueueService.NonExistentQueue",
+    "AccessDenied",
+    "AccessDeniedException",
+    "InvalidClientTokenId",
+    "UnrecognizedClientException",
+    "SignatureDoesNotMatch",
+    "InvalidAccessKeyId",
+    "MissingAuthenticationToken",
+    "InvalidSecurity",
+    "InvalidAddress",
+    "KmsAccessDenied",
+    "KmsDisabled",
+    "KmsNotFound",
+    "KmsInvalidState",
+    "KmsInvalidKeyUsage",
+    "KmsOptInRequired",
+];
+
+fn refused_for_good(status: u16, code: Option<&str>) -> bool {
+    let code = code.unwrap_or_default();
+    if TRANSIENT_CODES.contains(&code) {
+        return false;
+    }
+    PERMANENT_CODES.contains(&code)
+        || ((400..500).contains(&status) && !matches!(status, 408 | 429))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_queue_and_refused_access_cannot_heal() {
+        assert!(refused_for_good(
+            400,
+            Some("AWS.SimpleQueueService.NonExistentQueue")
+        ));
+        assert!(refused_for_good(400, Some("QueueDoesNotExist")));
+        assert!(refused_for_good(403, Some("AccessDenied")));
+        assert!(refused_for_good(403, Some("InvalidClientTokenId")));
+        assert!(refused_for_good(400, Some("KmsAccessDenied")));
+        assert!(refused_for_good(400, Some("InvalidParameterValue")));
+    }
+
+    #[test]
+    fn throttling_timeouts_and_server_errors_heal() {
+        assert!(!refused_for_good(400, Some("ThrottlingException")));
+        assert!(!refused_for_good(400, Some("RequestThrottled")));
+        assert!(!refused_for_good(403, Some("OverLimit")));
+        assert!(!refused_for_good(400, Some("KmsThrottled")));
+        assert!(!refused_for_good(429, None));
+        assert!(!refused_for_good(408, None));
+        assert!(!refused_for_good(500, Some("InternalError")));
+        assert!(!refused_for_good(503, None));
+        assert!(!refused_for_good(502, Some("SomethingNew")));
     }
 }

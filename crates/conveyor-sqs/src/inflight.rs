@@ -1,68 +1,199 @@
-//! Every message received and not yet settled: its receipt handle and how long SQS keeps
-//! it hidden.
+//! Every message received and not yet finished with: its receipt handle, how long SQS
+//! keeps it hidden, and, once settled, the settlement still to be carried out.
+//!
+//! An entry stays here until the keeper has made its settlement's call, so a settlement
+//! not yet sent still counts against the pump's room: a keeper that cannot reach SQS stops
+//! the pump from receiving more, and what waits for it is bounded.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use conveyor::{Bytes, Headers, PartitionKey};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// One unsettled message.
+/// What a settlement asks of SQS.
+#[derive(Debug)]
+pub(crate) enum Op {
+    /// `DeleteMessageBatch`.
+    Delete,
+    /// `ChangeMessageVisibilityBatch` to this many seconds (0: visible again now).
+    Hide { seconds: i32 },
+    /// Send to the dead-letter queue, then delete.
+    Reject(Box<Rejected>),
+}
+
+/// A rejected message, kept until it is in the dead-letter queue.
+#[derive(Debug)]
+pub(crate) struct Rejected {
+    pub(crate) reason: String,
+    /// The attempt that ended in the rejection.
+    pub(crate) attempt: u32,
+    pub(crate) payload: Bytes,
+    pub(crate) headers: Headers,
+    pub(crate) partition_key: Option<PartitionKey>,
+}
+
+/// Where an entry is in its life.
+#[derive(Debug)]
+enum State {
+    /// Received, not settled: the keeper keeps it hidden.
+    Held,
+    /// Settled; the keeper has not taken its settlement yet.
+    Settled(Op),
+    /// The keeper is making its settlement's call.
+    Settling,
+}
+
+/// One message received and not finished with.
 #[derive(Debug)]
 pub(crate) struct Entry {
     pub(crate) receipt: String,
+    /// SQS's message id: a FIFO dead-letter queue deduplicates by it.
+    pub(crate) message_id: Option<String>,
     pub(crate) received_at: Instant,
     pub(crate) visible_at: Instant,
+    state: State,
 }
 
-/// The unsettled messages of one subscription, shared by its pump (which adds them), its
-/// deliveries' settler (which removes them) and its visibility extender (which renews
+/// A settlement taken by the keeper, to carry out.
+#[derive(Debug)]
+pub(crate) struct Pending {
+    pub(crate) tag: u64,
+    pub(crate) receipt: String,
+    pub(crate) message_id: Option<String>,
+    pub(crate) op: Op,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    entries: HashMap<u64, Entry>,
+    /// Tags of settled entries, in the order they were settled.
+    settled: Vec<u64>,
+}
+
+/// The messages of one subscription, shared by its pump (which adds them), its
+/// deliveries' settler (which settles them) and its keeper (which renews and finishes
 /// them).
 #[derive(Debug, Default)]
 pub(crate) struct InFlight {
-    entries: Mutex<HashMap<u64, Entry>>,
+    table: Mutex<Table>,
     next_tag: AtomicU64,
-    /// Notified whenever a message is settled.
+    /// Wakes the keeper when a message is settled.
     pub(crate) settled: Notify,
+    /// Wakes the pump when messages are finished with, making room.
+    pub(crate) room: Notify,
 }
 
 impl InFlight {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Entry>> {
-        self.entries
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Records a message hidden for `visibility` from now; returns its delivery tag.
-    pub(crate) fn insert(&self, receipt: String, visibility: Duration) -> u64 {
+    pub(crate) fn insert(
+        &self,
+        receipt: String,
+        message_id: Option<String>,
+        visibility: Duration,
+    ) -> u64 {
         let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
         let now = Instant::now();
-        self.lock().insert(
+        self.lock().entries.insert(
             tag,
             Entry {
                 receipt,
+                message_id,
                 received_at: now,
                 visible_at: now + visibility,
+                state: State::Held,
             },
         );
         tag
     }
 
-    /// Forgets a settled message.
-    pub(crate) fn remove(&self, tag: u64) -> Option<Entry> {
-        let entry = self.lock().remove(&tag);
-        self.settled.notify_waiters();
-        entry
+    /// Settles `tag` with the op `make` chooses for it. Returns `false` (and does
+    /// nothing) if `tag` is unknown or already settled.
+    pub(crate) fn settle(&self, tag: u64, make: impl FnOnce(&Entry) -> Op) -> bool {
+        {
+            let mut table = self.lock();
+            let Some(entry) = table.entries.get_mut(&tag) else {
+                return false;
+            };
+            if !matches!(entry.state, State::Held) {
+                return false;
+            }
+            entry.state = State::Settled(make(entry));
+            table.settled.push(tag);
+        }
+        self.settled.notify_one();
+        true
     }
 
+    /// How many settlements wait for the keeper.
+    pub(crate) fn settled_count(&self) -> usize {
+        self.lock().settled.len()
+    }
+
+    /// Takes every settlement waiting for the keeper. Their entries stay (and count) until
+    /// [`finish`](Self::finish).
+    pub(crate) fn take_settled(&self) -> Vec<Pending> {
+        let mut table = self.lock();
+        let Table { entries, settled } = &mut *table;
+        settled
+            .drain(..)
+            .filter_map(|tag| {
+                let entry = entries.get_mut(&tag)?;
+                match std::mem::replace(&mut entry.state, State::Settling) {
+                    State::Settled(op) => Some(Pending {
+                        tag,
+                        receipt: std::mem::take(&mut entry.receipt),
+                        message_id: entry.message_id.take(),
+                        op,
+                    }),
+                    other => {
+                        entry.state = other;
+                        None
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// Forgets messages whose settlement was carried out (or given up on).
+    pub(crate) fn finish(&self, tags: impl IntoIterator<Item = u64>) {
+        {
+            let mut table = self.lock();
+            for tag in tags {
+                table.entries.remove(&tag);
+            }
+        }
+        self.room.notify_waiters();
+    }
+
+    /// Messages received and not finished with: held, or settled with the call not made.
     pub(crate) fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().entries.len()
     }
 
-    /// Messages that become visible within `margin`, with the timeout to renew each to:
-    /// `visibility`, cut so that no message stays hidden past `cap` from its receipt.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether `tag` is still held (received, not settled).
+    pub(crate) fn is_held(&self, tag: u64) -> bool {
+        self.lock()
+            .entries
+            .get(&tag)
+            .is_some_and(|entry| matches!(entry.state, State::Held))
+    }
+
+    /// Held messages that become visible within `margin`, with the timeout to renew each
+    /// to: `visibility`, cut so that no message stays hidden past `cap` from its receipt.
     pub(crate) fn due(
         &self,
         margin: Duration,
@@ -71,7 +202,9 @@ impl InFlight {
     ) -> Vec<(u64, String, Duration)> {
         let now = Instant::now();
         self.lock()
+            .entries
             .iter()
+            .filter(|(_, entry)| matches!(entry.state, State::Held))
             .filter(|(_, entry)| entry.visible_at <= now + margin)
             .filter_map(|(tag, entry)| {
                 let left = cap.checked_sub(now - entry.received_at)?;
@@ -81,9 +214,11 @@ impl InFlight {
             .collect()
     }
 
-    /// Notes that `tag` is now hidden until `renew` from now (if it is still unsettled).
+    /// Notes that `tag` is now hidden until `renew` from now (if it is still held).
     pub(crate) fn renewed(&self, tag: u64, renew: Duration) {
-        if let Some(entry) = self.lock().get_mut(&tag) {
+        if let Some(entry) = self.lock().entries.get_mut(&tag)
+            && matches!(entry.state, State::Held)
+        {
             entry.visible_at = Instant::now() + renew;
         }
     }
@@ -98,7 +233,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn only_messages_close_to_visible_are_renewed() {
         let in_flight = InFlight::default();
-        let tag = in_flight.insert("r".into(), Duration::from_secs(30));
+        let tag = in_flight.insert("r".into(), None, Duration::from_secs(30));
         assert!(
             in_flight
                 .due(Duration::from_secs(15), Duration::from_secs(30), 12 * HOUR)
@@ -112,7 +247,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn renewals_never_reach_past_twelve_hours_from_receipt() {
         let in_flight = InFlight::default();
-        let tag = in_flight.insert("r".into(), Duration::from_secs(30));
+        let tag = in_flight.insert("r".into(), None, Duration::from_secs(30));
         tokio::time::advance(12 * HOUR - Duration::from_secs(10)).await;
         let due = in_flight.due(Duration::from_secs(15), Duration::from_secs(30), 12 * HOUR);
         assert_eq!(due, vec![(tag, "r".to_string(), Duration::from_secs(10))]);
@@ -124,13 +259,47 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_settled_message_is_forgotten() {
+    #[tokio::test(start_paused = true)]
+    async fn a_settled_message_is_never_renewed() {
         let in_flight = InFlight::default();
-        let tag = in_flight.insert("r".into(), Duration::from_secs(30));
-        assert_eq!(in_flight.len(), 1);
-        assert!(in_flight.remove(tag).is_some());
-        assert!(in_flight.remove(tag).is_none());
-        assert_eq!(in_flight.len(), 0);
+        let tag = in_flight.insert("r".into(), None, Duration::from_secs(30));
+        assert!(in_flight.settle(tag, |_| Op::Hide { seconds: 0 }));
+        tokio::time::advance(Duration::from_secs(20)).await;
+        assert!(
+            in_flight
+                .due(Duration::from_secs(15), Duration::from_secs(30), 12 * HOUR)
+                .is_empty()
+        );
+        assert!(!in_flight.is_held(tag));
+    }
+
+    #[test]
+    fn a_settled_message_counts_until_its_call_is_made() {
+        let in_flight = InFlight::default();
+        let tag = in_flight.insert("r".into(), Some("m".into()), Duration::from_secs(30));
+        assert!(in_flight.settle(tag, |_| Op::Delete));
+        assert!(
+            !in_flight.settle(tag, |_| Op::Hide { seconds: 0 }),
+            "settled once only"
+        );
+        assert_eq!((in_flight.len(), in_flight.settled_count()), (1, 1));
+        let taken = in_flight.take_settled();
+        assert_eq!(taken.len(), 1);
+        assert_eq!(
+            (taken[0].receipt.as_str(), taken[0].message_id.as_deref()),
+            ("r", Some("m"))
+        );
+        assert!(matches!(taken[0].op, Op::Delete));
+        assert_eq!(
+            (in_flight.len(), in_flight.settled_count()),
+            (1, 0),
+            "still counted while its call is made"
+        );
+        in_flight.finish([tag]);
+        assert!(in_flight.is_empty());
+        assert!(
+            !in_flight.settle(tag, |_| Op::Delete),
+            "unknown once finished"
+        );
     }
 }

@@ -4,37 +4,67 @@
 //! [`conveyor::Publisher`].
 //!
 //! - **One pump per subscription**, long-polling (20 s by default), at most one receive
-//!   ahead of the handlers: it receives once the dispatcher has taken the last receive's
-//!   messages and has room, asking for as many as the mount can hold (at most ten). A
-//!   batch mount gets one receive per batch, once the last batch is settled.
-//! - **A visibility extender** keeps every received, unsettled message hidden, running or
-//!   waiting to be handed over, renewing ten per `ChangeMessageVisibilityBatch`, never
-//!   past SQS's 12 hours.
+//!   ahead of the handlers: it receives once the dispatcher has taken every message of the
+//!   last receive, asking for ten (SQS's maximum) for every mount, sequential included;
+//!   [`SqsQueue::receive_batch`] lowers that per queue. What the mount cannot run yet
+//!   waits in a hand-over, hidden. A batch mount asks for its batch size (at most ten), so
+//!   each batch is one receive. The pump also stops receiving while more messages than the
+//!   mount holds plus one receive are in flight, counting settlements whose call has not
+//!   been made yet: if SQS stops taking deletes, the pump stops taking messages.
+//! - **One keeper per subscription**, the visibility extender, keeps every received,
+//!   unsettled message hidden, running or waiting to be handed over (renewing ten per
+//!   `ChangeMessageVisibilityBatch`, never past SQS's 12 hours), and makes the settlement
+//!   calls. Renewals and settlements go out one call at a time from that one task, and a
+//!   renewal covers only messages unsettled when it is sent, so the visibility a settlement
+//!   sets always has the last word.
 //! - **FIFO**: the `MessageGroupId` is the delivery's partition key (also in the
 //!   [`PARTITION_KEY_HEADER`] header), so `workers(n).by_key()` keeps each group in
 //!   order. Publishing to a FIFO queue takes the group from the message's partition key
 //!   and deduplicates by its message id, by content where the queue does, or by a
 //!   generated id. Standard queues carry no groups: their deliveries have no key.
-//! - **Settlement**: ack deletes (`DeleteMessageBatch`, ten at a time or after 5 ms);
-//!   retry and release set visibility 0, retry-after sets it to the delay (both
-//!   `ChangeMessageVisibilityBatch`); reject makes the message visible again and leaves
-//!   dead-lettering to the queue's redrive policy, which moves it once its receive count
-//!   passes `maxReceiveCount` (so set the mount's `max_attempts` to that count), and
-//!   deletes it with a warning where the queue has no redrive policy. The receive count
-//!   is `ApproximateReceiveCount`.
-//! - **Shutdown**: the pump stops, messages received but not started are released at once
-//!   (visibility 0), settlements are flushed.
+//! - **Settlement**: ack deletes (`DeleteMessageBatch`, ten at a time or after 5 ms).
+//!   Retry and release set visibility 0; retry-after sets it to the delay rounded *up* to
+//!   whole seconds (1.5 s hides for 2 s, 300 ms for 1 s), capped at 12 hours from receipt
+//!   (both `ChangeMessageVisibilityBatch`). Reject ends the message's life at once: it is
+//!   sent (`SendMessageBatch`) to the dead-letter queue the queue's redrive policy names,
+//!   with its payload and headers and the reason in the
+//!   [`REJECT_REASON_HEADER`](conveyor::REJECT_REASON_HEADER) attribute (a FIFO
+//!   dead-letter queue gets the message's group, deduplicated by its SQS message id), and
+//!   deleted once that send succeeded; the handler never runs again for it. Without a
+//!   redrive policy a rejected message is deleted, with an error log naming the queue and
+//!   the reason. If the dead-letter queue cannot be reached, or refuses the message, it is
+//!   made visible again rather than lost (the redrive policy still moves it after
+//!   `maxReceiveCount` receives). The reason is cut to 1 KiB, and left out (with a
+//!   warning) where the message already carries ten attributes.
+//! - **Attempts** are SQS's `ApproximateReceiveCount` plus the retries a sequential or lane
+//!   mount makes in place (the delivery stays held and hidden meanwhile; SQS's count does
+//!   not grow). A delivery handed back at shutdown after retries in place continues, when
+//!   received again, from SQS's count, so across a restart a message can be tried a few
+//!   more times than `max_attempts`. `workers(n)` and batch mounts hand retries back to
+//!   SQS, which counts every receive.
+//! - **Shutdown**: when the app starts draining, the pump makes no new receive, a receive
+//!   under way completes and its messages are released (visibility 0) as it returns, and
+//!   every message waiting in the hand-over is released at once, while the handlers
+//!   already running go on. Closing the subscription waits for that receive (bounded by
+//!   the long poll plus the request timeout), then for every settlement's call.
+//! - **Errors that cannot heal** end the subscription: a receive that fails because the
+//!   queue does not exist, access is denied, the credentials are refused, or SQS refuses
+//!   the request for good (any other 4xx but throttling) makes the mount fail with
+//!   [`conveyor::Error::Subscribe`] naming the queue, which stops the app. Timeouts,
+//!   connection failures, throttling and 5xx are retried, after a pause that doubles from
+//!   200 ms up to 30 s.
 //!
-//! SQS bills per request: with a mount that can hold ten (`workers(10)`, `batch(10)`), a
-//! message costs about a tenth of a receive and a tenth of a delete. A sequential mount
-//! holds one, so it receives one at a time: about two requests per message.
+//! SQS bills per request: a message costs about a tenth of a receive and a tenth of a
+//! delete with every mount, sequential included (0.2 requests per message in
+//! `benches/sqs.rs`).
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod attributes;
 mod broker;
+mod calls;
 mod error;
-mod extender;
 mod inflight;
+mod keeper;
 mod publisher;
 mod pump;
 mod queue;

@@ -11,7 +11,7 @@ use crate::attributes::{self, Outgoing};
 use crate::broker::SqsBroker;
 use crate::error::SqsError;
 use crate::queue::QueueInfo;
-use crate::settle::BATCH_LIMIT;
+use crate::settle::{BATCH_LIMIT, whole_seconds_up};
 
 /// The longest delay SQS takes on a message (15 minutes).
 const MAX_DELAY: Duration = Duration::from_secs(900);
@@ -48,7 +48,8 @@ fn prepare(queue: &QueueInfo, parts: MessageParts) -> Result<Prepared, SqsError>
                 "a delay of {delay:?} is over SQS's 15 minutes"
             )));
         }
-        Some(delay) => Some(delay.as_secs() as i32),
+        // Rounded up: a message never comes sooner than asked (300 ms is 1 s).
+        Some(delay) => Some(i32::try_from(whole_seconds_up(delay)).unwrap_or(i32::MAX)),
     };
     let (group, deduplication) = if queue.fifo {
         let group = parts.partition_key.as_ref().ok_or_else(|| {
@@ -74,7 +75,7 @@ fn prepare(queue: &QueueInfo, parts: MessageParts) -> Result<Prepared, SqsError>
 
 /// A deduplication id no other publish of this process, or (by its clock) of another
 /// process, has used.
-fn unique_id() -> String {
+pub(crate) fn unique_id() -> String {
     static SEQUENCE: AtomicU64 = AtomicU64::new(0);
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -144,7 +145,7 @@ impl Publisher for SqsBroker {
 
 /// How many messages go in each `SendMessageBatch`, in order: at most ten, and at most
 /// `limit` bytes together (each message alone already fits).
-fn chunk_lengths(sizes: &[usize], limit: usize) -> Vec<usize> {
+pub(crate) fn chunk_lengths(sizes: &[usize], limit: usize) -> Vec<usize> {
     let mut lengths = Vec::new();
     let (mut length, mut total) = (0, 0);
     for &size in sizes {
@@ -211,12 +212,8 @@ mod tests {
 
     fn queue(fifo: bool, content_based_deduplication: bool) -> QueueInfo {
         QueueInfo {
-            name: if fifo { "q.fifo" } else { "q" }.into(),
-            url: "http://127.0.0.1:4566/123/q".into(),
-            fifo,
             content_based_deduplication,
-            redrive: false,
-            max_message_size: 1024,
+            ..QueueInfo::for_tests(if fifo { "q.fifo" } else { "q" })
         }
     }
 
@@ -326,5 +323,21 @@ mod tests {
         )
         .unwrap();
         assert_eq!(delayed.delay_seconds, Some(30));
+    }
+
+    #[test]
+    fn publish_delays_round_up_to_whole_seconds() {
+        let delay = |d: Duration| {
+            prepare(
+                &queue(false, false),
+                Message::new("x").delay(d).into_parts(),
+            )
+            .unwrap()
+            .delay_seconds
+        };
+        assert_eq!(delay(Duration::from_millis(1500)), Some(2));
+        assert_eq!(delay(Duration::from_millis(300)), Some(1));
+        assert_eq!(delay(Duration::from_secs(900)), Some(900));
+        assert_eq!(delay(Duration::ZERO), Some(0));
     }
 }

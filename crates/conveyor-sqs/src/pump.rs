@@ -6,46 +6,117 @@ use std::time::Duration;
 
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::types::MessageSystemAttributeName;
-use conveyor::Delivery;
-use tokio::sync::Notify;
+use conveyor::{Delivery, Error};
+use tokio::sync::{Notify, watch};
 
 use crate::attributes;
 use crate::broker::Settings;
-use crate::error::SqsError;
+use crate::error::{SqsError, cannot_heal};
 use crate::inflight::InFlight;
 use crate::queue::QueueInfo;
-use crate::settle::{BATCH_LIMIT, Settler};
+use crate::settle::Settler;
 
 /// Deliveries received and not yet taken by the dispatcher: one receive's worth at most.
 #[derive(Default)]
 pub(crate) struct Handover {
-    ready: Mutex<VecDeque<Delivery>>,
-    /// Notified when the pump adds deliveries.
+    waiting: Mutex<Waiting>,
+    /// Notified when the pump adds deliveries, fails, or the hand-over closes.
     pub(crate) arrived: Notify,
     /// Notified when the dispatcher takes the last one.
     emptied: Notify,
 }
 
+#[derive(Default)]
+struct Waiting {
+    ready: VecDeque<Delivery>,
+    /// No more deliveries: receiving has stopped.
+    closed: bool,
+    /// Why the subscription cannot go on, for the dispatcher once `ready` is empty.
+    failed: Option<Error>,
+}
+
+/// What the dispatcher finds in the hand-over.
+pub(crate) enum Next {
+    Delivery(Delivery),
+    /// The subscription failed for good.
+    Failed(Error),
+    /// Receiving has stopped; nothing more will come.
+    Closed,
+    /// Nothing yet.
+    Empty,
+}
+
 impl Handover {
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Delivery>> {
-        self.ready
+    fn lock(&self) -> std::sync::MutexGuard<'_, Waiting> {
+        self.waiting
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Takes the next delivery, if one is waiting.
-    pub(crate) fn take(&self) -> Option<Delivery> {
-        let mut ready = self.lock();
-        let delivery = ready.pop_front();
-        if delivery.is_some() && ready.is_empty() {
-            self.emptied.notify_waiters();
+    /// Takes the next delivery; once none is left, the failure or the end.
+    pub(crate) fn take(&self) -> Next {
+        let mut waiting = self.lock();
+        if let Some(delivery) = self.pop(&mut waiting) {
+            return Next::Delivery(delivery);
         }
-        delivery
+        if let Some(error) = waiting.failed.take() {
+            return Next::Failed(error);
+        }
+        if waiting.closed {
+            Next::Closed
+        } else {
+            Next::Empty
+        }
     }
 
-    /// Releases every waiting delivery back to SQS (dropped outside the lock).
-    pub(crate) fn release_all(&self) {
-        drop(std::mem::take(&mut *self.lock()));
+    /// Takes the next delivery, if one is waiting.
+    pub(crate) fn take_ready(&self) -> Option<Delivery> {
+        self.pop(&mut self.lock())
+    }
+
+    fn pop(&self, waiting: &mut Waiting) -> Option<Delivery> {
+        let delivery = waiting.ready.pop_front()?;
+        if waiting.ready.is_empty() {
+            self.emptied.notify_waiters();
+        }
+        Some(delivery)
+    }
+
+    /// Adds a receive's deliveries; gives them back if receiving has stopped meanwhile
+    /// (dropping them releases them).
+    fn offer(&self, deliveries: Vec<Delivery>) -> Result<(), Vec<Delivery>> {
+        {
+            let mut waiting = self.lock();
+            if waiting.closed {
+                return Err(deliveries);
+            }
+            waiting.ready.extend(deliveries);
+        }
+        self.arrived.notify_waiters();
+        Ok(())
+    }
+
+    /// Stops taking deliveries and releases every waiting one back to SQS (dropped outside
+    /// the lock: each drop settles a release).
+    pub(crate) fn close(&self) {
+        let released = {
+            let mut waiting = self.lock();
+            waiting.closed = true;
+            std::mem::take(&mut waiting.ready)
+        };
+        drop(released);
+        self.arrived.notify_waiters();
+        self.emptied.notify_waiters();
+    }
+
+    /// Ends the subscription with `error`, after the deliveries still waiting.
+    fn fail(&self, error: Error) {
+        {
+            let mut waiting = self.lock();
+            waiting.failed = Some(error);
+            waiting.closed = true;
+        }
+        self.arrived.notify_waiters();
     }
 
     async fn wait_empty(&self) {
@@ -53,7 +124,7 @@ impl Handover {
             let emptied = self.emptied.notified();
             tokio::pin!(emptied);
             emptied.as_mut().enable();
-            if self.lock().is_empty() {
+            if self.lock().ready.is_empty() {
                 return;
             }
             emptied.await;
@@ -66,97 +137,126 @@ pub(crate) struct Pump {
     pub(crate) client: Client,
     pub(crate) queue: Arc<QueueInfo>,
     pub(crate) settings: Settings,
-    /// How many the dispatcher can hold at once.
-    pub(crate) max_in_flight: usize,
-    /// For a batch mount, its size: one receive per batch, once the last is settled.
-    pub(crate) batch_size: Option<usize>,
+    /// How many messages each receive asks for (1 to 10).
+    pub(crate) wanted: usize,
+    /// The pump receives only while fewer than this many messages are in flight (held,
+    /// or settled with their call not yet made).
+    pub(crate) limit: usize,
     pub(crate) handover: Arc<Handover>,
     pub(crate) in_flight: Arc<InFlight>,
     pub(crate) settler: Arc<Settler>,
+    /// Becomes `true` (or closes) when receiving must stop.
+    pub(crate) stop: watch::Receiver<bool>,
 }
 
 const RETRY_MIN: Duration = Duration::from_millis(200);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
+/// Why a receive failed, and whether trying again can help.
+struct Failure {
+    error: SqsError,
+    for_good: bool,
+}
+
 impl Pump {
-    /// Receives until aborted. It issues a receive once the dispatcher has taken the last
-    /// one's messages and has room for more, asking for as many as the dispatcher can
-    /// hold (at most ten), so receives stay full and SQS bills few of them; what does not
-    /// fit yet waits hidden in the hand-over. A batch mount receives once its last batch
-    /// is settled. A failed receive is retried after a pause that doubles up to 30 s and
-    /// resets on success.
-    pub(crate) async fn run(self) {
+    /// Receives until told to stop. It issues a receive once the dispatcher has taken the
+    /// last one's messages and fewer than `limit` messages are in flight, asking for
+    /// `wanted`; what the dispatcher cannot take yet waits hidden in the hand-over.
+    ///
+    /// Stopping never cuts a receive short: one under way completes, and its messages are
+    /// released at once. A failed receive is retried after a pause that doubles up to
+    /// 30 s and resets on success; one that can never succeed (the queue is gone, access
+    /// is denied) ends the subscription with [`Error::Subscribe`].
+    pub(crate) async fn run(mut self) {
         let mut pause = RETRY_MIN;
-        let (room, wanted) = match self.batch_size {
-            Some(size) => (1, size),
-            None => (self.max_in_flight, self.max_in_flight),
-        };
-        let wanted = wanted.clamp(1, BATCH_LIMIT);
         loop {
-            self.handover.wait_empty().await;
-            self.wait_for_room(room).await;
-            match self.receive(wanted).await {
-                Ok(count) => {
+            let handover = &self.handover;
+            let in_flight = &self.in_flight;
+            let limit = self.limit;
+            let ready = async move {
+                handover.wait_empty().await;
+                wait_for_room(in_flight, limit).await;
+            };
+            tokio::select! {
+                biased;
+                () = stopped(&mut self.stop) => return,
+                () = ready => {}
+            }
+            match self.receive().await {
+                Ok(deliveries) => {
                     pause = RETRY_MIN;
+                    let count = deliveries.len();
                     tracing::trace!(queue = self.queue.name, count, "received");
+                    if let Err(late) = self.handover.offer(deliveries) {
+                        tracing::debug!(
+                            queue = self.queue.name,
+                            count,
+                            "received after receiving stopped; releasing them"
+                        );
+                        drop(late);
+                        return;
+                    }
                 }
-                Err(error) => {
+                Err(Failure {
+                    error,
+                    for_good: true,
+                }) => {
+                    tracing::error!(queue = self.queue.name, %error, "receive failed and cannot succeed by trying again; the subscription ends");
+                    self.handover.fail(Error::Subscribe {
+                        queue: self.queue.name.clone(),
+                        source: Box::new(error),
+                    });
+                    return;
+                }
+                Err(Failure { error, .. }) => {
                     tracing::warn!(queue = self.queue.name, %error, retry_in = ?pause, "receive failed");
-                    tokio::time::sleep(pause).await;
+                    tokio::select! {
+                        biased;
+                        () = stopped(&mut self.stop) => return,
+                        () = tokio::time::sleep(pause) => {}
+                    }
                     pause = (pause * 2).min(RETRY_MAX);
                 }
             }
         }
     }
 
-    /// Waits until fewer than `limit` messages are unsettled.
-    async fn wait_for_room(&self, limit: usize) {
-        loop {
-            let settled = self.in_flight.settled.notified();
-            tokio::pin!(settled);
-            settled.as_mut().enable();
-            if self.in_flight.len() < limit {
-                return;
-            }
-            settled.await;
-        }
-    }
-
-    /// One `ReceiveMessage`; its messages go to the hand-over, registered with the
-    /// extender first so they stay hidden while they wait.
-    async fn receive(&self, wanted: usize) -> Result<usize, SqsError> {
+    /// One `ReceiveMessage`; its messages become deliveries, registered with the keeper
+    /// first so they stay hidden while they wait.
+    async fn receive(&self) -> Result<Vec<Delivery>, Failure> {
         let visibility = self.settings.visibility_timeout;
         let output = self
             .client
             .receive_message()
             .queue_url(&self.queue.url)
-            .max_number_of_messages(wanted as i32)
-            .wait_time_seconds(self.settings.wait_time.as_secs() as i32)
-            .visibility_timeout(visibility.as_secs() as i32)
+            .max_number_of_messages(i32::try_from(self.wanted).unwrap_or(10))
+            .wait_time_seconds(i32::try_from(self.settings.wait_time.as_secs()).unwrap_or(20))
+            .visibility_timeout(i32::try_from(visibility.as_secs()).unwrap_or(i32::MAX))
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
             .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
             .message_attribute_names("All")
             .send()
             .await
-            .map_err(|e| SqsError::call("ReceiveMessage", &self.queue.name, e))?;
+            .map_err(|e| Failure {
+                for_good: cannot_heal(&e),
+                error: SqsError::call("ReceiveMessage", &self.queue.name, e),
+            })?;
         let messages = output.messages.unwrap_or_default();
-        let count = messages.len();
-        if count == 0 {
-            return Ok(0);
-        }
         let name: Arc<str> = self.queue.name.as_str().into();
-        let mut deliveries = Vec::with_capacity(count);
+        let mut deliveries = Vec::with_capacity(messages.len());
         for message in messages {
-            let Some(receipt) = message.receipt_handle.clone() else {
-                continue;
-            };
             let (payload, headers, key) = attributes::decode(&message);
             let receive_count = message
                 .attributes()
                 .and_then(|a| a.get(&MessageSystemAttributeName::ApproximateReceiveCount))
                 .and_then(|n| n.parse().ok())
                 .unwrap_or(1);
-            let tag = self.in_flight.insert(receipt, visibility);
+            let Some(receipt) = message.receipt_handle else {
+                continue;
+            };
+            let tag = self
+                .in_flight
+                .insert(receipt, message.message_id, visibility);
             deliveries.push(
                 Delivery::new(payload, name.clone(), self.settler.clone(), tag)
                     .with_headers(headers)
@@ -164,8 +264,24 @@ impl Pump {
                     .with_receive_count(receive_count),
             );
         }
-        self.handover.lock().extend(deliveries);
-        self.handover.arrived.notify_waiters();
-        Ok(count)
+        Ok(deliveries)
+    }
+}
+
+/// Resolves once receiving must stop (or the subscriber is gone).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stop| *stop).await;
+}
+
+/// Waits until fewer than `limit` messages are in flight.
+async fn wait_for_room(in_flight: &InFlight, limit: usize) {
+    loop {
+        let room = in_flight.room.notified();
+        tokio::pin!(room);
+        room.as_mut().enable();
+        if in_flight.len() < limit {
+            return;
+        }
+        room.await;
     }
 }

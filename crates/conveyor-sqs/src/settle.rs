@@ -1,54 +1,59 @@
-//! Settling SQS deliveries: acks become `DeleteMessageBatch`, retries and releases become
-//! `ChangeMessageVisibilityBatch`, both flushed at ten entries or after a few
-//! milliseconds, whichever comes first.
+//! Settling SQS deliveries: a settlement is recorded on its message's in-flight entry at
+//! once (settling never blocks), and the subscription's keeper makes the call: acks become
+//! `DeleteMessageBatch`, retries and releases `ChangeMessageVisibilityBatch`, rejects a
+//! `SendMessageBatch` to the dead-letter queue followed by a delete.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use aws_sdk_sqs::Client;
-use aws_sdk_sqs::types::{
-    BatchResultErrorEntry, ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry,
-};
+use aws_sdk_sqs::types::BatchResultErrorEntry;
 use conveyor::{Settle, Settled, Settlement};
-use tokio::sync::mpsc;
-use tokio::time::Instant;
+use tokio::sync::watch;
 
+use crate::calls::Calls;
 use crate::error::SqsError;
-use crate::extender::MAX_VISIBILITY;
-use crate::inflight::InFlight;
+use crate::inflight::{InFlight, Op, Rejected};
 use crate::queue::QueueInfo;
 
 /// The most entries one SQS batch call takes.
 pub(crate) const BATCH_LIMIT: usize = 10;
 
-/// How often a failed batch entry is tried again before it is reported.
-const ATTEMPTS: u32 = 3;
+/// SQS hides a message for at most 12 hours from its receipt.
+pub(crate) const MAX_VISIBILITY: Duration = Duration::from_secs(12 * 60 * 60);
 
-/// One settlement waiting for its batch call.
-#[derive(Debug)]
-pub(crate) enum Op {
-    Delete { receipt: String },
-    Hide { receipt: String, seconds: i32 },
+/// How often a failed batch entry is tried again before it is reported.
+pub(crate) const ATTEMPTS: u32 = 3;
+
+/// A delay in whole seconds, rounded up: SQS counts delays and visibility timeouts in
+/// seconds, and a delay must never come back sooner than asked (1.5 s is 2 s, 300 ms is
+/// 1 s; only zero is zero).
+pub(crate) fn whole_seconds_up(delay: Duration) -> u64 {
+    delay
+        .as_secs()
+        .saturating_add(u64::from(delay.subsec_nanos() > 0))
 }
 
-/// Settles one subscription's deliveries. `settle` only queues the call; the flusher
-/// task makes it.
+/// The visibility timeout, in seconds, that hides a message for `delay`, rounded up,
+/// but never past 12 hours from its receipt (`elapsed` ago).
+pub(crate) fn retry_after_seconds(delay: Duration, elapsed: Duration) -> i32 {
+    let left = MAX_VISIBILITY.saturating_sub(elapsed).as_secs();
+    i32::try_from(whole_seconds_up(delay).min(left)).unwrap_or(i32::MAX)
+}
+
+/// Settles one subscription's deliveries. `settle` records the settlement on the
+/// message's in-flight entry and wakes the keeper, which makes the call.
 pub(crate) struct Settler {
-    queue: Arc<QueueInfo>,
     in_flight: Arc<InFlight>,
-    ops: mpsc::UnboundedSender<Op>,
+    /// Dropped with the last settler (the pump's and the deliveries'), telling the keeper
+    /// that nothing more will be settled.
+    _alive: watch::Sender<()>,
 }
 
 impl Settler {
-    pub(crate) fn new(
-        queue: Arc<QueueInfo>,
-        in_flight: Arc<InFlight>,
-        ops: mpsc::UnboundedSender<Op>,
-    ) -> Self {
+    pub(crate) fn new(in_flight: Arc<InFlight>, alive: watch::Sender<()>) -> Self {
         Settler {
-            queue,
             in_flight,
-            ops,
+            _alive: alive,
         }
     }
 }
@@ -56,173 +61,74 @@ impl Settler {
 impl Settle for Settler {
     fn settle(&self, settled: Settled<'_>) {
         let Settled {
-            tag, settlement, ..
-        } = settled;
-        let Some(entry) = self.in_flight.remove(tag) else {
-            return;
-        };
-        let receipt = entry.receipt;
-        let op = match settlement {
-            Settlement::Ack => Op::Delete { receipt },
-            Settlement::RetryAfter(delay) => {
-                // SQS hides a message at most 12 hours after it was received.
-                let left = MAX_VISIBILITY.saturating_sub(entry.received_at.elapsed());
-                Op::Hide {
-                    receipt,
-                    seconds: i32::try_from(delay.min(left).as_secs()).unwrap_or(i32::MAX),
-                }
-            }
-            Settlement::Reject { reason } if self.queue.redrive => {
-                // Visible again at once: the redrive policy moves it to the dead-letter
-                // queue when its receive count passes the policy's maximum.
-                tracing::info!(
-                    queue = self.queue.name,
-                    reason,
-                    "rejected; the queue's redrive policy dead-letters it"
-                );
-                Op::Hide {
-                    receipt,
-                    seconds: 0,
-                }
-            }
-            Settlement::Reject { reason } => {
-                tracing::warn!(
-                    queue = self.queue.name,
-                    reason,
-                    "rejected with no redrive policy on the queue: deleting it"
-                );
-                Op::Delete { receipt }
-            }
-            _ => Op::Hide {
-                receipt,
-                seconds: 0,
-            },
-        };
-        if self.ops.send(op).is_err() {
-            tracing::warn!(
-                queue = self.queue.name,
-                "settled after the subscription closed; SQS redelivers it after its visibility timeout"
-            );
-        }
-    }
-}
-
-/// Makes the batch calls for queued settlements until every [`Settler`] is gone, then
-/// flushes what is left.
-pub(crate) async fn flush_settlements(
-    client: Client,
-    queue: Arc<QueueInfo>,
-    mut ops: mpsc::UnboundedReceiver<Op>,
-    interval: Duration,
-) {
-    let mut deletes: Vec<String> = Vec::with_capacity(BATCH_LIMIT);
-    let mut hides: Vec<(String, i32)> = Vec::with_capacity(BATCH_LIMIT);
-    let mut deadline: Option<Instant> = None;
-    loop {
-        let next = match deadline {
-            None => ops.recv().await,
-            Some(at) => tokio::select! {
-                op = ops.recv() => op,
-                () = tokio::time::sleep_until(at) => {
-                    delete(&client, &queue, &mut deletes).await;
-                    hide(&client, &queue, &mut hides).await;
-                    deadline = None;
-                    continue;
-                }
-            },
-        };
-        match next {
-            Some(Op::Delete { receipt }) => deletes.push(receipt),
-            Some(Op::Hide { receipt, seconds }) => hides.push((receipt, seconds)),
-            None => break,
-        }
-        deadline.get_or_insert_with(|| Instant::now() + interval);
-        if deletes.len() == BATCH_LIMIT {
-            delete(&client, &queue, &mut deletes).await;
-        }
-        if hides.len() == BATCH_LIMIT {
-            hide(&client, &queue, &mut hides).await;
-        }
-        if deletes.is_empty() && hides.is_empty() {
-            deadline = None;
-        }
-    }
-    delete(&client, &queue, &mut deletes).await;
-    hide(&client, &queue, &mut hides).await;
-}
-
-/// Deletes the acked messages, retrying failed entries; reports what keeps failing.
-async fn delete(client: &Client, queue: &QueueInfo, receipts: &mut Vec<String>) {
-    for attempt in 1..=ATTEMPTS {
-        if receipts.is_empty() {
-            return;
-        }
-        let entries = receipts.iter().enumerate().filter_map(|(i, receipt)| {
-            DeleteMessageBatchRequestEntry::builder()
-                .id(i.to_string())
-                .receipt_handle(receipt)
-                .build()
-                .ok()
-        });
-        let result = client
-            .delete_message_batch()
-            .queue_url(&queue.url)
-            .set_entries(Some(entries.collect()))
-            .send()
-            .await
-            .map(|output| failures(output.failed()))
-            .map_err(|e| SqsError::call("DeleteMessageBatch", &queue.name, e));
-        keep_failed(receipts, result, "DeleteMessageBatch", queue, attempt).await;
-    }
-}
-
-/// Changes the visibility of retried and released messages, retrying failed entries.
-async fn hide(client: &Client, queue: &QueueInfo, pending: &mut Vec<(String, i32)>) {
-    for attempt in 1..=ATTEMPTS {
-        if pending.is_empty() {
-            return;
-        }
-        let result = change_visibility(client, queue, pending).await;
-        keep_failed(
-            pending,
-            result,
-            "ChangeMessageVisibilityBatch",
-            queue,
+            tag,
+            settlement,
             attempt,
-        )
-        .await;
+            payload,
+            headers,
+            partition_key,
+            ..
+        } = settled;
+        let known = self.in_flight.settle(tag, |entry| match settlement {
+            Settlement::Ack => Op::Delete,
+            Settlement::RetryAfter(delay) => Op::Hide {
+                seconds: retry_after_seconds(delay, entry.received_at.elapsed()),
+            },
+            Settlement::Reject { reason } => Op::Reject(Box::new(Rejected {
+                reason: reason.to_string(),
+                attempt,
+                payload,
+                headers,
+                partition_key,
+            })),
+            // Retry, Release, and whatever a later core adds: visible again now.
+            _ => Op::Hide { seconds: 0 },
+        });
+        if !known {
+            tracing::debug!(tag, "settled a message this subscription no longer holds");
+        }
     }
 }
 
-/// One `ChangeMessageVisibilityBatch` call; the failed entries' indices and reasons.
-pub(crate) async fn change_visibility(
-    client: &Client,
-    queue: &QueueInfo,
-    entries: &[(String, i32)],
-) -> Result<Vec<(usize, String)>, SqsError> {
-    let request = entries
-        .iter()
-        .enumerate()
-        .filter_map(|(i, (receipt, seconds))| {
-            ChangeMessageVisibilityBatchRequestEntry::builder()
-                .id(i.to_string())
-                .receipt_handle(receipt)
-                .visibility_timeout(*seconds)
-                .build()
-                .ok()
-        });
-    client
-        .change_message_visibility_batch()
-        .queue_url(&queue.url)
-        .set_entries(Some(request.collect()))
-        .send()
-        .await
-        .map(|output| failures(output.failed()))
-        .map_err(|e| SqsError::call("ChangeMessageVisibilityBatch", &queue.name, e))
+/// Deletes the messages, ten per `DeleteMessageBatch`, retrying failed entries; reports
+/// what keeps failing.
+pub(crate) async fn delete_all<C: Calls>(calls: &C, queue: &QueueInfo, receipts: Vec<String>) {
+    for chunk in receipts.chunks(BATCH_LIMIT) {
+        let mut left = chunk.to_vec();
+        for attempt in 1..=ATTEMPTS {
+            if left.is_empty() {
+                break;
+            }
+            let result = calls.delete(queue, &left).await;
+            keep_failed(&mut left, result, "DeleteMessageBatch", queue, attempt).await;
+        }
+    }
+}
+
+/// Changes the messages' visibility, ten per `ChangeMessageVisibilityBatch`, retrying
+/// failed entries; reports what keeps failing.
+pub(crate) async fn hide_all<C: Calls>(calls: &C, queue: &QueueInfo, entries: Vec<(String, i32)>) {
+    for chunk in entries.chunks(BATCH_LIMIT) {
+        let mut left = chunk.to_vec();
+        for attempt in 1..=ATTEMPTS {
+            if left.is_empty() {
+                break;
+            }
+            let result = calls.change_visibility(queue, &left).await;
+            keep_failed(
+                &mut left,
+                result,
+                "ChangeMessageVisibilityBatch",
+                queue,
+                attempt,
+            )
+            .await;
+        }
+    }
 }
 
 /// The failed entries of a batch call, by the index used as their id.
-fn failures(failed: &[BatchResultErrorEntry]) -> Vec<(usize, String)> {
+pub(crate) fn failures(failed: &[BatchResultErrorEntry]) -> Vec<(usize, String)> {
     failed
         .iter()
         .filter_map(|f| {
@@ -235,7 +141,7 @@ fn failures(failed: &[BatchResultErrorEntry]) -> Vec<(usize, String)> {
 /// After one attempt: keeps only the entries that failed for another try, pausing before
 /// it; after the last attempt reports them and gives up (SQS redelivers those messages
 /// once their visibility timeout lapses, so nothing is lost).
-async fn keep_failed<T>(
+pub(crate) async fn keep_failed<T>(
     items: &mut Vec<T>,
     result: Result<Vec<(usize, String)>, SqsError>,
     call: &'static str,
@@ -285,14 +191,7 @@ mod tests {
     use super::*;
 
     fn queue() -> QueueInfo {
-        QueueInfo {
-            name: "q".into(),
-            url: "http://127.0.0.1:4566/123/q".into(),
-            fifo: false,
-            content_based_deduplication: false,
-            redrive: false,
-            max_message_size: 262_144,
-        }
+        QueueInfo::for_tests("q")
     }
 
     #[tokio::test(start_paused = true)]
@@ -342,57 +241,76 @@ mod tests {
         assert!(receipts.is_empty());
     }
 
-    fn settled(redrive: bool, settlement: Settlement<'_>) -> Op {
+    fn settled(settlement: Settlement<'_>) -> Op {
         let in_flight = Arc::new(InFlight::default());
-        let (ops, mut queued) = mpsc::unbounded_channel();
-        let settler = Settler::new(
-            Arc::new(QueueInfo { redrive, ..queue() }),
-            in_flight.clone(),
-            ops,
-        );
-        let tag = in_flight.insert("r".into(), Duration::from_secs(30));
+        let (alive, _) = watch::channel(());
+        let settler = Settler::new(in_flight.clone(), alive);
+        let tag = in_flight.insert("r".into(), None, Duration::from_secs(30));
         settler.settle(Settled::new(tag, settlement));
         settler.settle(Settled::new(tag, Settlement::Ack)); // a second settle of the same tag is ignored
-        let op = queued.try_recv().expect("one op");
-        assert!(queued.try_recv().is_err());
-        op
+        let mut taken = in_flight.take_settled();
+        assert_eq!(taken.len(), 1);
+        taken.remove(0).op
     }
 
     #[test]
     fn each_settlement_becomes_its_sqs_call() {
-        assert!(matches!(settled(false, Settlement::Ack), Op::Delete { .. }));
+        assert!(matches!(settled(Settlement::Ack), Op::Delete));
         assert!(matches!(
-            settled(false, Settlement::Retry),
-            Op::Hide { seconds: 0, .. }
+            settled(Settlement::Retry),
+            Op::Hide { seconds: 0 }
         ));
         assert!(matches!(
-            settled(false, Settlement::Release),
-            Op::Hide { seconds: 0, .. }
+            settled(Settlement::Release),
+            Op::Hide { seconds: 0 }
         ));
         assert!(matches!(
-            settled(false, Settlement::RetryAfter(Duration::from_secs(90))),
-            Op::Hide { seconds: 90, .. }
+            settled(Settlement::RetryAfter(Duration::from_secs(90))),
+            Op::Hide { seconds: 90 }
+        ));
+        assert!(matches!(
+            settled(Settlement::Reject { reason: "bad" }),
+            Op::Reject(rejected) if rejected.reason == "bad" && rejected.attempt == 1
         ));
     }
 
     #[test]
-    fn a_reject_is_left_to_the_redrive_policy_or_deleted_without_one() {
+    fn delays_round_up_to_whole_seconds() {
+        let ms = Duration::from_millis;
+        assert_eq!(whole_seconds_up(ms(1500)), 2);
+        assert_eq!(whole_seconds_up(ms(300)), 1);
+        assert_eq!(whole_seconds_up(ms(1)), 1);
+        assert_eq!(whole_seconds_up(Duration::from_nanos(1)), 1);
+        assert_eq!(whole_seconds_up(ms(2000)), 2);
+        assert_eq!(whole_seconds_up(Duration::ZERO), 0);
+        assert_eq!(whole_seconds_up(Duration::MAX), u64::MAX);
         assert!(matches!(
-            settled(true, Settlement::Reject { reason: "bad" }),
-            Op::Hide { seconds: 0, .. }
+            settled(Settlement::RetryAfter(ms(1500))),
+            Op::Hide { seconds: 2 }
         ));
         assert!(matches!(
-            settled(false, Settlement::Reject { reason: "bad" }),
-            Op::Delete { .. }
+            settled(Settlement::RetryAfter(ms(300))),
+            Op::Hide { seconds: 1 }
         ));
     }
 
     #[test]
     fn retry_after_never_hides_past_twelve_hours() {
-        let op = settled(
-            false,
-            Settlement::RetryAfter(Duration::from_secs(13 * 3600)),
+        assert!(matches!(
+            settled(Settlement::RetryAfter(Duration::from_secs(13 * 3600))),
+            Op::Hide { seconds } if seconds <= 12 * 3600
+        ));
+        assert!(matches!(
+            settled(Settlement::RetryAfter(Duration::MAX)),
+            Op::Hide { seconds } if seconds <= 12 * 3600
+        ));
+        // 11 h 59 min 59.5 s after receipt, half a second is left: it rounds down to 0
+        // rather than past the cap.
+        let elapsed = MAX_VISIBILITY - Duration::from_millis(500);
+        assert_eq!(retry_after_seconds(Duration::from_secs(5), elapsed), 0);
+        assert_eq!(
+            retry_after_seconds(Duration::from_millis(1500), Duration::ZERO),
+            2
         );
-        assert!(matches!(op, Op::Hide { seconds, .. } if seconds <= 12 * 3600));
     }
 }

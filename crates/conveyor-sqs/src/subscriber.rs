@@ -1,27 +1,52 @@
 //! `SqsQueue`, a queue to mount on, and `SqsSubscriber`, its open subscription.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use conveyor::{Delivery, Error, Source, SubscribeSettings, Subscriber};
-use tokio::sync::mpsc;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::broker::SqsBroker;
-use crate::extender::extend_visibility;
 use crate::inflight::InFlight;
-use crate::pump::{Handover, Pump};
-use crate::settle::{Settler, flush_settlements};
+use crate::keeper::Keeper;
+use crate::pump::{Handover, Next, Pump};
+use crate::queue::DeadLetter;
+use crate::settle::{BATCH_LIMIT, Settler};
 
 /// An SQS queue to mount a handler on, from [`SqsBroker::queue`].
+///
+/// ```
+/// # async fn run(broker: conveyor_sqs::SqsBroker) {
+/// // Receive at most four messages per call (the default is ten, SQS's maximum).
+/// let orders = broker.queue("orders").receive_batch(4);
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct SqsQueue {
     broker: SqsBroker,
     name: String,
+    receive_batch: usize,
 }
 
 impl SqsQueue {
     pub(crate) fn new(broker: SqsBroker, name: String) -> Self {
-        SqsQueue { broker, name }
+        SqsQueue {
+            broker,
+            name,
+            receive_batch: BATCH_LIMIT,
+        }
+    }
+
+    /// How many messages each `ReceiveMessage` asks for, 1 to 10 (default 10, SQS's
+    /// maximum). Fewer costs more requests per message; what one receive brings beyond
+    /// what the mount can run waits hidden for its turn, so lower it when a handler runs
+    /// so long that holding ten would keep messages from other consumers. A batch mount
+    /// asks for its batch size if that is smaller. A value outside 1..=10 fails the app's
+    /// start with [`Error::Config`].
+    pub fn receive_batch(mut self, messages: usize) -> Self {
+        self.receive_batch = messages;
+        self
     }
 }
 
@@ -32,9 +57,15 @@ impl Source for SqsQueue {
         &self.name
     }
 
-    /// Resolves the queue (it must exist) and starts its pump, visibility extender and
-    /// settlement flusher.
+    /// Resolves the queue (it must exist) and its dead-letter queue, then starts its pump
+    /// and keeper.
     async fn subscribe(self, settings: SubscribeSettings) -> Result<SqsSubscriber, Error> {
+        if !(1..=BATCH_LIMIT).contains(&self.receive_batch) {
+            return Err(Error::config(format!(
+                "receive_batch({}) on SQS queue `{}`: a receive takes 1 to {BATCH_LIMIT} messages",
+                self.receive_batch, self.name
+            )));
+        }
         let queue = self
             .broker
             .resolve(&self.name)
@@ -43,76 +74,132 @@ impl Source for SqsQueue {
                 queue: self.name.clone(),
                 source: Box::new(e),
             })?;
-        let client = self.broker.client().clone();
+        let dead_letter_queue = match &queue.dead_letter {
+            DeadLetter::None => None,
+            DeadLetter::Target(target) => match self.broker.resolve_dead_letter(target).await {
+                Ok(resolved) => Some(resolved),
+                Err(error) => {
+                    tracing::warn!(queue = queue.name, dead_letter_queue = target.arn, %error, "cannot resolve the dead-letter queue; trying again at the first reject");
+                    None
+                }
+            },
+            DeadLetter::Unreadable(policy) => {
+                tracing::warn!(
+                    queue = queue.name,
+                    policy,
+                    "the redrive policy names no dead-letter queue this transport can read; rejected messages will be made visible again"
+                );
+                None
+            }
+        };
         let broker_settings = self.broker.settings().clone();
         let in_flight = Arc::new(InFlight::default());
         let handover = Arc::new(Handover::default());
-        let (ops, queued) = mpsc::unbounded_channel();
-        let flusher = tokio::spawn(flush_settlements(
-            client.clone(),
-            queue.clone(),
-            queued,
-            broker_settings.flush_interval,
-        ));
-        let extender = tokio::spawn(extend_visibility(
-            client.clone(),
-            queue.clone(),
-            in_flight.clone(),
-            broker_settings.visibility_timeout,
-        ));
-        let settler = Arc::new(Settler::new(queue.clone(), in_flight.clone(), ops));
+        let (alive, alive_rx) = watch::channel(());
+        let (closing, closing_rx) = watch::channel(false);
+        let (stop, stop_rx) = watch::channel(false);
+        let keeper = tokio::spawn(
+            Keeper {
+                calls: self.broker.clone(),
+                queue: queue.clone(),
+                in_flight: in_flight.clone(),
+                visibility: broker_settings.visibility_timeout,
+                flush_interval: broker_settings.flush_interval,
+                closing: closing_rx,
+                alive: alive_rx,
+                dead_letter_queue,
+            }
+            .run(),
+        );
+        let wanted = settings
+            .batch_size
+            .map_or(self.receive_batch, |size| size.min(self.receive_batch))
+            .clamp(1, BATCH_LIMIT);
+        let pump_bound = broker_settings.wait_time + broker_settings.request_timeout + PUMP_GRACE;
+        let settler = Arc::new(Settler::new(in_flight.clone(), alive));
         let pump = tokio::spawn(
             Pump {
-                client,
+                client: self.broker.client().clone(),
                 queue,
                 settings: broker_settings,
-                max_in_flight: settings.max_in_flight,
-                batch_size: settings.batch_size,
+                wanted,
+                // What the dispatcher can hold, plus one receive: the pump receives while
+                // the dispatcher still runs the last receive's messages, and stops once
+                // settlements it has not sent yet pile up.
+                limit: settings.max_in_flight.max(1) + wanted,
                 handover: handover.clone(),
                 in_flight,
                 settler,
+                stop: stop_rx,
             }
             .run(),
         );
         Ok(SqsSubscriber {
+            queue: self.name,
             handover,
-            pump,
-            extender,
-            flusher: Some(flusher),
+            stop,
+            closing,
+            pump: Some(pump),
+            keeper: Some(keeper),
+            pump_bound,
         })
     }
 }
 
-/// A subscription to an SQS queue: its pump receives, its extender keeps what was
-/// received hidden until settled, its flusher makes the settlement calls.
+/// How long `close` waits for a receive under way beyond its long poll and request
+/// timeout, before it gives up on it.
+const PUMP_GRACE: Duration = Duration::from_secs(1);
+
+/// A subscription to an SQS queue: its pump receives, its keeper keeps what was received
+/// hidden until settled and makes the settlement calls.
 ///
-/// Closing it stops the pump, releases (visibility 0) every message received but not
-/// handed over, and flushes every settlement. Dropping it without closing stops the pump
-/// and extender; the flusher still flushes what the dropped deliveries release.
+/// [`stop_receiving`](Subscriber::stop_receiving) stops the pump from receiving again and
+/// releases (visibility 0) every message received but not handed over; a receive under
+/// way is not cut short: it completes and its messages are released at once. Closing
+/// waits for that receive, then for the keeper to make every settlement's call. Dropping
+/// it without closing does the same in the background: the pump finishes its receive and
+/// releases what it brought, and the keeper goes on until every delivery is settled.
 pub struct SqsSubscriber {
+    queue: String,
     handover: Arc<Handover>,
-    pump: JoinHandle<()>,
-    extender: JoinHandle<()>,
-    flusher: Option<JoinHandle<()>>,
+    stop: watch::Sender<bool>,
+    closing: watch::Sender<bool>,
+    pump: Option<JoinHandle<()>>,
+    keeper: Option<JoinHandle<()>>,
+    /// The longest a receive under way may take.
+    pump_bound: Duration,
 }
 
 impl SqsSubscriber {
-    async fn next(&self) -> Delivery {
+    async fn next(&self) -> Next {
         loop {
             let arrived = self.handover.arrived.notified();
             tokio::pin!(arrived);
             arrived.as_mut().enable();
-            if let Some(delivery) = self.handover.take() {
-                return delivery;
+            match self.handover.take() {
+                Next::Empty => arrived.await,
+                next => return next,
             }
-            arrived.await;
         }
+    }
+
+    /// No new receive; every delivery waiting in the hand-over released.
+    fn stop_now(&self) {
+        self.stop.send_replace(true);
+        self.handover.close();
     }
 }
 
 impl Subscriber for SqsSubscriber {
+    /// The next delivery of the last receive. An error that cannot heal (the queue is
+    /// gone, access is denied) comes back as [`Error::Subscribe`] once the deliveries
+    /// received before it are taken; passing errors are retried inside the pump.
     async fn recv(&mut self) -> Option<Result<Delivery, Error>> {
-        Some(Ok(self.next().await))
+        match self.next().await {
+            Next::Delivery(delivery) => Some(Ok(delivery)),
+            Next::Failed(error) => Some(Err(error)),
+            Next::Closed | Next::Empty => None,
+        }
     }
 
     /// The deliveries of one receive, up to `max`.
@@ -121,9 +208,13 @@ impl Subscriber for SqsSubscriber {
         max: usize,
         batch: &mut Vec<Delivery>,
     ) -> Option<Result<(), Error>> {
-        batch.push(self.next().await);
+        match self.next().await {
+            Next::Delivery(delivery) => batch.push(delivery),
+            Next::Failed(error) => return Some(Err(error)),
+            Next::Closed | Next::Empty => return None,
+        }
         while batch.len() < max {
-            match self.handover.take() {
+            match self.handover.take_ready() {
                 Some(delivery) => batch.push(delivery),
                 None => break,
             }
@@ -131,22 +222,39 @@ impl Subscriber for SqsSubscriber {
         Some(Ok(()))
     }
 
+    /// Makes no new receive and releases every delivery waiting in the hand-over, at
+    /// once. A receive under way completes; its messages are released as it returns.
+    async fn stop_receiving(&mut self) {
+        self.stop_now();
+    }
+
+    /// Waits for a receive still under way (bounded by the long poll and the request
+    /// timeout) and releases what it brought, then waits for the keeper to make every
+    /// settlement's call.
     async fn close(mut self) {
-        self.pump.abort();
-        let _ = (&mut self.pump).await;
-        self.extender.abort();
-        self.handover.release_all();
-        if let Some(flusher) = self.flusher.take() {
-            // The flusher ends once the last settler handle (held by the pump and the
-            // deliveries, all gone now) is dropped, after its final flush.
-            let _ = flusher.await;
+        self.stop_now();
+        if let Some(mut pump) = self.pump.take()
+            && tokio::time::timeout(self.pump_bound, &mut pump)
+                .await
+                .is_err()
+        {
+            tracing::warn!(
+                queue = self.queue,
+                timeout = ?self.pump_bound,
+                "a receive is still under way past its timeout; abandoning it (what it brings stays hidden for the visibility timeout)"
+            );
+            pump.abort();
+            let _ = pump.await;
+        }
+        self.closing.send_replace(true);
+        if let Some(keeper) = self.keeper.take() {
+            let _ = keeper.await;
         }
     }
 }
 
 impl Drop for SqsSubscriber {
     fn drop(&mut self) {
-        self.pump.abort();
-        self.extender.abort();
+        self.stop_now();
     }
 }

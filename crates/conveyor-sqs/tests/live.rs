@@ -10,8 +10,8 @@ use std::time::Duration;
 use aws_sdk_sqs::types::QueueAttributeName;
 use common::{ENDPOINT, broker, broker_at, declare, delete, eventually, unique};
 use conveyor::{
-    App, Backoff, Batch, DeliveryInfo, Headers, Json, Message, Outcome, PartitionKey, Publisher,
-    State,
+    App, Backoff, Batch, DeliveryInfo, Error, Headers, Json, Message, Outcome, PartitionKey,
+    Publisher, REJECT_REASON_HEADER, State,
 };
 use conveyor_sqs::{QueueSpec, SqsBroker};
 use tokio::time::Instant;
@@ -241,16 +241,27 @@ async fn a_handler_running_three_visibility_timeouts_is_the_only_one_to_see_its_
 
 /// How many of the queue's messages are received and not yet deleted.
 async fn hidden(broker: &SqsBroker, queue: &str) -> Option<u32> {
+    depth(broker, queue).await.map(|(_, hidden)| hidden)
+}
+
+/// How many of the queue's messages are visible, and how many received and not deleted.
+async fn depth(broker: &SqsBroker, queue: &str) -> Option<(u32, u32)> {
     let url = short_url(broker, queue).await;
     let attributes = broker
         .client()
         .get_queue_attributes()
         .queue_url(url)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
         .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
         .send()
         .await
         .ok()?;
-    attributes.attributes()?.values().next()?.parse().ok()
+    let attributes = attributes.attributes()?;
+    let count = |name| attributes.get(&name)?.parse().ok();
+    Some((
+        count(QueueAttributeName::ApproximateNumberOfMessages)?,
+        count(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)?,
+    ))
 }
 
 async fn short_url(broker: &SqsBroker, queue: &str) -> String {
@@ -418,49 +429,171 @@ async fn retry_after_hides_the_message_for_the_delay() {
     delete(&broker, &[&queue]).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_rounds_a_sub_second_delay_up_to_whole_seconds() {
+    let broker = broker().await;
+    let queue = declare(&broker, QueueSpec::new(unique("retry-after-ms", false))).await;
+    broker.publish_json(&queue, &1u64).await.unwrap();
+    let seen: Seen<(u32, Instant)> = Seen::default();
+    // `workers` hands retries back to SQS (sequential and lane mounts retry in place).
+    let running = App::new("retry-after-ms")
+        .with_state(seen.clone())
+        .mount(broker.queue(&queue), fail_first, |m| {
+            m.workers(2)
+                .retry_after(Backoff::fixed(Duration::from_millis(1500)))
+        })
+        .start()
+        .await
+        .unwrap();
+    eventually("the second attempt", Duration::from_secs(30), || async {
+        count(&seen) >= 2
+    })
+    .await;
+    running.shutdown().await.unwrap();
+    let seen = seen.lock().unwrap().clone();
+    // 1.5 s hides the message for 2 s; truncated, it would come back after 1 s.
+    assert!(
+        seen[1].1 - seen[0].1 >= Duration::from_millis(1500),
+        "came back after {:?}",
+        seen[1].1 - seen[0].1
+    );
+    delete(&broker, &[&queue]).await;
+}
+
 async fn reject(Json(_n): Json<u64>, State(seen): State<Seen<u32>>, info: DeliveryInfo) -> Outcome {
     seen.lock().unwrap().push(info.attempt);
     Outcome::Reject
 }
 
-async fn record_dead(Json(n): Json<u64>, State(seen): State<Seen<(&'static str, u64)>>) {
-    seen.lock().unwrap().push(("dead", n));
+/// The dead-letter queue's messages: body, headers (message attributes) and group.
+async fn dead_letters(
+    broker: &SqsBroker,
+    queue: &str,
+) -> Vec<(String, HashMap<String, String>, Option<String>)> {
+    let url = short_url(broker, queue).await;
+    let received = broker
+        .client()
+        .receive_message()
+        .queue_url(url)
+        .max_number_of_messages(10)
+        .wait_time_seconds(1)
+        .message_attribute_names("All")
+        .message_system_attribute_names(
+            aws_sdk_sqs::types::MessageSystemAttributeName::MessageGroupId,
+        )
+        .send()
+        .await
+        .unwrap();
+    received
+        .messages()
+        .iter()
+        .map(|m| {
+            let attributes = m
+                .message_attributes()
+                .into_iter()
+                .flatten()
+                .filter_map(|(name, value)| Some((name.clone(), value.string_value()?.to_string())))
+                .collect();
+            let group = m
+                .attributes()
+                .and_then(|a| {
+                    a.get(&aws_sdk_sqs::types::MessageSystemAttributeName::MessageGroupId)
+                })
+                .cloned();
+            (m.body().unwrap_or_default().to_string(), attributes, group)
+        })
+        .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rejected_message_is_dead_lettered_by_the_redrive_policy() {
+/// Rejects one message on a queue whose redrive policy allows five receives: it is in the
+/// dead-letter queue at once, with its reason, payload and headers, and was handled once.
+async fn a_reject_goes_to_the_dead_letter_queue_at_once(fifo: bool) {
     let broker = broker().await;
-    let dlq = unique("dead", false);
-    let queue = declare(
-        &broker,
-        QueueSpec::new(unique("redrive", false)).dead_letter_queue(&dlq, 2),
-    )
-    .await;
-    broker.publish_json(&queue, &5u64).await.unwrap();
+    let dlq = unique("dead", fifo);
+    let mut spec = QueueSpec::new(unique("reject", fifo)).dead_letter_queue(&dlq, 5);
+    if fifo {
+        spec = spec.content_based_deduplication();
+    }
+    let queue = declare(&broker, spec).await;
+    let mut message = Message::json(&5u64).unwrap().header("x-tenant", "acme");
+    if fifo {
+        message = message.partition_key("alice");
+    }
+    broker.publish(&queue, message).await.unwrap();
     let attempts: Seen<u32> = Seen::default();
-    let dead: Seen<(&'static str, u64)> = Seen::default();
-    let running = App::new("redrive")
+    let running = App::new("reject")
         .with_state(attempts.clone())
-        .with_state(dead.clone())
-        .mount(broker.queue(&queue), reject, |m| m)
-        .mount(broker.queue(&dlq), record_dead, |m| m)
+        .mount(broker.queue(&queue), reject, |m| m.max_attempts(5))
         .start()
         .await
         .unwrap();
+    let dead = Arc::new(Mutex::new(Vec::new()));
     eventually(
         "the message in the dead-letter queue",
         Duration::from_secs(30),
-        || async { count(&dead) == 1 },
+        || async {
+            let found = dead_letters(&broker, &dlq).await;
+            let mut dead = dead.lock().unwrap();
+            dead.extend(found);
+            !dead.is_empty()
+        },
     )
     .await;
+    // Gone from the queue for good: deleted, not waiting to be received again.
+    eventually("the queue empty", Duration::from_secs(30), || async {
+        depth(&broker, &queue).await == Some((0, 0))
+    })
+    .await;
     running.shutdown().await.unwrap();
-    assert_eq!(*dead.lock().unwrap(), vec![("dead", 5)]);
+    assert_eq!(*attempts.lock().unwrap(), vec![1], "handled exactly once");
+    let dead = dead.lock().unwrap().clone();
+    assert_eq!(dead.len(), 1);
+    let (body, attributes, group) = &dead[0];
+    assert_eq!(body, "5");
     assert_eq!(
-        *attempts.lock().unwrap(),
-        vec![1, 2],
-        "handled until the receive count passed 2"
+        attributes.get(REJECT_REASON_HEADER).map(String::as_str),
+        Some("rejected by the handler")
     );
+    assert_eq!(attributes.get("x-tenant").map(String::as_str), Some("acme"));
+    assert_eq!(
+        attributes.get("content-type").map(String::as_str),
+        Some("application/json")
+    );
+    if fifo {
+        assert_eq!(group.as_deref(), Some("alice"), "the group travels");
+    }
     delete(&broker, &[&queue, &dlq]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reject_goes_to_the_dead_letter_queue_at_once_with_its_reason() {
+    a_reject_goes_to_the_dead_letter_queue_at_once(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_reject_goes_to_the_fifo_dead_letter_queue_with_its_group() {
+    a_reject_goes_to_the_dead_letter_queue_at_once(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reject_without_a_dead_letter_queue_deletes_the_message() {
+    let broker = broker().await;
+    let queue = declare(&broker, QueueSpec::new(unique("reject-no-dlq", false))).await;
+    broker.publish_json(&queue, &5u64).await.unwrap();
+    let attempts: Seen<u32> = Seen::default();
+    let running = App::new("reject-no-dlq")
+        .with_state(attempts.clone())
+        .mount(broker.queue(&queue), reject, |m| m)
+        .start()
+        .await
+        .unwrap();
+    eventually("the queue empty", Duration::from_secs(30), || async {
+        count(&attempts) == 1 && depth(&broker, &queue).await == Some((0, 0))
+    })
+    .await;
+    running.shutdown().await.unwrap();
+    assert_eq!(*attempts.lock().unwrap(), vec![1]);
+    delete(&broker, &[&queue]).await;
 }
 
 async fn gated(
@@ -472,54 +605,12 @@ async fn gated(
     gate.acquire().await.unwrap().forget();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shutdown_releases_received_but_unstarted_messages_at_once() {
-    // A 30 s visibility timeout: a message not released would stay hidden past the test.
-    let broker = broker_at(ENDPOINT, Duration::from_secs(30)).await;
-    let queue = declare(&broker, QueueSpec::new(unique("release", false))).await;
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let started: Seen<u64> = Seen::default();
-    let running = App::new("release")
-        .with_state(gate.clone())
-        .with_state(started.clone())
-        .mount(broker.queue(&queue), gated, |m| m.workers(2))
-        .start()
-        .await
-        .unwrap();
-    // One message in the queue: the first receive gets it and one worker blocks on it.
-    publish_numbers(&broker, &queue, 0..1, |_| None).await;
-    eventually(
-        "the first handler running",
-        Duration::from_secs(20),
-        || async { count(&started) == 1 },
-    )
-    .await;
-    // With room for one more, the pump asks for two: one goes to the second worker, the
-    // other waits in the hand-over, received but not started.
-    publish_numbers(&broker, &queue, 1..6, |_| None).await;
-    eventually("two handlers running", Duration::from_secs(20), || async {
-        count(&started) == 2
-    })
-    .await;
-    let url = short_url(&broker, &queue).await;
-    eventually("the read-ahead", Duration::from_secs(20), || async {
-        hidden(&broker, &queue).await == Some(3)
-    })
-    .await;
-    running.stop_receiving();
-    gate.add_permits(10);
-    running.shutdown().await.unwrap();
-    assert_eq!(count(&started), 2, "nothing new started during shutdown");
-
-    // The four left are visible again at once, the released one included.
-    let deadline = Instant::now() + Duration::from_secs(10);
+/// Every message the queue still has, received (and left to become visible again).
+async fn remaining(broker: &SqsBroker, queue: &str, expected: usize) -> HashSet<String> {
+    let url = short_url(broker, queue).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
     let mut left = HashSet::new();
-    while left.len() < 4 {
-        assert!(
-            Instant::now() < deadline,
-            "only {} of the four left are visible",
-            left.len()
-        );
+    while left.len() < expected && Instant::now() < deadline {
         let received = broker
             .client()
             .receive_message()
@@ -533,5 +624,249 @@ async fn shutdown_releases_received_but_unstarted_messages_at_once() {
             left.insert(message.body().unwrap_or_default().to_string());
         }
     }
+    left
+}
+
+fn gated_app(
+    name: &str,
+    broker: &SqsBroker,
+    queue: &str,
+    gate: &Arc<tokio::sync::Semaphore>,
+    started: &Seen<u64>,
+    workers: usize,
+) -> App {
+    App::new(name)
+        .with_state(gate.clone())
+        .with_state(started.clone())
+        .mount(broker.queue(queue), gated, move |m| m.workers(workers))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_receiving_releases_waiting_messages_while_handlers_still_run() {
+    // A 30 s visibility timeout: a message not released would stay hidden past the test.
+    let broker = broker_at(ENDPOINT, Duration::from_secs(30)).await;
+    let queue = declare(&broker, QueueSpec::new(unique("release", false))).await;
+    publish_numbers(&broker, &queue, 0..6, |_| None).await;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let started: Seen<u64> = Seen::default();
+    let running = gated_app("release", &broker, &queue, &gate, &started, 2)
+        .start()
+        .await
+        .unwrap();
+    // One receive takes all six: two handlers block, four wait hidden in the hand-over.
+    eventually(
+        "two handlers running, six received",
+        Duration::from_secs(20),
+        || async { count(&started) == 2 && depth(&broker, &queue).await == Some((0, 6)) },
+    )
+    .await;
+    running.stop_receiving();
+    // While the two handlers still run, everything else is visible again.
+    eventually(
+        "the four waiting messages visible again, two still hidden",
+        Duration::from_secs(10),
+        || async { depth(&broker, &queue).await == Some((4, 2)) },
+    )
+    .await;
+    assert_eq!(count(&started), 2, "the handlers are still blocked");
+    gate.add_permits(10);
+    running.shutdown().await.unwrap();
+    assert_eq!(count(&started), 2, "nothing new started while draining");
+    // Nothing lost: the two handled are deleted, the four others are still there.
+    eventually(
+        "the two handled deleted",
+        Duration::from_secs(10),
+        || async { depth(&broker, &queue).await == Some((4, 0)) },
+    )
+    .await;
+    let handled: HashSet<String> = started
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|n| n.to_string())
+        .collect();
+    let left = remaining(&broker, &queue, 4).await;
+    assert_eq!(left.len(), 4);
+    assert!(left.is_disjoint(&handled));
     delete(&broker, &[&queue]).await;
+}
+
+/// A broker whose receives long-poll for `wait`.
+async fn polling_for(wait: Duration) -> SqsBroker {
+    SqsBroker::builder()
+        .endpoint(ENDPOINT)
+        .region("us-east-1")
+        .static_credentials("test", "test")
+        .wait_time(wait)
+        .visibility_timeout(Duration::from_secs(30))
+        .build()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receive_under_way_when_receiving_stops_completes_and_its_messages_go_back() {
+    let broker = polling_for(Duration::from_secs(10)).await;
+    let queue = declare(&broker, QueueSpec::new(unique("stop-mid-poll", false))).await;
+    publish_numbers(&broker, &queue, 0..1, |_| None).await;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let started: Seen<u64> = Seen::default();
+    let running = gated_app("stop-mid-poll", &broker, &queue, &gate, &started, 2)
+        .start()
+        .await
+        .unwrap();
+    eventually("the handler running", Duration::from_secs(20), || async {
+        count(&started) == 1
+    })
+    .await;
+    // A second worker is free: the pump long-polls the empty queue for 10 s.
+    running.stop_receiving();
+    publish_numbers(&broker, &queue, 1..4, |_| None).await;
+    // Whether the poll under way took them or no poll was under way, they are visible
+    // while the handler is still blocked; a poll cut short would leave them hidden 30 s.
+    eventually(
+        "the three published after the stop visible",
+        Duration::from_secs(20),
+        || async { depth(&broker, &queue).await == Some((3, 1)) },
+    )
+    .await;
+    assert_eq!(count(&started), 1);
+    gate.add_permits(10);
+    running.shutdown().await.unwrap();
+    assert_eq!(remaining(&broker, &queue, 3).await.len(), 3, "nothing lost");
+    delete(&broker, &[&queue]).await;
+}
+
+async fn ack(Json(_n): Json<u64>) {}
+
+/// A receive cut short by the client goes on in the emulator (as in SQS) until its long
+/// poll ends, and takes whatever arrives meanwhile, hidden for the visibility timeout:
+/// closing must wait for it instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_leaves_no_receive_under_way_behind() {
+    let broker = polling_for(Duration::from_secs(5)).await;
+    let queue = declare(&broker, QueueSpec::new(unique("close-mid-poll", false))).await;
+    let running = App::new("close-mid-poll")
+        .mount(broker.queue(&queue), ack, |m| m)
+        .start()
+        .await
+        .unwrap();
+    // The pump long-polls the empty queue for 5 s at a time.
+    running.shutdown().await.unwrap();
+    publish_numbers(&broker, &queue, 0..3, |_| None).await;
+    eventually("the three visible", Duration::from_secs(20), || async {
+        depth(&broker, &queue).await == Some((3, 0))
+    })
+    .await;
+    delete(&broker, &[&queue]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequential_mount_receives_ten_at_a_time_and_keeps_them_hidden() {
+    let broker = broker_at(ENDPOINT, Duration::from_secs(30)).await;
+    let queue = declare(&broker, QueueSpec::new(unique("sequential-ten", false))).await;
+    publish_numbers(&broker, &queue, 0..10, |_| None).await;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let started: Seen<u64> = Seen::default();
+    let running = App::new("sequential-ten")
+        .with_state(gate.clone())
+        .with_state(started.clone())
+        .mount(broker.queue(&queue), gated, |m| m)
+        .start()
+        .await
+        .unwrap();
+    // One handler runs; the other nine of its receive wait, hidden.
+    eventually("all ten received", Duration::from_secs(20), || async {
+        count(&started) == 1 && depth(&broker, &queue).await == Some((0, 10))
+    })
+    .await;
+    gate.add_permits(100);
+    eventually("all ten handled", Duration::from_secs(30), || async {
+        count(&started) == 10
+    })
+    .await;
+    running.shutdown().await.unwrap();
+    delete(&broker, &[&queue]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receive_batch_lowers_how_many_one_receive_takes() {
+    let broker = broker_at(ENDPOINT, Duration::from_secs(30)).await;
+    let queue = declare(&broker, QueueSpec::new(unique("receive-three", false))).await;
+    publish_numbers(&broker, &queue, 0..10, |_| None).await;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let started: Seen<u64> = Seen::default();
+    let running = App::new("receive-three")
+        .with_state(gate.clone())
+        .with_state(started.clone())
+        .mount(broker.queue(&queue).receive_batch(3), gated, |m| m)
+        .start()
+        .await
+        .unwrap();
+    // One receive of three: one runs, two wait, and the pump waits for them.
+    eventually("one receive of three", Duration::from_secs(20), || async {
+        count(&started) == 1 && depth(&broker, &queue).await == Some((7, 3))
+    })
+    .await;
+    gate.add_permits(100);
+    eventually("all ten handled", Duration::from_secs(30), || async {
+        count(&started) == 10
+    })
+    .await;
+    running.shutdown().await.unwrap();
+    delete(&broker, &[&queue]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receive_batch_outside_one_to_ten_fails_the_start() {
+    let broker = broker().await;
+    for bad in [0, 11] {
+        let started = App::new("bad-receive-batch")
+            .mount(
+                broker.queue("never-resolved").receive_batch(bad),
+                ack,
+                |m| m,
+            )
+            .start()
+            .await;
+        match started {
+            Err(Error::Config(message)) => {
+                assert!(message.contains("receive_batch"), "{message}");
+            }
+            Err(other) => panic!("receive_batch({bad}): {other}"),
+            Ok(_) => panic!("receive_batch({bad}) should not start"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_queue_ends_the_app_with_an_error_naming_it() {
+    let broker = broker().await;
+    let queue = declare(&broker, QueueSpec::new(unique("deleted", false))).await;
+    publish_numbers(&broker, &queue, 0..1, |_| None).await;
+    let seen: Seen<(u64, Headers, DeliveryInfo)> = Seen::default();
+    let app =
+        App::new("deleted")
+            .with_state(seen.clone())
+            .mount(broker.queue(&queue), record_all, |m| m);
+    let running = tokio::spawn(app.run_until(std::future::pending()));
+    eventually("the app receiving", Duration::from_secs(20), || async {
+        count(&seen) == 1
+    })
+    .await;
+    broker.delete_queue(&queue).await.unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(60), running)
+        .await
+        .expect("the app stops by itself")
+        .unwrap();
+    let error = ended.expect_err("a deleted queue is an error");
+    assert!(
+        matches!(&error, Error::Subscribe { queue: q, .. } if *q == queue),
+        "{error:?}"
+    );
+    let chain = format!("{error}: {:?}", std::error::Error::source(&error));
+    assert!(
+        chain.contains("NonExistentQueue") || chain.contains("QueueDoesNotExist"),
+        "{chain}"
+    );
 }

@@ -1,0 +1,117 @@
+//! The SQS calls a subscription's keeper makes, behind a trait so that the order of its
+//! calls can be tested without SQS.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use aws_sdk_sqs::types::{
+    ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry,
+    SendMessageBatchRequestEntry,
+};
+
+use crate::broker::SqsBroker;
+use crate::error::SqsError;
+use crate::queue::{DeadLetterTarget, QueueInfo};
+use crate::settle::failures;
+
+/// Each batch call answers with the entries that failed: their index in the request (the
+/// entry's id) and SQS's reason.
+pub(crate) type Failed = Vec<(usize, String)>;
+
+/// What the keeper asks of SQS.
+pub(crate) trait Calls: Send + Sync + 'static {
+    /// One `ChangeMessageVisibilityBatch`: (receipt, seconds) per entry, ten at most.
+    fn change_visibility(
+        &self,
+        queue: &QueueInfo,
+        entries: &[(String, i32)],
+    ) -> impl Future<Output = Result<Failed, SqsError>> + Send;
+
+    /// One `DeleteMessageBatch`, ten receipts at most.
+    fn delete(
+        &self,
+        queue: &QueueInfo,
+        receipts: &[String],
+    ) -> impl Future<Output = Result<Failed, SqsError>> + Send;
+
+    /// One `SendMessageBatch`, each entry's id its index.
+    fn send(
+        &self,
+        queue: &QueueInfo,
+        entries: Vec<SendMessageBatchRequestEntry>,
+    ) -> impl Future<Output = Result<Failed, SqsError>> + Send;
+
+    /// The dead-letter queue a redrive policy names.
+    fn dead_letter_queue(
+        &self,
+        target: &DeadLetterTarget,
+    ) -> impl Future<Output = Result<Arc<QueueInfo>, SqsError>> + Send;
+}
+
+impl Calls for SqsBroker {
+    async fn change_visibility(
+        &self,
+        queue: &QueueInfo,
+        entries: &[(String, i32)],
+    ) -> Result<Failed, SqsError> {
+        let request = entries
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (receipt, seconds))| {
+                ChangeMessageVisibilityBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .receipt_handle(receipt)
+                    .visibility_timeout(*seconds)
+                    .build()
+                    .ok()
+            });
+        self.client()
+            .change_message_visibility_batch()
+            .queue_url(&queue.url)
+            .set_entries(Some(request.collect()))
+            .send()
+            .await
+            .map(|output| failures(output.failed()))
+            .map_err(|e| SqsError::call("ChangeMessageVisibilityBatch", &queue.name, e))
+    }
+
+    async fn delete(&self, queue: &QueueInfo, receipts: &[String]) -> Result<Failed, SqsError> {
+        let request = receipts.iter().enumerate().filter_map(|(i, receipt)| {
+            DeleteMessageBatchRequestEntry::builder()
+                .id(i.to_string())
+                .receipt_handle(receipt)
+                .build()
+                .ok()
+        });
+        self.client()
+            .delete_message_batch()
+            .queue_url(&queue.url)
+            .set_entries(Some(request.collect()))
+            .send()
+            .await
+            .map(|output| failures(output.failed()))
+            .map_err(|e| SqsError::call("DeleteMessageBatch", &queue.name, e))
+    }
+
+    async fn send(
+        &self,
+        queue: &QueueInfo,
+        entries: Vec<SendMessageBatchRequestEntry>,
+    ) -> Result<Failed, SqsError> {
+        self.client()
+            .send_message_batch()
+            .queue_url(&queue.url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+            .map(|output| failures(output.failed()))
+            .map_err(|e| SqsError::call("SendMessageBatch", &queue.name, e))
+    }
+
+    async fn dead_letter_queue(
+        &self,
+        target: &DeadLetterTarget,
+    ) -> Result<Arc<QueueInfo>, SqsError> {
+        self.resolve_dead_letter(target).await
+    }
+}

@@ -1,0 +1,799 @@
+//! The keeper: one task per subscription that keeps every received, unsettled message
+//! hidden (the visibility extender) and makes the settlement calls, one call at a time.
+//!
+//! Doing both in one task orders them: a renewal is sent only for messages still held
+//! when it is sent, and a settlement recorded while a renewal is under way is carried out
+//! after that renewal has returned. So the visibility a settlement sets (0 for a retry or
+//! a release, the delay for a retry-after) is always the last word; a renewal can never
+//! land after it and hide the message for a whole visibility timeout.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::attributes::{self, Outgoing};
+use crate::calls::Calls;
+use crate::error::SqsError;
+use crate::inflight::{InFlight, Op, Rejected};
+use crate::publisher::{chunk_lengths, unique_id};
+use crate::queue::{DeadLetter, QueueInfo};
+use crate::settle::{ATTEMPTS, BATCH_LIMIT, MAX_VISIBILITY, delete_all, hide_all};
+
+/// The longest reject reason a dead letter carries; a longer one is cut (at a character
+/// boundary) and ends with `…`.
+const MAX_REASON_BYTES: usize = 1024;
+
+/// What a subscription's keeper needs.
+pub(crate) struct Keeper<C> {
+    pub(crate) calls: C,
+    pub(crate) queue: Arc<QueueInfo>,
+    pub(crate) in_flight: Arc<InFlight>,
+    /// The visibility timeout the pump receives with and the keeper renews to.
+    pub(crate) visibility: Duration,
+    /// How long a settlement waits for others to share its batch call.
+    pub(crate) flush_interval: Duration,
+    /// Set by `close` once the pump has ended: finish what is settled, then stop.
+    pub(crate) closing: watch::Receiver<bool>,
+    /// Closed when the last settler is gone: nothing more will be settled.
+    pub(crate) alive: watch::Receiver<()>,
+    /// The dead-letter queue, once resolved.
+    pub(crate) dead_letter_queue: Option<Arc<QueueInfo>>,
+}
+
+/// A rejected message, ready for its dead-letter queue.
+struct DeadLetterMessage {
+    receipt: String,
+    outgoing: Outgoing,
+    group: Option<String>,
+    deduplication: Option<String>,
+    rejected: Box<Rejected>,
+}
+
+impl<C: Calls> Keeper<C> {
+    /// Runs until the subscription is closed (or every settler is gone) and every message
+    /// is finished with.
+    ///
+    /// Every third of the visibility timeout it renews the held messages that would become
+    /// visible within half of it, ten per `ChangeMessageVisibilityBatch`, never past 12
+    /// hours from receipt. A settlement waits up to the flush interval for nine more to
+    /// share its batch call.
+    pub(crate) async fn run(mut self) {
+        let tick = (self.visibility / 3).max(Duration::from_millis(200));
+        let mut renewals = tokio::time::interval_at(Instant::now() + tick, tick);
+        renewals.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut closing = false;
+        loop {
+            if closing && self.in_flight.is_empty() {
+                return;
+            }
+            let in_flight = self.in_flight.clone();
+            tokio::select! {
+                biased;
+                () = in_flight.settled.notified() => {
+                    if !closing {
+                        self.gather().await;
+                    }
+                    self.flush().await;
+                }
+                () = close_requested(&mut self.closing, &mut self.alive), if !closing => {
+                    closing = true;
+                    self.flush().await;
+                }
+                _ = renewals.tick() => self.renew().await,
+            }
+        }
+    }
+
+    /// Waits up to the flush interval for a full batch of settlements.
+    async fn gather(&self) {
+        let deadline = Instant::now() + self.flush_interval;
+        while self.in_flight.settled_count() < BATCH_LIMIT {
+            tokio::select! {
+                () = self.in_flight.settled.notified() => {}
+                () = tokio::time::sleep_until(deadline) => return,
+            }
+        }
+    }
+
+    /// Carries out every settlement recorded so far, then forgets those messages.
+    async fn flush(&mut self) {
+        let settled = self.in_flight.take_settled();
+        if settled.is_empty() {
+            return;
+        }
+        let mut tags = Vec::with_capacity(settled.len());
+        let mut deletes = Vec::new();
+        let mut hides = Vec::new();
+        let mut rejects = Vec::new();
+        for pending in settled {
+            tags.push(pending.tag);
+            match pending.op {
+                Op::Delete => deletes.push(pending.receipt),
+                Op::Hide { seconds } => hides.push((pending.receipt, seconds)),
+                Op::Reject(rejected) => {
+                    rejects.push((pending.receipt, pending.message_id, rejected))
+                }
+            }
+        }
+        if !rejects.is_empty() {
+            self.dead_letter(rejects, &mut deletes, &mut hides).await;
+        }
+        if !deletes.is_empty() {
+            delete_all(&self.calls, &self.queue, deletes).await;
+        }
+        if !hides.is_empty() {
+            hide_all(&self.calls, &self.queue, hides).await;
+        }
+        self.in_flight.finish(tags);
+    }
+
+    /// Renews the held messages close to becoming visible. A message settled meanwhile is
+    /// left out: its settlement's call comes next and sets its visibility.
+    async fn renew(&self) {
+        let due = self
+            .in_flight
+            .due(self.visibility / 2, self.visibility, MAX_VISIBILITY);
+        for chunk in due.chunks(BATCH_LIMIT) {
+            let held: Vec<&(u64, String, Duration)> = chunk
+                .iter()
+                .filter(|(tag, _, _)| self.in_flight.is_held(*tag))
+                .collect();
+            if held.is_empty() {
+                continue;
+            }
+            let entries: Vec<(String, i32)> = held
+                .iter()
+                .map(|(_, receipt, renew)| {
+                    (
+                        receipt.clone(),
+                        i32::try_from(renew.as_secs()).unwrap_or(i32::MAX),
+                    )
+                })
+                .collect();
+            let failed = match self.calls.change_visibility(&self.queue, &entries).await {
+                Ok(failed) => failed,
+                Err(error) => {
+                    tracing::warn!(queue = self.queue.name, %error, "cannot renew visibility; trying again next tick");
+                    continue;
+                }
+            };
+            for (index, (tag, _, renew)) in held.iter().enumerate() {
+                match failed.iter().find(|(i, _)| *i == index) {
+                    Some((_, reason)) => {
+                        tracing::debug!(queue = self.queue.name, reason, "visibility not renewed");
+                    }
+                    None => self.in_flight.renewed(*tag, *renew),
+                }
+            }
+        }
+    }
+
+    /// Sends rejected messages to the dead-letter queue (`SendMessageBatch`); those sent
+    /// are then deleted with the acks. Without a redrive policy they are deleted with an
+    /// error log. One that cannot be dead-lettered is made visible again, so that it is
+    /// not lost (the queue's redrive policy still moves it after `maxReceiveCount`).
+    async fn dead_letter(
+        &mut self,
+        rejects: Vec<(String, Option<String>, Box<Rejected>)>,
+        deletes: &mut Vec<String>,
+        hides: &mut Vec<(String, i32)>,
+    ) {
+        let queue = self.queue.clone();
+        let dead_letter_queue = match self.dead_letter_queue().await {
+            Ok(Some(dead_letter_queue)) => dead_letter_queue,
+            Ok(None) => {
+                for (receipt, _, rejected) in rejects {
+                    tracing::error!(
+                        queue = queue.name,
+                        reason = rejected.reason,
+                        attempt = rejected.attempt,
+                        "rejected, and the queue has no dead-letter queue (no redrive policy): deleting the message"
+                    );
+                    deletes.push(receipt);
+                }
+                return;
+            }
+            Err(error) => {
+                for (receipt, _, rejected) in rejects {
+                    tracing::error!(
+                        queue = queue.name,
+                        reason = rejected.reason,
+                        attempt = rejected.attempt,
+                        %error,
+                        "rejected, but the dead-letter queue cannot be reached: the message is visible again"
+                    );
+                    hides.push((receipt, 0));
+                }
+                return;
+            }
+        };
+        let mut ready = Vec::with_capacity(rejects.len());
+        for (receipt, message_id, rejected) in rejects {
+            match dead_letter_message(&queue, &dead_letter_queue, receipt, message_id, rejected) {
+                Ok(message) => ready.push(message),
+                Err((receipt, rejected, error)) => {
+                    tracing::error!(
+                        queue = queue.name,
+                        dead_letter_queue = dead_letter_queue.name,
+                        reason = rejected.reason,
+                        attempt = rejected.attempt,
+                        %error,
+                        "rejected, but the message cannot go to the dead-letter queue: it is visible again"
+                    );
+                    hides.push((receipt, 0));
+                }
+            }
+        }
+        let sizes: Vec<usize> = ready.iter().map(|m| m.outgoing.size).collect();
+        let mut ready = ready.into_iter();
+        for length in chunk_lengths(&sizes, dead_letter_queue.max_message_size) {
+            let chunk: Vec<DeadLetterMessage> = ready.by_ref().take(length).collect();
+            self.send_dead_letters(&dead_letter_queue, chunk, deletes, hides)
+                .await;
+        }
+    }
+
+    /// One `SendMessageBatch` to the dead-letter queue, retrying failed entries.
+    async fn send_dead_letters(
+        &self,
+        dead_letter_queue: &QueueInfo,
+        mut chunk: Vec<DeadLetterMessage>,
+        deletes: &mut Vec<String>,
+        hides: &mut Vec<(String, i32)>,
+    ) {
+        let mut last_failure = String::new();
+        for attempt in 1..=ATTEMPTS {
+            // Ids are indices into `chunk`; an entry that cannot be built counts as failed.
+            let mut entries = Vec::with_capacity(chunk.len());
+            let mut failed: Vec<(usize, String)> = Vec::new();
+            for (i, message) in chunk.iter().enumerate() {
+                let entry = SendMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .message_body(message.outgoing.body.clone())
+                    .set_message_attributes(
+                        Some(message.outgoing.attributes.clone()).filter(|a| !a.is_empty()),
+                    )
+                    .set_message_group_id(message.group.clone())
+                    .set_message_deduplication_id(message.deduplication.clone())
+                    .build();
+                match entry {
+                    Ok(entry) => entries.push(entry),
+                    Err(error) => failed.push((i, error.to_string())),
+                }
+            }
+            if !entries.is_empty() {
+                match self.calls.send(dead_letter_queue, entries).await {
+                    Ok(refused) => failed.extend(refused),
+                    Err(error) => failed.extend(
+                        (0..chunk.len())
+                            .filter(|i| !failed.iter().any(|(f, _)| f == i))
+                            .map(|i| (i, error.to_string()))
+                            .collect::<Vec<_>>(),
+                    ),
+                }
+            }
+            let mut left = Vec::with_capacity(failed.len());
+            for (index, message) in chunk.into_iter().enumerate() {
+                match failed.iter().find(|(i, _)| *i == index) {
+                    Some((_, reason)) => {
+                        last_failure.clone_from(reason);
+                        left.push(message);
+                    }
+                    None => {
+                        tracing::info!(
+                            queue = self.queue.name,
+                            dead_letter_queue = dead_letter_queue.name,
+                            reason = message.rejected.reason,
+                            attempt = message.rejected.attempt,
+                            "rejected: moved to the dead-letter queue"
+                        );
+                        deletes.push(message.receipt);
+                    }
+                }
+            }
+            chunk = left;
+            if chunk.is_empty() {
+                return;
+            }
+            if attempt < ATTEMPTS {
+                tracing::warn!(
+                    queue = self.queue.name,
+                    dead_letter_queue = dead_letter_queue.name,
+                    failed = chunk.len(),
+                    first = last_failure,
+                    attempt,
+                    "sending to the dead-letter queue failed; trying again"
+                );
+                tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+            }
+        }
+        for message in chunk {
+            tracing::error!(
+                queue = self.queue.name,
+                dead_letter_queue = dead_letter_queue.name,
+                reason = message.rejected.reason,
+                attempt = message.rejected.attempt,
+                error = last_failure,
+                "rejected, but sending to the dead-letter queue failed for good: the message is visible again"
+            );
+            hides.push((message.receipt, 0));
+        }
+    }
+
+    /// The queue's dead-letter queue (resolved once), `None` without a redrive policy.
+    async fn dead_letter_queue(&mut self) -> Result<Option<Arc<QueueInfo>>, SqsError> {
+        match &self.queue.dead_letter {
+            DeadLetter::None => Ok(None),
+            DeadLetter::Unreadable(policy) => Err(SqsError::Config(format!(
+                "the queue's redrive policy names no dead-letter queue this transport can read: {policy}"
+            ))),
+            DeadLetter::Target(target) => {
+                if let Some(known) = &self.dead_letter_queue {
+                    return Ok(Some(known.clone()));
+                }
+                let resolved = self.calls.dead_letter_queue(target).await?;
+                self.dead_letter_queue = Some(resolved.clone());
+                Ok(Some(resolved))
+            }
+        }
+    }
+}
+
+/// Resolves once `close` asks the keeper to finish, or the last settler is gone.
+async fn close_requested(closing: &mut watch::Receiver<bool>, alive: &mut watch::Receiver<()>) {
+    let asked = async {
+        if closing.wait_for(|closing| *closing).await.is_err() {
+            // The subscriber was dropped without closing: wait for the settlers instead.
+            std::future::pending::<()>().await;
+        }
+    };
+    let settlers_gone = async { while alive.changed().await.is_ok() {} };
+    tokio::select! {
+        () = asked => {}
+        () = settlers_gone => {}
+    }
+}
+
+type Refused = (String, Box<Rejected>, SqsError);
+
+/// A rejected message as its dead-letter queue takes it: payload and headers as received,
+/// the reason in the `x-reject-reason` attribute (left out, with a warning, where it does
+/// not fit in SQS's ten attributes or the queue's size limit), and for a FIFO queue the
+/// message's group and its SQS message id as deduplication id.
+fn dead_letter_message(
+    queue: &QueueInfo,
+    dead_letter_queue: &QueueInfo,
+    receipt: String,
+    message_id: Option<String>,
+    rejected: Box<Rejected>,
+) -> Result<DeadLetterMessage, Refused> {
+    let reason = cut(&rejected.reason, MAX_REASON_BYTES);
+    let with_reason = attributes::encode_dead_letter(
+        &dead_letter_queue.name,
+        &rejected.payload,
+        &rejected.headers,
+        Some(&reason),
+    );
+    let outgoing = match with_reason {
+        Ok(outgoing) if outgoing.size <= dead_letter_queue.max_message_size => outgoing,
+        _ => {
+            let without = attributes::encode_dead_letter(
+                &dead_letter_queue.name,
+                &rejected.payload,
+                &rejected.headers,
+                None,
+            );
+            let outgoing = match without {
+                Ok(outgoing) if outgoing.size <= dead_letter_queue.max_message_size => outgoing,
+                Ok(outgoing) => {
+                    let error = SqsError::InvalidMessage {
+                        queue: dead_letter_queue.name.clone(),
+                        reason: format!(
+                            "the message is {} bytes; the dead-letter queue takes at most {}",
+                            outgoing.size, dead_letter_queue.max_message_size
+                        ),
+                    };
+                    return Err((receipt, rejected, error));
+                }
+                Err(error) => return Err((receipt, rejected, error)),
+            };
+            tracing::warn!(
+                queue = queue.name,
+                reason = rejected.reason,
+                "the reject reason does not fit in the message's attributes; dead-lettering it without"
+            );
+            outgoing
+        }
+    };
+    let (group, deduplication) = if dead_letter_queue.fifo {
+        let group = rejected
+            .partition_key
+            .as_ref()
+            .map_or_else(|| queue.name.clone(), |key| key.as_str().to_string());
+        (Some(group), Some(message_id.unwrap_or_else(unique_id)))
+    } else {
+        (None, None)
+    };
+    Ok(DeadLetterMessage {
+        receipt,
+        outgoing,
+        group,
+        deduplication,
+        rejected,
+    })
+}
+
+/// `text` cut to at most `max` bytes at a character boundary, marked with `…` if cut.
+fn cut(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
+        return text.into();
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end]).into()
+}
+
+#[cfg(test)]
+mod tests {
+    //! The keeper against scripted SQS calls: the order of its calls, and what a stalled
+    //! call holds back.
+    use std::sync::Mutex;
+
+    use conveyor::{Headers, PartitionKey, REJECT_REASON_HEADER, Settle, Settled, Settlement};
+    use tokio::sync::Semaphore;
+
+    use super::*;
+    use crate::queue::DeadLetterTarget;
+    use crate::settle::Settler;
+
+    /// One call the keeper made.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    enum Call {
+        Visibility(Vec<(String, i32)>),
+        Delete(Vec<String>),
+        /// The queue, and per entry its body, group and reject reason.
+        Send(String, Vec<(String, Option<String>, Option<String>)>),
+    }
+
+    /// Records calls; each call first waits for a permit of `gate`, so a test can hold
+    /// one under way.
+    #[derive(Clone)]
+    struct Script {
+        calls: Arc<Mutex<Vec<Call>>>,
+        started: Arc<Semaphore>,
+        gate: Arc<Semaphore>,
+        dead_letter_queue: Option<Arc<QueueInfo>>,
+        fail_sends: bool,
+    }
+
+    impl Script {
+        fn new(open: bool) -> Script {
+            Script {
+                calls: Arc::default(),
+                started: Arc::new(Semaphore::new(0)),
+                gate: Arc::new(Semaphore::new(if open {
+                    Semaphore::MAX_PERMITS
+                } else {
+                    0
+                })),
+                dead_letter_queue: None,
+                fail_sends: false,
+            }
+        }
+
+        async fn call(&self, call: Call) {
+            self.started.add_permits(1);
+            if let Ok(permit) = self.gate.acquire().await {
+                permit.forget();
+            }
+            self.calls.lock().unwrap().push(call);
+        }
+
+        fn calls(&self) -> Vec<Call> {
+            self.calls.lock().unwrap().clone()
+        }
+    }
+
+    impl Calls for Script {
+        async fn change_visibility(
+            &self,
+            _: &QueueInfo,
+            entries: &[(String, i32)],
+        ) -> Result<Vec<(usize, String)>, SqsError> {
+            self.call(Call::Visibility(entries.to_vec())).await;
+            Ok(Vec::new())
+        }
+
+        async fn delete(
+            &self,
+            _: &QueueInfo,
+            receipts: &[String],
+        ) -> Result<Vec<(usize, String)>, SqsError> {
+            self.call(Call::Delete(receipts.to_vec())).await;
+            Ok(Vec::new())
+        }
+
+        async fn send(
+            &self,
+            queue: &QueueInfo,
+            entries: Vec<SendMessageBatchRequestEntry>,
+        ) -> Result<Vec<(usize, String)>, SqsError> {
+            let seen = entries
+                .iter()
+                .map(|e| {
+                    let reason = e
+                        .message_attributes()
+                        .and_then(|a| a.get(REJECT_REASON_HEADER))
+                        .and_then(|v| v.string_value())
+                        .map(str::to_string);
+                    (
+                        e.message_body().to_string(),
+                        e.message_group_id().map(str::to_string),
+                        reason,
+                    )
+                })
+                .collect();
+            self.call(Call::Send(queue.name.clone(), seen)).await;
+            if self.fail_sends {
+                Ok((0..entries.len())
+                    .map(|i| (i, "InternalError".into()))
+                    .collect())
+            } else {
+                Ok(Vec::new())
+            }
+        }
+
+        async fn dead_letter_queue(
+            &self,
+            target: &DeadLetterTarget,
+        ) -> Result<Arc<QueueInfo>, SqsError> {
+            self.dead_letter_queue
+                .clone()
+                .ok_or_else(|| SqsError::NoSuchQueue(target.arn.clone()))
+        }
+    }
+
+    struct Running {
+        in_flight: Arc<InFlight>,
+        settler: Arc<Settler>,
+        closing: watch::Sender<bool>,
+        keeper: tokio::task::JoinHandle<()>,
+    }
+
+    const VISIBILITY: Duration = Duration::from_secs(30);
+
+    fn start(script: &Script, queue: QueueInfo) -> Running {
+        let in_flight = Arc::new(InFlight::default());
+        let (alive, alive_rx) = watch::channel(());
+        let (closing, closing_rx) = watch::channel(false);
+        let keeper = tokio::spawn(
+            Keeper {
+                calls: script.clone(),
+                queue: Arc::new(queue),
+                in_flight: in_flight.clone(),
+                visibility: VISIBILITY,
+                flush_interval: Duration::from_millis(5),
+                closing: closing_rx,
+                alive: alive_rx,
+                dead_letter_queue: None,
+            }
+            .run(),
+        );
+        Running {
+            settler: Arc::new(Settler::new(in_flight.clone(), alive)),
+            in_flight,
+            closing,
+            keeper,
+        }
+    }
+
+    impl Running {
+        fn receive(&self, receipt: &str) -> u64 {
+            self.in_flight
+                .insert(receipt.into(), Some(format!("id-{receipt}")), VISIBILITY)
+        }
+
+        fn settle(&self, tag: u64, settlement: Settlement<'_>) {
+            self.settler.settle(Settled::new(tag, settlement));
+        }
+
+        async fn close(self) {
+            self.closing.send_replace(true);
+            drop(self.settler);
+            self.keeper.await.unwrap();
+        }
+    }
+
+    /// Waits (on tokio's paused clock) until the scripted calls have started `n` times.
+    async fn started(script: &Script, n: u32) {
+        script.started.acquire_many(n).await.unwrap().forget();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_settled_while_its_renewal_is_under_way_is_sent_after_it() {
+        let script = Script::new(false);
+        let running = start(&script, QueueInfo::for_tests("q"));
+        let tag = running.receive("a");
+        // At 20 s the message is within half a visibility of showing: the renewal starts
+        // and is held under way by the closed gate.
+        started(&script, 1).await;
+        running.settle(tag, Settlement::Retry);
+        assert!(
+            script.calls().is_empty(),
+            "the retry waits for the renewal under way"
+        );
+        script.gate.add_permits(Semaphore::MAX_PERMITS);
+        running.close().await;
+        assert_eq!(
+            script.calls(),
+            vec![
+                Call::Visibility(vec![("a".into(), 30)]),
+                Call::Visibility(vec![("a".into(), 0)]),
+            ],
+            "the retry's visibility 0 is the last word"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_message_settled_before_its_renewal_is_not_renewed() {
+        let script = Script::new(true);
+        let running = start(&script, QueueInfo::for_tests("q"));
+        let held = running.receive("held");
+        let retried = running.receive("later");
+        running.settle(retried, Settlement::RetryAfter(Duration::from_millis(1500)));
+        started(&script, 1).await; // the retry-after's call
+        started(&script, 1).await; // the renewal, at 20 s
+        running.settle(held, Settlement::Ack);
+        running.close().await;
+        assert_eq!(
+            script.calls(),
+            vec![
+                Call::Visibility(vec![("later".into(), 2)]),
+                Call::Visibility(vec![("held".into(), 30)]),
+                Call::Delete(vec!["held".into()]),
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_settlement_not_yet_sent_still_counts_as_in_flight() {
+        let script = Script::new(false);
+        let running = start(&script, QueueInfo::for_tests("q"));
+        let tags: Vec<u64> = (0..3).map(|i| running.receive(&format!("r{i}"))).collect();
+        for tag in &tags {
+            running.settle(*tag, Settlement::Ack);
+        }
+        started(&script, 1).await; // the delete, held by the closed gate
+        assert_eq!(
+            running.in_flight.len(),
+            3,
+            "a stalled delete keeps its messages counted, so the pump has no room"
+        );
+        script.gate.add_permits(Semaphore::MAX_PERMITS);
+        let in_flight = running.in_flight.clone();
+        running.close().await;
+        assert!(in_flight.is_empty());
+        assert_eq!(
+            script.calls(),
+            vec![Call::Delete(vec!["r0".into(), "r1".into(), "r2".into()])],
+            "one batch call"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ten_settlements_share_one_call_and_more_go_in_the_next() {
+        let script = Script::new(true);
+        let running = start(&script, QueueInfo::for_tests("q"));
+        let tags: Vec<u64> = (0..12).map(|i| running.receive(&format!("r{i}"))).collect();
+        for tag in tags {
+            running.settle(tag, Settlement::Ack);
+        }
+        running.close().await;
+        let calls = script.calls();
+        let sizes: Vec<usize> = calls
+            .iter()
+            .map(|c| match c {
+                Call::Delete(receipts) => receipts.len(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(sizes.iter().sum::<usize>(), 12);
+        assert!(sizes.iter().all(|n| *n <= BATCH_LIMIT), "{sizes:?}");
+    }
+
+    fn with_dead_letter_queue(name: &str, fifo: bool) -> (Script, QueueInfo) {
+        let mut script = Script::new(true);
+        let dead = if fifo {
+            format!("{name}-dead.fifo")
+        } else {
+            format!("{name}-dead")
+        };
+        script.dead_letter_queue = Some(Arc::new(QueueInfo::for_tests(&dead)));
+        let mut queue = QueueInfo::for_tests(name);
+        queue.dead_letter = DeadLetter::Target(DeadLetterTarget {
+            arn: format!("arn:aws:sqs:us-east-1:123456789012:{dead}"),
+            name: dead,
+            account: "123456789012".into(),
+        });
+        (script, queue)
+    }
+
+    fn reject(running: &Running, tag: u64, body: &str, key: Option<&str>, reason: &str) {
+        let mut settled = Settled::new(tag, Settlement::Reject { reason });
+        settled.payload = conveyor::Bytes::copy_from_slice(body.as_bytes());
+        settled.headers = Headers::new();
+        settled.partition_key = key.map(PartitionKey::from);
+        running.settler.settle(settled);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reject_goes_to_the_dead_letter_queue_with_its_reason_then_is_deleted() {
+        let (script, queue) = with_dead_letter_queue("orders.fifo", true);
+        let running = start(&script, queue);
+        let tag = running.receive("r");
+        reject(&running, tag, "{\"id\":1}", Some("alice"), "bad input");
+        running.close().await;
+        assert_eq!(
+            script.calls(),
+            vec![
+                Call::Send(
+                    "orders.fifo-dead.fifo".into(),
+                    vec![(
+                        "{\"id\":1}".into(),
+                        Some("alice".into()),
+                        Some("bad input".into())
+                    )]
+                ),
+                Call::Delete(vec!["r".into()]),
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reject_that_cannot_be_dead_lettered_is_not_deleted() {
+        let (mut script, queue) = with_dead_letter_queue("orders", false);
+        script.fail_sends = true;
+        let running = start(&script, queue);
+        let tag = running.receive("r");
+        reject(&running, tag, "x", None, "bad input");
+        running.close().await;
+        let calls = script.calls();
+        assert_eq!(
+            calls.iter().filter(|c| matches!(c, Call::Send(..))).count(),
+            ATTEMPTS as usize
+        );
+        assert!(!calls.iter().any(|c| matches!(c, Call::Delete(_))));
+        assert_eq!(
+            calls.last(),
+            Some(&Call::Visibility(vec![("r".into(), 0)])),
+            "visible again, for the redrive policy to take"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reject_without_a_dead_letter_queue_is_deleted() {
+        let script = Script::new(true);
+        let running = start(&script, QueueInfo::for_tests("q"));
+        let tag = running.receive("r");
+        reject(&running, tag, "x", None, "bad input");
+        running.close().await;
+        assert_eq!(script.calls(), vec![Call::Delete(vec!["r".into()])]);
+    }
+
+    #[test]
+    fn long_reasons_are_cut_at_a_character_boundary() {
+        assert_eq!(cut("short", 10), "short");
+        let long = "é".repeat(600);
+        let cut = cut(&long, MAX_REASON_BYTES);
+        assert!(
+            cut.len() <= MAX_REASON_BYTES && cut.ends_with('…'),
+            "{}",
+            cut.len()
+        );
+    }
+}
