@@ -11,8 +11,10 @@ use crate::error::{LapinError, short};
 /// it, and the consistent-hash helper hashes on it.
 pub const PARTITION_KEY_HEADER: &str = "amqp-partition-key";
 
-/// The header a message carries after a delayed retry: how many attempts have been made
-/// so far. It becomes the next delivery's receive count (plus one).
+/// The header a retried message carries (a retry or retry-after republishes it with this
+/// header): how many attempts have been made so far. It becomes the next delivery's
+/// receive count (plus one), so attempts are counted on classic queues too, which keep no
+/// count of their own. A dead letter leaves it behind.
 pub const ATTEMPTS_HEADER: &str = "x-conveyor-attempts";
 
 /// The header a quorum queue sets on redeliveries: how many times the message was

@@ -14,9 +14,12 @@
 //!   which [`conveyor::Message::partition_key`] writes and lanes read.
 //! - [`QueueSpec`], [`ExchangeSpec`] and [`Binding`] declare topology (or check it, in
 //!   passive mode); [`ConsistentHash`] spreads keys over several queues on the server.
-//! - Settlement: ack is `basic.ack`; retry and release requeue; reject nacks without
-//!   requeue (to the dead-letter exchange, if the queue has one); retry-after goes
-//!   through a delay queue and counts attempts in [`ATTEMPTS_HEADER`].
+//! - Settlement: ack is `basic.ack`; release (a delivery never handled) is `basic.nack`
+//!   with requeue. Retry republishes the message to its own queue with the attempt that
+//!   just ended in [`ATTEMPTS_HEADER`], waits for the broker's confirm, then acks the
+//!   original; retry-after does the same through the queue's delay queue (a per-message
+//!   TTL that dead-letters back), or to the queue itself without one. Reject sends the
+//!   message to the queue's dead-letter exchange with its reason (see below).
 //! - [`LapinPublisher`] publishes with confirms, persistent and mandatory by default.
 //!
 //! Prefetch: a mount's `prefetch(..)` wins, then the source's, then the broker's; without
@@ -29,11 +32,34 @@
 //! - Incoming AMQP properties appear among the delivery's headers as `content-type`,
 //!   `message-id`, `correlation-id` and `priority`, beside the message's own headers
 //!   (as on the in-process transport).
-//! - The receive count is the quorum queue's `x-delivery-count` plus one, plus the
-//!   attempts a message made through the delay queue; a classic queue only says whether
-//!   a delivery is a redelivery.
-//! - A reject's reason is logged; AMQP's nack cannot carry it to the dead-letter queue,
-//!   which gets RabbitMQ's own `x-death` header instead.
+//! - Attempts are counted on classic and quorum queues alike, so `max_attempts(n)`
+//!   always ends in a reject: the receive count is the attempts a message already made
+//!   ([`ATTEMPTS_HEADER`], written by retries) plus the queue's own count of this copy
+//!   (a quorum queue's `x-delivery-count`, a classic queue's `redelivered` flag) plus
+//!   one. A retried copy goes to the tail of the queue. Sequential and lane mounts retry
+//!   in place (the delivery stays unacked), so they republish only what draining hands
+//!   back mid-retry; that copy, too, lands behind later messages of its key. The broker
+//!   cannot tell a delivery released unhandled (draining, a connection loss) from one
+//!   whose handler ran, so such a release may count as an attempt: each one on a quorum
+//!   queue; on a classic queue, a redelivered message (the `redelivered` flag) counts
+//!   one attempt more however often it was released.
+//! - Dead letters carry their reason: when the queue's declaration names its
+//!   dead-letter exchange ([`QueueSpec::dead_letter_exchange`], optionally
+//!   [`QueueSpec::dead_letter_routing_key`]), a reject republishes the message there,
+//!   under that routing key or else the queue's name, with the handler's or the
+//!   policy's reason in [`conveyor::REJECT_REASON_HEADER`], without RabbitMQ's `x-death`
+//!   / `x-first-death-*` / `x-last-death-*` headers (which a trip through the delay
+//!   queue leaves saying `expired`) and without the attempt count, then acks the
+//!   original. When the dead-letter exchange is unknown (a passive queue, or one whose
+//!   dead-lettering comes from a policy), a reject is `basic.nack` without requeue: the
+//!   broker dead-letters the message with its own `x-death` header and no reason (the
+//!   reason is logged).
+//! - A delivery whose channel died (a lost connection) is never republished: the broker
+//!   delivers the original again, so a copy would be a duplicate. Its settlement is
+//!   dropped.
+//! - Draining (`RunningApp::stop_receiving`, or the start of a shutdown) cancels the
+//!   consumer and hands every delivery waiting in the prefetch window back to the queue
+//!   at once, while handlers in flight finish and are settled on the same channel.
 //! - A [`Message`](conveyor::Message) with a delivery delay is refused: plain RabbitMQ has
 //!   no per-message delay (retry-after uses the delay queue instead).
 //! - `connect` fails with a clear error when no first connection comes within 30 s

@@ -15,12 +15,13 @@ const DELAY_QUEUE_SUFFIX: &str = ".delay";
 /// own channel, sets its prefetch window and starts a consumer with manual acks.
 ///
 /// Retry-after goes through a delay queue, `<queue>.delay` unless named otherwise: the
-/// message is republished there with a per-message TTL of the delay, and the delay queue
-/// dead-letters it back to this queue when the TTL runs out. The transport declares the
-/// delay queue for queues it declares; for a passive queue, ask with
-/// [`delay_queue`](Self::delay_queue). Without one, retry-after puts the message back at
-/// once. Per-message TTLs expire at the head of the queue only, so a short delay waits
-/// behind a longer one published before it.
+/// message is republished there with a per-message TTL of the delay and its attempt
+/// count, and the delay queue dead-letters it back to this queue when the TTL runs out.
+/// The transport declares the delay queue for queues it declares; for a passive queue,
+/// ask with [`delay_queue`](Self::delay_queue). Without one, retry-after is a retry: the
+/// message goes back to the tail of this queue at once. Per-message TTLs expire at the
+/// head of the queue only, so a short delay waits behind a longer one published before
+/// it.
 #[derive(Clone, Debug)]
 pub struct LapinSource {
     pub(crate) broker: LapinBroker,
@@ -56,7 +57,8 @@ impl LapinSource {
         self
     }
 
-    /// No delay queue: retry-after puts the message back at once.
+    /// No delay queue: retry-after puts the message back at once (republished with its
+    /// attempt count, as a retry).
     pub fn without_delay_queue(mut self) -> Self {
         self.delay_queue = None;
         self

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use conveyor::{Bytes, Delivery, Settle, SubscribeSettings, Subscriber};
 use futures_util::{FutureExt, StreamExt};
 use lapin::options::{
-    BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions,
+    BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
+    ConfirmSelectOptions,
 };
 use lapin::types::{FieldTable, ShortString};
 use lapin::{Channel, Consumer};
@@ -15,7 +16,7 @@ use lapin::{Channel, Consumer};
 use crate::broker::LapinBroker;
 use crate::error::{LapinError, short};
 use crate::headers::{self, ATTEMPTS_HEADER, DELIVERY_COUNT_HEADER};
-use crate::settle::{Copy, DelayRoute, Pending, Settler};
+use crate::settle::{Pending, Routes, Settler};
 use crate::source::LapinSource;
 use crate::topology::QueueSpec;
 
@@ -28,9 +29,15 @@ static CONSUMERS: AtomicU64 = AtomicU64::new(0);
 /// A subscription to a RabbitMQ queue, opened by mounting a [`LapinSource`].
 ///
 /// It owns one channel with a prefetch window (basic.qos) and one consumer with manual
-/// acks. The dispatcher takes deliveries one at a time (or a batch of what has already
-/// arrived) in the order the broker pushed them. When the connection is lost it waits
-/// for the client to recover, then goes on with the same consumer.
+/// acks, plus a confirm-mode channel its settlements republish on (retries with their
+/// attempt count, retry-afters to the delay queue, dead letters with their reason). The
+/// dispatcher takes deliveries one at a time (or a batch of what has already arrived) in
+/// the order the broker pushed them. When the connection is lost it waits for the client
+/// to recover, then goes on with the same consumer.
+///
+/// When the app starts draining, [`stop_receiving`](Subscriber::stop_receiving) cancels
+/// the consumer and hands the deliveries still waiting in the prefetch window back to
+/// the queue, while the handlers in flight finish and settle on the same channel.
 pub struct LapinSubscriber {
     queue: Arc<str>,
     channel: Channel,
@@ -38,12 +45,15 @@ pub struct LapinSubscriber {
     consumer_tag: ShortString,
     settler: Arc<Settler>,
     settle_task: tokio::task::JoinHandle<()>,
-    /// The confirm-mode channel retry-after republishes on, when the source has a delay
-    /// queue (and then each delivery keeps a copy of its message).
-    delay_channel: Option<Channel>,
+    /// The confirm-mode channel retries, retry-afters and dead letters are republished on.
+    republish_channel: Channel,
     next_tag: u64,
     /// An error met while taking a batch, reported by the next receive.
     stashed: Option<lapin::Error>,
+    /// False once [`Subscriber::stop_receiving`] has run.
+    receiving: bool,
+    /// Whether the broker has confirmed the consumer's cancellation.
+    cancelled: bool,
 }
 
 /// The window a mount gets when neither it nor its source nor its broker names one:
@@ -57,34 +67,46 @@ fn default_prefetch(settings: &SubscribeSettings) -> u16 {
     u16::try_from(window).unwrap_or(u16::MAX)
 }
 
-/// Opens the confirm-mode channel to the delay queue `name` of `spec`, and declares it.
+/// Opens the confirm-mode channel a subscription's settlements republish on, and
+/// declares the delay queue `delay_queue` of `spec`, if it has one.
 ///
 /// The delay queue lives as long as its queue: durable with a durable one, gone with the
 /// connection with an exclusive one. It dead-letters expired messages back to `spec`.
-async fn open_delay_route(
+async fn open_routes(
     broker: &LapinBroker,
     spec: &QueueSpec,
-    name: String,
-) -> Result<DelayRoute, LapinError> {
-    let channel = broker.open_channel(&name).await?;
+    delay_queue: Option<String>,
+) -> Result<Routes, LapinError> {
+    let purpose = format!("{} (republishing)", spec.name());
+    let channel = broker.open_channel(&purpose).await?;
     channel
         .confirm_select(ConfirmSelectOptions::default())
         .await
-        .map_err(|source| LapinError::Channel {
-            purpose: name.clone(),
-            source,
-        })?;
-    let mut delay_spec = QueueSpec::new(name.as_str())
-        .durable(spec.is_durable() && !spec.is_exclusive())
-        .argument("x-dead-letter-exchange", "")
-        .argument("x-dead-letter-routing-key", spec.name());
-    if spec.is_exclusive() {
-        delay_spec = delay_spec.exclusive();
+        .map_err(|source| LapinError::Channel { purpose, source })?;
+    if let Some(name) = &delay_queue {
+        let mut delay_spec = QueueSpec::new(name.as_str())
+            .durable(spec.is_durable() && !spec.is_exclusive())
+            .argument("x-dead-letter-exchange", "")
+            .argument("x-dead-letter-routing-key", spec.name());
+        if spec.is_exclusive() {
+            delay_spec = delay_spec.exclusive();
+        }
+        delay_spec.declare(&channel).await?;
     }
-    delay_spec.declare(&channel).await?;
-    Ok(DelayRoute {
+    let dead_letter = match spec.dead_letter_target() {
+        Some((exchange, key)) => Some((
+            short("dead-letter exchange", exchange)?,
+            short("dead-letter routing key", key)?,
+        )),
+        None => None,
+    };
+    Ok(Routes {
         channel,
-        queue: short("queue name", &name)?,
+        queue: short("queue name", spec.name())?,
+        delay_queue: delay_queue
+            .map(|name| short("queue name", &name))
+            .transpose()?,
+        dead_letter,
         confirm_timeout: broker.inner.confirm_timeout,
     })
 }
@@ -105,10 +127,7 @@ impl LapinSubscriber {
         let channel = broker.open_channel(&queue).await?;
         spec.declare(&channel).await?;
 
-        let delay = match delay_queue {
-            Some(name) => Some(open_delay_route(&broker, &spec, name).await?),
-            None => None,
-        };
+        let routes = open_routes(&broker, &spec, delay_queue).await?;
 
         let window = settings
             .prefetch
@@ -156,8 +175,8 @@ impl LapinSubscriber {
             })?;
         tracing::info!(queue = %queue, prefetch = window, consumer = %tag, "subscribed");
 
-        let delay_channel = delay.as_ref().map(|route| route.channel.clone());
-        let (settler, settle_task) = Settler::start(queue.clone(), delay);
+        let republish_channel = routes.channel.clone();
+        let (settler, settle_task) = Settler::start(queue.clone(), routes);
         Ok(LapinSubscriber {
             queue,
             channel,
@@ -165,9 +184,11 @@ impl LapinSubscriber {
             consumer_tag,
             settler,
             settle_task,
-            delay_channel,
+            republish_channel,
             next_tag: 0,
             stashed: None,
+            receiving: true,
+            cancelled: false,
         })
     }
 
@@ -206,19 +227,11 @@ impl LapinSubscriber {
                 Some(u32::try_from(total).unwrap_or(u32::MAX))
             }
         };
-        let attempt = count.unwrap_or(if redelivered { 2 } else { 1 });
 
         let payload = Bytes::from(data);
         let tag = self.next_tag;
         self.next_tag += 1;
-        let copy = self.delay_channel.is_some().then(|| {
-            Box::new(Copy {
-                payload: payload.clone(),
-                properties,
-                attempt,
-            })
-        });
-        self.settler.track(tag, Pending { acker, copy });
+        self.settler.track(tag, Pending { acker, properties });
         let settler: Arc<dyn Settle> = self.settler.clone();
         let mut out = Delivery::new(payload, self.queue.clone(), settler, tag)
             .with_headers(headers)
@@ -249,6 +262,9 @@ impl LapinSubscriber {
 
 impl Subscriber for LapinSubscriber {
     async fn recv(&mut self) -> Option<Result<Delivery, conveyor::Error>> {
+        if !self.receiving {
+            return None;
+        }
         loop {
             if let Some(error) = self.stashed.take()
                 && let Err(e) = self.recover(error).await
@@ -288,6 +304,45 @@ impl Subscriber for LapinSubscriber {
         Some(Ok(()))
     }
 
+    /// Cancels the consumer (`basic.cancel`), then releases (`basic.nack` with requeue)
+    /// every delivery the broker had already pushed into the consumer's buffer, so the
+    /// prefetch window goes back to the queue at once. Deliveries already returned by
+    /// `recv` stay valid, and are settled on the same channel later.
+    async fn stop_receiving(&mut self) {
+        if !self.receiving {
+            return;
+        }
+        self.receiving = false;
+        let cancel = self
+            .channel
+            .basic_cancel(self.consumer_tag.clone(), BasicCancelOptions::default())
+            .await;
+        self.cancelled = cancel.is_ok();
+        if let Err(error) = cancel {
+            // The channel is down: what it held goes back to the queue with it, and
+            // closing the subscription tries the cancel again.
+            tracing::debug!(queue = %self.queue, %error, "cancelling the consumer failed");
+        }
+        // The broker sends nothing after its cancel-ok, and lapin queues what came before
+        // it, then the end of the stream: all that is left to release is here now.
+        let mut released = 0usize;
+        while let Some(Some(next)) = self.consumer.next().now_or_never() {
+            let Ok(delivery) = next else { continue };
+            let requeue = BasicNackOptions {
+                multiple: false,
+                requeue: true,
+            };
+            match delivery.acker.nack(requeue).await {
+                Ok(true) => released += 1,
+                Ok(false) => {}
+                Err(error) => {
+                    tracing::debug!(queue = %self.queue, %error, "releasing a buffered delivery failed");
+                }
+            }
+        }
+        tracing::info!(queue = %self.queue, released, "stopped receiving");
+    }
+
     async fn close(self) {
         let LapinSubscriber {
             queue,
@@ -295,22 +350,25 @@ impl Subscriber for LapinSubscriber {
             consumer_tag,
             settler,
             settle_task,
-            delay_channel,
+            republish_channel,
             consumer,
+            cancelled,
             ..
         } = self;
-        let _ = channel
-            .basic_cancel(consumer_tag, BasicCancelOptions::default())
-            .await;
+        if !cancelled {
+            let _ = channel
+                .basic_cancel(consumer_tag, BasicCancelOptions::default())
+                .await;
+        }
         settler.flush().await;
         drop(consumer);
         // Closing the channel returns every delivery it holds unacked to the queue at once.
         if let Err(error) = channel.close(200, "subscription closed".into()).await {
             tracing::debug!(queue = %queue, %error, "closing the subscription channel failed");
         }
-        if let Some(delay_channel) = delay_channel {
-            let _ = delay_channel.close(200, "subscription closed".into()).await;
-        }
+        let _ = republish_channel
+            .close(200, "subscription closed".into())
+            .await;
         drop(settler);
         settle_task.abort();
         tracing::info!(queue = %queue, "unsubscribed");

@@ -80,6 +80,10 @@ impl Arguments {
         self.0.push((name, value));
     }
 
+    pub(crate) fn get(&self, name: &str) -> Option<&ArgumentValue> {
+        self.0.iter().find(|(n, _)| n == name).map(|(_, v)| v)
+    }
+
     pub(crate) fn table(&self) -> Result<FieldTable, LapinError> {
         let mut table = FieldTable::default();
         for (name, value) in &self.0 {
@@ -188,7 +192,9 @@ impl QueueSpec {
         self.argument("x-single-active-consumer", true)
     }
 
-    /// `x-dead-letter-exchange`: where rejected (and expired) messages go.
+    /// `x-dead-letter-exchange`: where rejected (and expired) messages go. A subscription
+    /// that knows it from here sends rejected messages there itself, with the reason in
+    /// [`conveyor::REJECT_REASON_HEADER`].
     pub fn dead_letter_exchange(self, exchange: impl Into<String>) -> Self {
         self.argument("x-dead-letter-exchange", exchange.into())
     }
@@ -201,6 +207,24 @@ impl QueueSpec {
     /// `x-max-priority`: enables message priorities up to `max`.
     pub fn max_priority(self, max: u8) -> Self {
         self.argument("x-max-priority", max)
+    }
+
+    /// Where the broker dead-letters this queue's messages, as its declaration says: the
+    /// `x-dead-letter-exchange` argument and the `x-dead-letter-routing-key` (else the
+    /// queue's own name). `None` for a passive queue, or one without that argument, whose
+    /// dead-lettering (if any) comes from a policy this crate cannot see.
+    pub(crate) fn dead_letter_target(&self) -> Option<(&str, &str)> {
+        if self.passive {
+            return None;
+        }
+        let ArgumentValue::Str(exchange) = self.arguments.get("x-dead-letter-exchange")? else {
+            return None;
+        };
+        let routing_key = match self.arguments.get("x-dead-letter-routing-key") {
+            Some(ArgumentValue::Str(key)) => key.as_str(),
+            _ => self.name.as_str(),
+        };
+        Some((exchange.as_str(), routing_key))
     }
 
     /// Declares the queue on `channel` (or checks it, in passive mode), and returns how
@@ -431,5 +455,35 @@ impl From<&str> for QueueSpec {
 impl From<String> for QueueSpec {
     fn from(name: String) -> Self {
         QueueSpec::new(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dead_letter_target_comes_from_the_declaration() {
+        assert_eq!(QueueSpec::new("q").dead_letter_target(), None);
+        assert_eq!(
+            QueueSpec::new("q")
+                .dead_letter_exchange("dlx")
+                .dead_letter_target(),
+            Some(("dlx", "q"))
+        );
+        assert_eq!(
+            QueueSpec::new("q")
+                .dead_letter_exchange("")
+                .dead_letter_routing_key("q.dead")
+                .dead_letter_target(),
+            Some(("", "q.dead"))
+        );
+        assert_eq!(
+            QueueSpec::new("q")
+                .dead_letter_exchange("dlx")
+                .passive()
+                .dead_letter_target(),
+            None
+        );
     }
 }

@@ -1,4 +1,5 @@
-//! Several app instances on one queue, and graceful shutdown with work in flight.
+//! Several app instances on one queue, graceful shutdown with work in flight, and
+//! draining: the prefetch window goes back to the queue while handlers still run.
 
 mod common;
 
@@ -9,7 +10,9 @@ use std::time::Duration;
 
 use conveyor::{App, Json, Message, Publisher, State};
 
-use common::{Instance, Seen, broker, cleanup, record_instance, unique, wait_until};
+use common::{
+    Instance, Seen, broker, cleanup, record_instance, take_all, unique, wait_for, wait_until,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn competing_instances_handle_every_message_once() {
@@ -143,5 +146,71 @@ async fn a_dropped_app_returns_every_message_to_the_queue() {
         broker.ready_count(&queue).await.unwrap() == 50
     })
     .await;
+    cleanup(&broker, &[&queue], &[]).await;
+}
+
+/// Holds every handler until the test opens it.
+#[derive(Clone, Default)]
+struct Gate(Arc<tokio::sync::Notify>);
+
+async fn gated(
+    Json(id): Json<u32>,
+    State(started): State<Started>,
+    State(gate): State<Gate>,
+    State(seen): State<Seen<u32>>,
+) {
+    started.0.fetch_add(1, Ordering::SeqCst);
+    gate.0.notified().await;
+    seen.push(id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_hands_the_prefetch_window_back_while_a_handler_runs() {
+    let broker = broker().await;
+    let queue = unique("drain");
+    broker.declare_queue(&queue.as_str().into()).await.unwrap();
+    let publisher = broker.publisher().await.unwrap();
+    let messages = (0..20u32).map(|i| Message::json(&i).unwrap()).collect();
+    publisher.publish_batch(&queue, messages).await.unwrap();
+
+    let (started, gate, seen) = (Started::default(), Gate::default(), Seen::<u32>::default());
+    let running = App::new("drain")
+        .with_state(started.clone())
+        .with_state(gate.clone())
+        .with_state(seen.clone())
+        .mount(broker.queue(queue.as_str()), gated, |m| {
+            m.workers(1).prefetch(16)
+        })
+        .start()
+        .await
+        .unwrap();
+    wait_until("a handler in flight", || {
+        started.0.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    wait_for("the prefetch window to fill", || async {
+        broker.ready_count(&queue).await.unwrap() == 4
+    })
+    .await;
+
+    running.stop_receiving();
+    wait_for(
+        "the 15 buffered deliveries back in the queue, beside the 4 never sent",
+        || async { broker.ready_count(&queue).await.unwrap() == 19 },
+    )
+    .await;
+    assert_eq!(seen.len(), 0, "the handler is still running");
+    assert_eq!(started.0.load(Ordering::SeqCst), 1, "nothing else started");
+
+    gate.0.notify_one();
+    running.shutdown().await.unwrap();
+    assert_eq!(seen.all(), vec![0], "the handler in flight finished");
+    let mut left: Vec<u32> = take_all(&queue).await.iter().map(|m| m.number()).collect();
+    left.sort_unstable();
+    assert_eq!(
+        left,
+        (1..20).collect::<Vec<_>>(),
+        "the one handled was acked, the rest are back"
+    );
     cleanup(&broker, &[&queue], &[]).await;
 }

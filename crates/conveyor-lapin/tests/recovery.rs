@@ -7,13 +7,14 @@
 mod common;
 
 use std::collections::HashSet;
+use std::time::Duration;
 
-use conveyor::{App, Json, Message, State};
-use conveyor_lapin::LapinPublisher;
+use conveyor::{App, DeliveryInfo, Json, Message, Outcome, State};
+use conveyor_lapin::{LapinPublisher, QueueSpec};
 
 use common::{
-    Seen, broker_named, cleanup, close_connections_named, publish_confirmed, record, unique,
-    wait_until,
+    Seen, broker_named, cleanup, close_connections_named, publish_confirmed, publish_one, record,
+    unique, wait_until,
 };
 
 /// Holds handlers of messages from 300 on until the connections have been killed, so
@@ -131,4 +132,97 @@ async fn a_queue_deleted_with_the_connection_is_declared_again() {
 
     running.shutdown().await.unwrap();
     cleanup(&broker, &[&queue], &[]).await;
+}
+
+/// What the first handler run returns, after the connection it came on is gone.
+#[derive(Clone, Copy)]
+struct Late(Outcome);
+
+/// Holds the first delivery until the gate opens, then settles it as [`Late`] says;
+/// acks every later one.
+async fn hold_the_first(
+    _: Json<u32>,
+    info: DeliveryInfo,
+    State(seen): State<Seen<u32>>,
+    State(gate): State<Gate>,
+    State(late): State<Late>,
+) -> Outcome {
+    let first = seen.len() == 0;
+    seen.push(info.attempt);
+    if first {
+        let _ = gate.0.clone().wait_for(|open| *open).await;
+        late.0
+    } else {
+        Outcome::Ack
+    }
+}
+
+/// A delivery whose connection died while its handler ran is settled with `late`: the
+/// broker delivers the original again after recovery, so the settlement must make no
+/// copy of it (the retry-after's in the delay queue, the dead letter in the dead-letter
+/// queue, the retry's in the queue itself): the message is handled twice, first on the
+/// dead connection, then once again, and no copy is left anywhere.
+async fn settle_after_the_connection_died(late: Outcome) {
+    let name = unique("late-settle-connection");
+    let broker = broker_named(&name).await;
+    let queue = unique("late-settle");
+    let dlq = unique("late-settle-dead");
+    let publishing = common::broker().await;
+    publishing
+        .declare_queue(&QueueSpec::new(dlq.as_str()))
+        .await
+        .unwrap();
+    let seen = Seen::<u32>::default();
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let spec = QueueSpec::new(queue.as_str())
+        .dead_letter_exchange("")
+        .dead_letter_routing_key(dlq.as_str());
+    // Workers hand retries to the broker (a sequential mount would retry in place).
+    let running = App::new("late-settle")
+        .with_state(seen.clone())
+        .with_state(Gate(gate))
+        .with_state(Late(late))
+        .mount(broker.queue(spec), hold_the_first, |m| m.workers(2))
+        .start()
+        .await
+        .unwrap();
+    publish_one(&publishing, &queue, 1).await;
+    wait_until("the first delivery in its handler", || seen.len() == 1).await;
+
+    assert_eq!(close_connections_named(&name), 1);
+    // The redelivery comes on the recovered channel: by then the first delivery's
+    // channel is known to be dead.
+    wait_until("the redelivery after recovery", || seen.len() == 2).await;
+    open.send_replace(true);
+    running.shutdown().await.unwrap();
+
+    assert_eq!(
+        seen.all(),
+        vec![1, 2],
+        "handled on the dead channel, then once more"
+    );
+    let delay_queue = format!("{queue}.delay");
+    for copies in [&queue, &delay_queue, &dlq] {
+        assert_eq!(
+            publishing.ready_count(copies).await.unwrap(),
+            0,
+            "no copy of the message in `{copies}`"
+        );
+    }
+    cleanup(&publishing, &[&queue, &dlq], &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_on_a_dead_channel_makes_no_copy() {
+    settle_after_the_connection_died(Outcome::RetryAfter(Duration::from_secs(600))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reject_on_a_dead_channel_makes_no_dead_letter() {
+    settle_after_the_connection_died(Outcome::Reject).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_on_a_dead_channel_makes_no_copy() {
+    settle_after_the_connection_died(Outcome::Retry).await;
 }

@@ -1,16 +1,20 @@
-//! Settling on RabbitMQ: retry now, retry later through the delay queue with attempt
-//! counts, the quorum delivery count, and dead-lettering through a DLX.
+//! Settling on RabbitMQ: retries republished with their attempt count (so classic queues
+//! count attempts too), retry later through the delay queue, the quorum delivery count,
+//! and dead letters that carry the handler's or the policy's reason.
 
 mod common;
 
 use std::time::Duration;
 
-use conveyor::{App, Backoff, DeliveryInfo, Json, Outcome, Publisher, State};
-use conveyor_lapin::{ExchangeType, QueueSpec};
+use conveyor::{
+    App, Backoff, DeliveryInfo, Json, MountOptions, Outcome, Publisher, REJECT_REASON_HEADER, State,
+};
+use conveyor_lapin::{ExchangeType, LapinSource, QueueSpec};
 use tokio::time::Instant;
 
 use common::{
-    Seen, broker, cleanup, declare_bound_queue, publish_one, unique, wait_for, wait_until,
+    Seen, Taken, broker, broker_named, cleanup, close_connections_named, declare_bound_queue,
+    publish_one, take_all, unique, wait_for, wait_until,
 };
 
 type Attempt = (u32, Option<u32>, bool, Instant);
@@ -33,47 +37,71 @@ async fn retry_twice_now(
     }
 }
 
+/// Workers hand a retry back to the broker, which on a classic queue only flags
+/// `redelivered`: the transport counts the attempts itself.
 #[tokio::test]
-async fn retry_redelivers_at_once_flagged_as_redelivered() {
+async fn a_retry_comes_back_at_once_with_its_attempt_counted() {
     let broker = broker().await;
     let queue = unique("retry");
     let seen = Seen::<Attempt>::default();
     let running = App::new("retry")
         .with_state(seen.clone())
-        .mount(broker.queue(queue.as_str()), retry_twice_now, |m| m)
+        .mount(broker.queue(queue.as_str()), retry_twice_now, |m| {
+            m.workers(1)
+        })
         .start()
         .await
         .unwrap();
     publish_one(&broker, &queue, 1).await;
-    wait_until("a redelivery", || seen.len() >= 2).await;
-    let attempts = seen.all();
-    assert_eq!((attempts[0].0, attempts[0].2), (1, false));
-    assert_eq!((attempts[1].0, attempts[1].2), (2, true));
+    wait_until("three attempts", || seen.len() >= 3).await;
     running.shutdown().await.unwrap();
+    let attempts: Vec<(u32, Option<u32>, bool)> =
+        seen.all().iter().map(|a| (a.0, a.1, a.2)).collect();
+    assert_eq!(
+        attempts,
+        vec![(1, None, false), (2, Some(2), true), (3, Some(3), true)]
+    );
+    assert_eq!(broker.ready_count(&queue).await.unwrap(), 0);
     cleanup(&broker, &[&queue], &[]).await;
 }
 
-#[tokio::test]
-async fn a_quorum_queue_counts_deliveries() {
-    let broker = broker().await;
+async fn hold_forever(
+    _: Json<u32>,
+    info: DeliveryInfo,
+    State(seen): State<Seen<(u32, Option<u32>)>>,
+) {
+    seen.push((info.attempt, info.receive_count));
+    std::future::pending::<()>().await;
+}
+
+/// A quorum queue counts what it hands out again (`x-delivery-count`): a message whose
+/// connection died while its handler ran comes back as attempt 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_queue_counts_redeliveries() {
+    let name = unique("quorum-connection");
+    let broker = broker_named(&name).await;
+    let publishing = common::broker().await;
     let queue = unique("quorum");
-    let seen = Seen::<Attempt>::default();
+    let seen = Seen::<(u32, Option<u32>)>::default();
     let running = App::new("quorum")
         .with_state(seen.clone())
+        .shutdown_timeout(Duration::from_millis(100))
         .mount(
             broker.queue(QueueSpec::new(queue.as_str()).quorum()),
-            retry_twice_now,
-            |m| m,
+            hold_forever,
+            |m| m.workers(2),
         )
         .start()
         .await
         .unwrap();
-    publish_one(&broker, &queue, 1).await;
-    wait_until("three deliveries", || seen.len() == 3).await;
-    let counts: Vec<(u32, Option<u32>)> = seen.all().iter().map(|a| (a.0, a.1)).collect();
-    assert_eq!(counts, vec![(1, None), (2, Some(2)), (3, Some(3))]);
+    publish_one(&publishing, &queue, 1).await;
+    wait_until("the first delivery", || seen.len() == 1).await;
+    assert_eq!(close_connections_named(&name), 1);
+    wait_until("the redelivery after recovery", || seen.len() == 2).await;
+    assert_eq!(seen.all(), vec![(1, None), (2, Some(2))]);
+    // The handlers never finish: the shutdown timeout cancels them.
     running.shutdown().await.unwrap();
-    cleanup(&broker, &[&queue], &[]).await;
+    cleanup(&publishing, &[&queue], &[]).await;
 }
 
 async fn retry_twice_later(
@@ -105,8 +133,10 @@ async fn retry_after_waits_in_the_delay_queue_and_counts_attempts() {
     let running = App::new("retry-after")
         .with_state(seen.clone())
         // A window of one: a message waiting out its delay must not hold the slot.
+        // (Workers hand retries back to the broker; a sequential mount would retry in
+        // place.)
         .mount(broker.queue(queue.as_str()), retry_twice_later, |m| {
-            m.prefetch(1)
+            m.workers(1).prefetch(1)
         })
         .start()
         .await
@@ -146,36 +176,171 @@ async fn always_fail(
     Err("cannot handle this".into())
 }
 
-#[tokio::test]
-async fn exhausted_retries_dead_letter_through_the_dlx() {
+/// Asserts that `dead` is one dead letter of the message 7 carrying a reason that
+/// contains `reason`, and none of RabbitMQ's dead-lettering headers (which would say
+/// `expired`, from the delay queue).
+fn assert_dead_letter(dead: &[Taken], reason: &str) {
+    assert_eq!(dead.len(), 1, "one dead letter");
+    assert_eq!(dead[0].number(), 7);
+    let carried = dead[0].header(REJECT_REASON_HEADER).unwrap_or_default();
+    assert!(
+        carried.contains(reason),
+        "the dead letter's reason is `{carried}`, expected it to contain `{reason}`"
+    );
+    let names = dead[0].header_names();
+    assert!(
+        !names.iter().any(|name| name == "x-death"
+            || name.starts_with("x-first-death-")
+            || name.starts_with("x-last-death-")),
+        "the dead letter carries the broker's death history: {names:?}"
+    );
+}
+
+/// Publishes one message to a queue with a dead-letter exchange, mounts `always_fail`
+/// with `max_attempts(3)` and the rest of `mount`, and checks that the handler ran
+/// exactly three times (attempts 1, 2, 3) and the message reached the dead-letter queue
+/// with the handler's error as its reason.
+async fn three_attempts_then_the_dead_letter_queue(
+    name: &str,
+    spec: impl FnOnce(QueueSpec) -> QueueSpec,
+    source: impl FnOnce(LapinSource) -> LapinSource,
+    mount: impl FnOnce(MountOptions) -> MountOptions,
+) {
     let broker = broker().await;
-    let queue = unique("dlx-main");
-    let dlx = unique("dlx");
-    let dlq = unique("dlx-dead");
+    let queue = unique(name);
+    let dlx = unique(&format!("{name}-dlx"));
+    let dlq = unique(&format!("{name}-dead"));
     declare_bound_queue(&broker, &dlx, ExchangeType::Fanout, &dlq, "").await;
 
     let seen = Seen::<u32>::default();
-    let running = App::new("dlx")
+    let spec = spec(QueueSpec::new(queue.as_str()).dead_letter_exchange(dlx.as_str()));
+    let running = App::new(name)
         .with_state(seen.clone())
-        .mount(
-            broker.queue(QueueSpec::new(queue.as_str()).dead_letter_exchange(dlx.as_str())),
-            always_fail,
-            |m| {
-                m.retry_after(Backoff::fixed(Duration::from_millis(50)))
-                    .max_attempts(3)
-            },
-        )
+        .mount(source(broker.queue(spec)), always_fail, |m| {
+            mount(m).max_attempts(3)
+        })
         .start()
         .await
         .unwrap();
-    publish_one(&broker, &queue, 1).await;
+    publish_one(&broker, &queue, 7).await;
 
     wait_for("the message in the dead-letter queue", || async {
         broker.ready_count(&dlq).await.unwrap() == 1
     })
     .await;
-    assert_eq!(seen.all(), vec![1, 2, 3]);
-    assert_eq!(broker.ready_count(&queue).await.unwrap(), 0);
     running.shutdown().await.unwrap();
+    assert_eq!(seen.all(), vec![1, 2, 3], "three attempts, counted");
+    assert_eq!(broker.ready_count(&queue).await.unwrap(), 0);
+    assert_dead_letter(&take_all(&dlq).await, "cannot handle this");
     cleanup(&broker, &[&queue, &dlq], &[&dlx]).await;
+}
+
+#[tokio::test]
+async fn max_attempts_ends_in_the_dead_letter_queue_when_workers_retry_on_a_classic_queue() {
+    three_attempts_then_the_dead_letter_queue(
+        "classic-retry",
+        |spec| spec,
+        |source| source,
+        |m| m.workers(1).retry(),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn max_attempts_ends_in_the_dead_letter_queue_when_workers_retry_later_on_a_classic_queue() {
+    three_attempts_then_the_dead_letter_queue(
+        "classic-retry-after",
+        |spec| spec,
+        |source| source,
+        |m| {
+            m.workers(1)
+                .retry_after(Backoff::fixed(Duration::from_millis(50)))
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn max_attempts_ends_in_the_dead_letter_queue_on_retry_after_without_a_delay_queue() {
+    three_attempts_then_the_dead_letter_queue(
+        "classic-no-delay",
+        |spec| spec,
+        LapinSource::without_delay_queue,
+        |m| {
+            m.workers(1)
+                .retry_after(Backoff::fixed(Duration::from_millis(50)))
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn max_attempts_ends_in_the_dead_letter_queue_when_workers_retry_on_a_quorum_queue() {
+    three_attempts_then_the_dead_letter_queue(
+        "quorum-retry",
+        QueueSpec::quorum,
+        |source| source,
+        |m| m.workers(1).retry(),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn max_attempts_ends_in_the_dead_letter_queue_when_a_sequential_mount_retries_in_place() {
+    three_attempts_then_the_dead_letter_queue(
+        "sequential-retry-after",
+        |spec| spec,
+        |source| source,
+        |m| m.retry_after(Backoff::fixed(Duration::from_millis(50))),
+    )
+    .await;
+}
+
+async fn retry_later_then_reject(
+    _: Json<u32>,
+    info: DeliveryInfo,
+    State(seen): State<Seen<u32>>,
+) -> Outcome {
+    seen.push(info.attempt);
+    if info.attempt == 1 {
+        Outcome::RetryAfter(Duration::from_millis(50))
+    } else {
+        Outcome::Reject
+    }
+}
+
+/// A message that went through the delay queue and is then rejected carries the
+/// handler's reason to the dead-letter queue, not the delay queue's `expired`; here the
+/// dead-letter exchange is the default one, with a routing key.
+#[tokio::test]
+async fn a_dead_letter_carries_the_handlers_reason_after_a_retry_after() {
+    let broker = broker().await;
+    let queue = unique("reject-reason");
+    let dlq = unique("reject-reason-dead");
+    broker
+        .declare_queue(&QueueSpec::new(dlq.as_str()))
+        .await
+        .unwrap();
+    let seen = Seen::<u32>::default();
+    let spec = QueueSpec::new(queue.as_str())
+        .dead_letter_exchange("")
+        .dead_letter_routing_key(dlq.as_str());
+    let running = App::new("reject-reason")
+        .with_state(seen.clone())
+        .mount(broker.queue(spec), retry_later_then_reject, |m| {
+            m.workers(1)
+        })
+        .start()
+        .await
+        .unwrap();
+    publish_one(&broker, &queue, 7).await;
+    wait_for("the message in the dead-letter queue", || async {
+        broker.ready_count(&dlq).await.unwrap() == 1
+    })
+    .await;
+    running.shutdown().await.unwrap();
+    assert_eq!(seen.all(), vec![1, 2]);
+    assert_dead_letter(&take_all(&dlq).await, "rejected by the handler");
+    assert_eq!(broker.ready_count(&queue).await.unwrap(), 0);
+    cleanup(&broker, &[&queue, &dlq], &[]).await;
 }

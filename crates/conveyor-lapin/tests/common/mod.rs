@@ -172,6 +172,63 @@ pub fn close_connections_named(name: &str) -> usize {
     connections.len()
 }
 
+/// A message taken from a queue by [`take_all`]: its payload and AMQP headers.
+pub struct Taken {
+    pub payload: Vec<u8>,
+    pub headers: lapin::types::FieldTable,
+}
+
+impl Taken {
+    /// The header `name` as text, if it is a string.
+    pub fn header(&self, name: &str) -> Option<String> {
+        match self.headers.inner().get(name)? {
+            lapin::types::AMQPValue::LongString(s) => {
+                Some(String::from_utf8_lossy(s.as_bytes()).into_owned())
+            }
+            lapin::types::AMQPValue::ShortString(s) => Some(s.as_str().to_string()),
+            _ => None,
+        }
+    }
+
+    /// The names of its headers.
+    pub fn header_names(&self) -> Vec<String> {
+        self.headers
+            .inner()
+            .keys()
+            .map(|k| k.as_str().to_string())
+            .collect()
+    }
+
+    /// The payload as a JSON number.
+    pub fn number(&self) -> u32 {
+        serde_json::from_slice(&self.payload).unwrap()
+    }
+}
+
+/// Takes (and acks) every message ready in `queue`, in order, on a connection of its own
+/// (plain `basic.get`, beside the transport under test).
+pub async fn take_all(queue: &str) -> Vec<Taken> {
+    use lapin::options::BasicGetOptions;
+    let connection = lapin::Connection::connect(URL, lapin::ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let mut taken = Vec::new();
+    while let Some(message) = channel
+        .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+    {
+        let delivery = message.delivery;
+        taken.push(Taken {
+            headers: delivery.properties.headers().clone().unwrap_or_default(),
+            payload: delivery.data,
+        });
+    }
+    let _ = connection.close(200, "done".into()).await;
+    taken
+}
+
 /// Deletes the named queues and exchanges.
 pub async fn cleanup(broker: &LapinBroker, queues: &[&str], exchanges: &[&str]) {
     for queue in queues {
