@@ -10,6 +10,7 @@ use std::time::Duration;
 use conveyor::{App, Json, Message};
 use conveyor_lapin::{LapinBroker, LapinError};
 
+use common::proxy::Proxy;
 use common::{URL, cleanup, unique};
 
 /// Everything logged in this test binary, for assertions.
@@ -79,21 +80,25 @@ async fn lanes_with_a_prefetch_of_one_log_a_warning_and_sequential_mounts_do_not
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publish_whose_confirm_does_not_come_in_time_is_an_error() {
     let _ = logs();
-    let broker = LapinBroker::builder(URL)
-        .confirm_timeout(Duration::ZERO)
+    // The confirm is held back by a proxy, so it never comes, however fast the broker is.
+    let proxy = Proxy::start("127.0.0.1:5672").await;
+    let broker = LapinBroker::builder(proxy.url())
+        .confirm_timeout(Duration::from_secs(1))
         .connect()
         .await
         .unwrap();
     let queue = unique("confirm-timeout");
     broker.declare_queue(&queue.as_str().into()).await.unwrap();
     let publisher = broker.publisher().await.unwrap();
+    proxy.stall_replies();
     let error = conveyor::Publisher::publish(&publisher, &queue, Message::json(&1u64).unwrap())
         .await
-        .expect_err("no confirm comes within zero time");
+        .expect_err("the confirm never comes");
     let source = std::error::Error::source(&error).and_then(|e| e.downcast_ref::<LapinError>());
     assert!(
         matches!(source, Some(LapinError::ConfirmTimeout { .. })),
         "{error:?}"
     );
-    cleanup(&broker, &[&queue], &[]).await;
+    let cleanup_broker = common::broker().await;
+    cleanup(&cleanup_broker, &[&queue], &[]).await;
 }

@@ -3,6 +3,8 @@
 //! on conditions with deadlines.
 #![allow(dead_code)]
 
+pub mod proxy;
+
 use std::future::Future;
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
