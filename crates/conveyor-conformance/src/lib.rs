@@ -117,7 +117,8 @@ pub trait Fixture: Send + Sync + 'static {
     fn delete(&self, queue: TestQueue) -> impl Future<Output = ()> + Send;
 
     /// Whether two subscriptions may both receive one message that neither settled yet
-    /// (an emulator's race, say). Scenarios then allow duplicates but still no loss.
+    /// (an emulator's race, say). Scenarios then allow a few duplicates (at most one in
+    /// twenty messages) but still no loss.
     fn may_duplicate(&self) -> bool {
         false
     }

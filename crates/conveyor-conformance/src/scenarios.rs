@@ -82,6 +82,22 @@ async fn dead_lettered<F: Fixture>(
     fixture.dead_letters(queue).await
 }
 
+/// No job was acked twice; on a broker that may duplicate, at most one in twenty.
+fn assert_duplicates_allowed<F: Fixture>(fixture: &F, journal: &Journal, jobs: usize) {
+    let duplicates = journal.acked().len().saturating_sub(jobs);
+    if fixture.may_duplicate() {
+        if duplicates > 0 {
+            println!("{duplicates} duplicate deliveries of {jobs} (the broker may duplicate)");
+        }
+        assert!(
+            duplicates <= jobs / 20,
+            "{duplicates} duplicates of {jobs} jobs"
+        );
+    } else {
+        assert_eq!(duplicates, 0, "a message was handled twice");
+    }
+}
+
 /// Whether `ids` never go back: a retried job runs again before any later one.
 fn in_order(ids: &[u64]) -> bool {
     ids.windows(2).all(|pair| pair[0] <= pair[1])
@@ -150,13 +166,7 @@ pub async fn competing_subscriptions_lose_nothing_and_handle_each_message_once<F
     all_acked(&journal, JOBS as usize).await;
     stop(one).await;
     stop(two).await;
-    if !fixture.may_duplicate() {
-        assert_eq!(
-            journal.acked().len(),
-            JOBS as usize,
-            "a message was handled twice"
-        );
-    }
+    assert_duplicates_allowed(fixture, &journal, JOBS as usize);
     fixture.delete(queue).await;
 }
 
@@ -445,13 +455,7 @@ pub async fn stopping_and_restarting_mid_stream_loses_nothing<F: Fixture>(fixtur
     let app = start(fixture, &queue, &journal, |m| m.workers(3)).await;
     all_acked(&journal, JOBS as usize).await;
     stop(app).await;
-    if !fixture.may_duplicate() {
-        assert_eq!(
-            journal.acked().len(),
-            JOBS as usize,
-            "a message was handled twice"
-        );
-    }
+    assert_duplicates_allowed(fixture, &journal, JOBS as usize);
     fixture.delete(queue).await;
 }
 

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use conveyor::testing::TestApp;
 use conveyor::{
-    App, Batch, Bytes, Context, DecodeError, Delivery, Error, FromDelivery, FromPayload, Json,
-    MemoryBroker, Message, Outcome, Publisher, Rejection, Source, State, SubscribeSettings,
-    Subscriber,
+    App, Batch, Bytes, Context, DecodeError, Delivery, DeliveryInfo, Error, FromDelivery,
+    FromPayload, Json, MemoryBroker, Message, Outcome, Publisher, Rejection, Source, State,
+    SubscribeSettings, Subscriber,
 };
 
 /// A payload whose decoder panics on "boom".
@@ -328,14 +328,181 @@ async fn a_passing_receive_error_is_retried_with_a_growing_pause() {
         calls: calls.clone(),
     });
     let counted = calls.clone();
+    let started = tokio::time::Instant::now();
     let result = App::new("flaky")
         .mount(source, any, |m| m)
         .run_until(async move {
-            // 100 ms, 200, 400, 800: the fifth receive comes after 1.5 s of pauses.
             while counted.load(Ordering::SeqCst) < 5 {
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
         })
         .await;
     assert!(result.is_ok(), "{result:?}");
+    // 100 ms, 200, 400, 800: the fifth receive comes after 1.5 s of pauses.
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(1500), "{waited:?}");
+    assert!(waited < Duration::from_millis(3100), "{waited:?}");
+}
+
+async fn retry_now_forever(Json(_n): Json<u64>, State(runs): State<Arc<AtomicUsize>>) -> Outcome {
+    runs.fetch_add(1, Ordering::SeqCst);
+    Outcome::Retry
+}
+
+#[tokio::test]
+async fn an_immediate_retry_in_place_lets_the_runtime_run() {
+    let broker = MemoryBroker::new();
+    broker.publish_json("q", &1u64).await.unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    // One thread: a retry loop that never yields would starve the signal below forever.
+    let run = App::new("spinning")
+        .with_state(runs.clone())
+        .mount(broker.queue("q"), retry_now_forever, |m| {
+            m.unlimited_attempts()
+        })
+        .run_until(async move {
+            while counted.load(Ordering::SeqCst) < 100 {
+                tokio::task::yield_now().await;
+            }
+        });
+    let result = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the app shuts down while its handler retries");
+    assert!(result.is_ok(), "{result:?}");
+    // Handed back at shutdown, with its attempts.
+    assert_eq!(broker.stats("q").ready, 1);
+}
+
+async fn retry_in_twenty_minutes(
+    Json(_n): Json<u64>,
+    info: DeliveryInfo,
+    State(runs): State<Arc<AtomicUsize>>,
+) -> Outcome {
+    runs.fetch_add(1, Ordering::SeqCst);
+    if info.attempt == 1 {
+        Outcome::RetryAfter(Duration::from_secs(20 * 60))
+    } else {
+        Outcome::Ack
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_longer_than_the_in_place_hold_goes_back_to_the_broker() {
+    assert!(Duration::from_secs(20 * 60) > conveyor::dispatch::MAX_IN_PLACE_HOLD);
+    let broker = MemoryBroker::new();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = App::new("long-retry").with_state(runs.clone()).mount(
+        broker.queue("q"),
+        retry_in_twenty_minutes,
+        |m| m,
+    );
+    let test = TestApp::start(app, &broker)
+        .await
+        .unwrap()
+        .with_deadline(Duration::from_secs(3600));
+    test.publish_json("q", &1u64).await.unwrap();
+    test.settled().await.unwrap();
+    // Not held in flight (past RabbitMQ's consumer timeout): waiting in the queue.
+    let stats = broker.stats("q");
+    assert_eq!((stats.in_flight, stats.delayed), (0, 1));
+    test.drained().await.unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(test.acked("q").len(), 1);
+    test.stop().await.unwrap();
+}
+
+/// A batch outcome whose conversion panics.
+struct Explosive;
+
+impl conveyor::IntoBatchOutcome for Explosive {
+    fn into_batch_outcome(self) -> Result<conveyor::BatchOutcome, conveyor::BoxError> {
+        panic!("the outcome blew up")
+    }
+}
+
+async fn explosive(_batch: Batch<Json<u64>>) -> Explosive {
+    Explosive
+}
+
+#[tokio::test]
+async fn a_panic_converting_a_batch_outcome_goes_to_the_failure_policy() {
+    let broker = MemoryBroker::new();
+    let app = App::new("explosive").mount(broker.queue("q"), explosive, |m| {
+        m.batch(2).reject_on_error()
+    });
+    let test = TestApp::start(app, &broker).await.unwrap();
+    for n in 0..3u64 {
+        test.publish_json("q", &n).await.unwrap();
+    }
+    test.settled().await.unwrap();
+    let dead = test.dead_lettered("q");
+    assert_eq!(dead.len(), 3);
+    assert!(
+        dead[0].reason.contains("the outcome blew up"),
+        "{}",
+        dead[0].reason
+    );
+    test.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_that_falls_due_goes_back_to_its_place() {
+    let broker = MemoryBroker::new();
+    for n in 1..=3u64 {
+        broker.publish_json("q", &n).await.unwrap();
+    }
+    let mut subscriber = broker
+        .queue("q")
+        .subscribe(SubscribeSettings::new(1))
+        .await
+        .unwrap();
+    let first = subscriber.recv().await.unwrap().unwrap();
+    first.settle(conveyor::Settlement::RetryAfter(Duration::from_secs(1)));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let mut order = Vec::new();
+    for _ in 0..3 {
+        let delivery = subscriber.recv().await.unwrap().unwrap();
+        order.push(String::from_utf8_lossy(delivery.payload()).into_owned());
+        delivery.settle(conveyor::Settlement::Ack);
+    }
+    // It used to arrive again behind 2 and 3.
+    assert_eq!(order, ["1", "2", "3"]);
+}
+
+async fn fail_twice_then_hang(Json(_n): Json<u64>, info: DeliveryInfo) -> Result<(), String> {
+    if info.attempt <= 2 {
+        return Err("not yet".into());
+    }
+    std::future::pending().await
+}
+
+async fn note_attempt(Json(_n): Json<u64>, info: DeliveryInfo, State(seen): State<Seen>) {
+    seen.0.lock().unwrap().push(info.attempt.to_string());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_handler_cancelled_after_retries_in_place_keeps_their_count() {
+    let broker = MemoryBroker::new();
+    broker.publish_json("q", &1u64).await.unwrap();
+    let app = App::new("hanging")
+        .shutdown_timeout(Duration::from_secs(1))
+        .mount(broker.queue("q"), fail_twice_then_hang, |m| m.retry());
+    let running = app.start().await.unwrap();
+    // Attempts 1 and 2 fail in place; attempt 3 hangs until the shutdown timeout.
+    while broker.stats("q").in_flight == 0 {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    running.shutdown().await.unwrap();
+    let seen = Seen::default();
+    let app =
+        App::new("after")
+            .with_state(seen.clone())
+            .mount(broker.queue("q"), note_attempt, |m| m);
+    let test = TestApp::start(app, &broker).await.unwrap();
+    test.settled().await.unwrap();
+    // The hung third attempt counts; the release itself does not.
+    assert_eq!(seen.all(), ["3"]);
+    test.stop().await.unwrap();
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use futures_util::FutureExt;
 
 use super::settle::{Failure, REJECTED_BY_HANDLER, settle_failed};
-use super::{End, RetryPause, Run, finish, run_then_drain};
+use super::{End, RetryPause, Run, StopOnDrain, finish};
 use crate::batch::{Batch, BatchOutcome, IntoBatchOutcome};
 use crate::delivery::Delivery;
 use crate::error::Error;
@@ -24,8 +24,7 @@ pub(super) async fn drive<H: CallBatch, S: Subscriber>(
     let size = run.options.batch_size().unwrap_or(DEFAULT_BATCH_SIZE);
     let mut gathered = Vec::with_capacity(size);
     let mut pause = RetryPause::new();
-    let mut draining = run.shutdown.clone();
-    let mut stopped = false;
+    let mut stop = StopOnDrain::new(&run);
     let end = loop {
         let received = tokio::select! {
             biased;
@@ -45,8 +44,7 @@ pub(super) async fn drive<H: CallBatch, S: Subscriber>(
                         () = run.shutdown.cancelled() => true,
                     }
                 };
-                let cancelled =
-                    run_then_drain(handled, &mut subscriber, &mut draining, &mut stopped).await;
+                let cancelled = stop.run(handled, &mut subscriber).await;
                 if cancelled {
                     gathered.clear();
                 }
@@ -60,9 +58,7 @@ pub(super) async fn drive<H: CallBatch, S: Subscriber>(
         }
     };
     drop(gathered);
-    if !stopped {
-        subscriber.stop_receiving().await;
-    }
+    stop.finish(&mut subscriber).await;
     finish(subscriber, &run, end).await
 }
 
@@ -116,8 +112,10 @@ async fn handle_batch<H: CallBatch>(handler: &H, gathered: &mut Vec<Delivery>, r
             return;
         }
     };
-    let failure = match AssertUnwindSafe(future).catch_unwind().await {
-        Ok(output) => match output.into_batch_outcome() {
+    // `into_batch_outcome` is user code too (a custom `IntoBatchOutcome`).
+    let finished = AssertUnwindSafe(async { future.await.into_batch_outcome() });
+    let failure = match finished.catch_unwind().await {
+        Ok(outcome) => match outcome {
             Ok(BatchOutcome::All(outcome)) => {
                 for delivery in deliveries {
                     delivery.settle(outcome.settlement(REJECTED_BY_HANDLER));

@@ -14,7 +14,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use super::{
-    End, Received, Retries, Run, finish, handle_one, join_tasks, receive, task_died, task_error,
+    End, Received, Retries, Run, finish, hand_over_lost, handle_one, join_tasks, receive,
+    task_died, task_error,
 };
 use crate::delivery::Delivery;
 use crate::error::Error;
@@ -81,8 +82,7 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
             // The delivery inside the dropped send is released.
             () = run.shutdown.requested() => break End::Stopped,
             sent = lanes[lane].send(delivery) => if sent.is_err() {
-                let died = task_died(&mut tasks).await;
-                break End::Failed(task_error(&died, &run));
+                break hand_over_lost(&mut tasks, &run).await;
             },
             died = task_died(&mut tasks) => break End::Failed(task_error(&died, &run)),
         }

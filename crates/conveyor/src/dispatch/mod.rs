@@ -33,6 +33,7 @@ use crate::mount::{Dispatch, MountOptions};
 use crate::transport::Subscriber;
 
 pub use lanes::lane_for_key;
+pub use settle::MAX_IN_PLACE_HOLD;
 pub(crate) use settle::{Retries, handle_one};
 
 /// Everything a running mount needs besides its handler and subscriber.
@@ -193,27 +194,59 @@ pub(crate) async fn receive<S: Subscriber>(subscriber: &mut S, run: &mut Run) ->
     }
 }
 
-/// Runs a mount's own work on one delivery or batch (sequential and batch mounts) to its
-/// end. If the app starts draining meanwhile, the subscriber stops receiving at once, so
-/// what it holds goes back to the broker while the work goes on; `stopped` records it.
-pub(crate) async fn run_then_drain<S: Subscriber, T>(
-    work: impl Future<Output = T>,
-    subscriber: &mut S,
-    draining: &mut Shutdown,
-    stopped: &mut bool,
-) -> T {
-    tokio::pin!(work);
-    loop {
+/// Has the subscriber stop receiving as soon as the app starts draining, for mounts
+/// whose own loop runs the handler (sequential, batch): so what the transport read ahead
+/// goes back at once, while the handler goes on.
+pub(crate) struct StopOnDrain {
+    draining: Shutdown,
+    stopped: bool,
+}
+
+impl StopOnDrain {
+    pub(crate) fn new(run: &Run) -> Self {
+        StopOnDrain {
+            draining: run.shutdown.clone(),
+            stopped: false,
+        }
+    }
+
+    /// Runs `work` to its end; if draining starts meanwhile, the subscriber stops
+    /// receiving alongside it.
+    pub(crate) async fn run<S: Subscriber, T>(
+        &mut self,
+        work: impl Future<Output = T>,
+        subscriber: &mut S,
+    ) -> T {
+        tokio::pin!(work);
         tokio::select! {
             biased;
             // Polled first: work that finishes at once never polls the shutdown.
             done = &mut work => return done,
-            () = draining.requested(), if !*stopped => {
-                subscriber.stop_receiving().await;
-                *stopped = true;
-            }
+            () = self.draining.requested(), if !self.stopped => {}
+        }
+        self.stopped = true;
+        // The work is polled while the subscriber stops: its handler keeps running.
+        let (done, ()) = tokio::join!(work, subscriber.stop_receiving());
+        done
+    }
+
+    /// After the mount's loop: stops receiving, unless that was done already.
+    pub(crate) async fn finish<S: Subscriber>(self, subscriber: &mut S) {
+        if !self.stopped {
+            subscriber.stop_receiving().await;
         }
     }
+}
+
+/// How a mount ends when no worker or lane is left to take a delivery: normal at
+/// shutdown (they left on seeing it), otherwise one of them died.
+pub(crate) async fn hand_over_lost(tasks: &mut JoinSet<()>, run: &Run) -> End {
+    while let Some(joined) = tasks.join_next().await {
+        if let Err(died) = joined {
+            return End::Failed(task_error(&died, run));
+        }
+    }
+    End::Stopped
 }
 
 /// Resolves once one of a mount's tasks (a worker, a lane) has died. A task that ends

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::{End, Received, Retries, Run, finish, handle_one, receive, run_then_drain};
+use super::{End, Received, Retries, Run, StopOnDrain, finish, handle_one, receive};
 use crate::error::Error;
 use crate::handler::CallOne;
 use crate::transport::Subscriber;
@@ -16,19 +16,16 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
     mut subscriber: S,
     mut run: Run,
 ) -> Result<(), Error> {
-    let mut draining = run.shutdown.clone();
-    let mut stopped = false;
+    let mut stop = StopOnDrain::new(&run);
     let end: End = loop {
         match receive(&mut subscriber, &mut run).await {
             Received::Delivery(delivery) => {
                 let handled = handle_one(&*handler, delivery, &run, Retries::InPlace);
-                run_then_drain(handled, &mut subscriber, &mut draining, &mut stopped).await;
+                stop.run(handled, &mut subscriber).await;
             }
             other => break other.into(),
         }
     };
-    if !stopped {
-        subscriber.stop_receiving().await;
-    }
+    stop.finish(&mut subscriber).await;
     finish(subscriber, &run, end).await
 }

@@ -58,12 +58,20 @@ enum Fate {
     Reject(Cow<'static, str>),
 }
 
+/// The longest a mount holds a delivery to retry it in place, counted from its first
+/// failure: well below RabbitMQ's default `consumer_timeout` (30 min), past which the
+/// broker closes the channel, and SQS's 12 hours. A retry that would hold it longer goes
+/// back to the broker, which keeps the delay but not the key's order.
+pub const MAX_IN_PLACE_HOLD: Duration = Duration::from_secs(15 * 60);
+
 async fn run_and_settle<H: CallOne>(
     handler: &H,
     mut delivery: Delivery,
     run: &Run,
     retries: Retries,
 ) {
+    // Set at the first retry: the clock is read only on the retry path.
+    let mut first_failure: Option<Instant> = None;
     loop {
         let delay = match run_once(handler, &delivery, run).await {
             Fate::Ack => return delivery.settle(Settlement::Ack),
@@ -74,9 +82,11 @@ async fn run_and_settle<H: CallOne>(
             Some(delay) => Settlement::RetryAfter(delay),
             None => Settlement::Retry,
         };
+        let held = first_failure.get_or_insert_with(Instant::now).elapsed();
+        let too_long = held.saturating_add(delay.unwrap_or_default()) > MAX_IN_PLACE_HOLD;
         // Draining: hand the delivery back (with its attempt count) rather than keep the
         // shutdown waiting for its retries.
-        if retries == Retries::ToBroker || run.shutdown.is_requested() {
+        if retries == Retries::ToBroker || too_long || run.shutdown.is_requested() {
             return delivery.settle(to_broker(delay));
         }
         if let Some(delay) = delay {
@@ -90,6 +100,9 @@ async fn run_and_settle<H: CallOne>(
                 }
                 () = tokio::time::sleep(delay) => {}
             }
+        } else {
+            // A retry now must not spin: let the runtime run timers and other tasks.
+            tokio::task::yield_now().await;
         }
         delivery.count_retry();
     }

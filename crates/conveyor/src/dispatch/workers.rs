@@ -11,7 +11,8 @@ use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
 use super::{
-    End, Received, Retries, Run, finish, handle_one, join_tasks, receive, task_died, task_error,
+    End, Received, Retries, Run, finish, hand_over_lost, handle_one, join_tasks, receive,
+    task_died, task_error,
 };
 use crate::delivery::Delivery;
 use crate::error::Error;
@@ -51,16 +52,18 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
             received = receive(&mut subscriber, &mut run) => received,
             died = task_died(&mut workers) => break End::Failed(task_error(&died, &run)),
         };
-        match received {
-            Received::Delivery(delivery) => {
-                // Room is guaranteed: the channel holds `n` and we hold one of `n` permits.
-                if let Err(unsent) = hand_over.send((delivery, permit)).await {
-                    drop(unsent);
-                    let died = task_died(&mut workers).await;
-                    break End::Failed(task_error(&died, &run));
-                }
-            }
+        let delivery = match received {
+            Received::Delivery(delivery) => delivery,
             other => break other.into(),
+        };
+        // Room is guaranteed: the channel holds `n` and we hold one of `n` permits.
+        tokio::select! {
+            biased;
+            // The delivery inside the dropped send is released.
+            () = run.shutdown.requested() => break End::Stopped,
+            sent = hand_over.send((delivery, permit)) => if sent.is_err() {
+                break hand_over_lost(&mut workers, &run).await;
+            },
         }
     };
     drop(hand_over);

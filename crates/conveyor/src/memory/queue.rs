@@ -39,11 +39,13 @@ impl Stored {
     }
 }
 
-/// A delayed message: a delayed publish, or a retry-after that still holds its group.
+/// A delayed message: a delayed publish, or a retry-after.
 #[derive(Debug)]
 struct Delayed {
     stored: Stored,
-    holds_group: bool,
+    /// A retry: it goes back to its place when due (a publish arrives then), and on a FIFO
+    /// queue holds its group meanwhile.
+    retried: bool,
 }
 
 #[derive(Debug, Default)]
@@ -276,14 +278,11 @@ impl State {
         self.ready.insert(at, stored);
     }
 
-    fn delay(&mut self, stored: Stored, delay: Duration, holds_group: bool) {
+    fn delay(&mut self, stored: Stored, delay: Duration, retried: bool) {
         self.next_timer += 1;
         self.delayed.insert(
             (due_after(delay), self.next_timer),
-            Delayed {
-                stored,
-                holds_group,
-            },
+            Delayed { stored, retried },
         );
     }
 
@@ -293,12 +292,9 @@ impl State {
             if entry.key().0 > now {
                 break;
             }
-            let Delayed {
-                stored,
-                holds_group,
-            } = entry.remove();
-            if holds_group {
-                // A retried FIFO message goes back at the head of its group.
+            let Delayed { stored, retried } = entry.remove();
+            if retried {
+                // Back to its place: on a FIFO queue, at the head of its group.
                 self.release_group(&stored.key, fifo);
                 self.put_back(stored);
             } else {
@@ -365,8 +361,12 @@ impl Settle for Queue {
                 }
                 Settlement::Retry | Settlement::Release => {
                     if settlement == Settlement::Release {
-                        // Never handled: the receive does not count as an attempt.
-                        stored.receive_count = stored.receive_count.saturating_sub(1);
+                        // The receive counts no attempt of its own; retries the mount made
+                        // before it let go (a handler cancelled at shutdown) still count.
+                        stored.receive_count = stored
+                            .receive_count
+                            .saturating_sub(1)
+                            .max(settled.attempt.saturating_sub(1));
                     } else {
                         state.stats.retried += 1;
                     }
@@ -374,9 +374,9 @@ impl Settle for Queue {
                     state.put_back(stored);
                 }
                 Settlement::RetryAfter(delay) => {
+                    // A FIFO group stays held until the retry is due.
                     state.stats.retried += 1;
-                    let holds_group = self.fifo && stored.key.is_some();
-                    state.delay(stored, delay, holds_group);
+                    state.delay(stored, delay, true);
                 }
                 Settlement::Reject { reason } => {
                     state.release_group(&stored.key, self.fifo);
