@@ -56,14 +56,11 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
             Received::Delivery(delivery) => delivery,
             other => break other.into(),
         };
-        // Room is guaranteed: the channel holds `n` and we hold one of `n` permits.
-        tokio::select! {
-            biased;
-            // The delivery inside the dropped send is released.
-            () = run.shutdown.requested() => break End::Stopped,
-            sent = hand_over.send((delivery, permit)) => if sent.is_err() {
-                break hand_over_lost(&mut workers, &run).await;
-            },
+        // Room is guaranteed: the channel holds `n` and we hold one of `n` permits. The
+        // send fails only once every worker has left (at shutdown, or dead); the delivery
+        // inside the error is released.
+        if hand_over.send((delivery, permit)).await.is_err() {
+            break hand_over_lost(&mut workers, &run).await;
         }
     };
     drop(hand_over);
