@@ -19,7 +19,11 @@
 //!   just ended in [`ATTEMPTS_HEADER`], waits for the broker's confirm, then acks the
 //!   original; retry-after does the same through the queue's delay queue (a per-message
 //!   TTL that dead-letters back), or to the queue itself without one. Reject sends the
-//!   message to the queue's dead-letter exchange with its reason (see below).
+//!   message to the queue's dead-letter exchange with its reason (see below). Only the
+//!   republished message's own ack waits for the confirm: the acks and nacks of other
+//!   deliveries go out meanwhile (with up to 1024 republishes of a subscription awaiting
+//!   confirms at once), so a slow confirm never stalls the prefetch window, and closing
+//!   the subscription waits for the confirms under way.
 //! - [`LapinPublisher`] publishes with confirms, persistent and mandatory by default.
 //!
 //! Prefetch: a mount's `prefetch(..)` wins, then the source's, then the broker's; without
@@ -36,13 +40,19 @@
 //!   always ends in a reject: the receive count is the attempts a message already made
 //!   ([`ATTEMPTS_HEADER`], written by retries) plus the queue's own count of this copy
 //!   (a quorum queue's `x-delivery-count`, a classic queue's `redelivered` flag) plus
-//!   one. A retried copy goes to the tail of the queue. Sequential and lane mounts retry
-//!   in place (the delivery stays unacked), so they republish only what draining hands
-//!   back mid-retry; that copy, too, lands behind later messages of its key. The broker
-//!   cannot tell a delivery released unhandled (draining, a connection loss) from one
-//!   whose handler ran, so such a release may count as an attempt: each one on a quorum
-//!   queue; on a classic queue, a redelivered message (the `redelivered` flag) counts
-//!   one attempt more however often it was released.
+//!   one. A retried copy goes to the tail of the queue.
+//! - **A key's order does not survive a shutdown mid-retry.** Sequential and lane mounts
+//!   retry in place (the delivery stays unacked), so a key keeps its order across
+//!   retries while the app runs. But a retry that draining hands back mid-retry (or one
+//!   that would be held longer than the core's `MAX_IN_PLACE_HOLD`) is republished like
+//!   any other, to the tail of the queue (through the delay queue, for what is left of
+//!   its backoff): later messages of its key, already in the queue, are handled before
+//!   it. RabbitMQ cannot hold a key's later messages back while one of them is away,
+//!   as an SQS FIFO group does.
+//! - A release may count as an attempt: the broker cannot tell a delivery released
+//!   unhandled (draining, a connection loss) from one whose handler ran, so each release
+//!   counts on a quorum queue; on a classic queue, a redelivered message (the
+//!   `redelivered` flag) counts one attempt more however often it was released.
 //! - Dead letters carry their reason: when the queue's declaration names its
 //!   dead-letter exchange ([`QueueSpec::dead_letter_exchange`], optionally
 //!   [`QueueSpec::dead_letter_routing_key`]), a reject republishes the message there,

@@ -1,5 +1,5 @@
 //! Settling deliveries: the core's synchronous [`Settle`] calls queue the AMQP work, and
-//! one task per subscription performs it in order on the subscription's channels.
+//! one task per subscription performs it on the subscription's channels.
 //!
 //! - Ack is `basic.ack`; release (a delivery never handled) is `basic.nack` with requeue.
 //! - Retry republishes the message to its own queue (default exchange, routing key = the
@@ -16,6 +16,13 @@
 //!   it is `basic.nack` without requeue: the broker dead-letters or drops it, without
 //!   the reason.
 //!
+//! The task takes settlements in the order the core made them. Acks and nacks are sent
+//! at once; a republish is sent at once too (so copies leave in that order), but its
+//! wait for the confirm, and the ack of the original after it, run beside the later
+//! settlements (at most [`MAX_CONFIRMING`] at a time): a slow confirm holds back nothing
+//! but its own message, and the prefetch window keeps moving. [`Settler::flush`] waits
+//! for everything queued before it, confirms included.
+//!
 //! Republishing happens on one confirm-mode channel per subscription. When a republish
 //! fails, the original is settled the plain AMQP way instead (requeued, or nacked to the
 //! dead-letter exchange) and a warning says so.
@@ -24,14 +31,18 @@
 //! dies, its ackers turn into no-ops and the broker delivers the message again: so a
 //! delivery whose channel is gone is never republished, which would make a second copy.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use conveyor::{Bytes, REJECT_REASON_HEADER, Settle, Settled, Settlement};
+use futures_util::future::BoxFuture;
+use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt, StreamExt};
 use lapin::options::{BasicAckOptions, BasicNackOptions, BasicPublishOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{Acker, BasicProperties, Channel, Confirmation};
+use lapin::{Acker, BasicProperties, Channel, Confirmation, PublisherConfirm};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::headers::{ATTEMPTS_HEADER, DELIVERY_COUNT_HEADER};
@@ -40,6 +51,11 @@ use crate::publisher::PERSISTENT;
 /// The longest per-message TTL RabbitMQ accepts, in milliseconds (2^32 - 1); a longer
 /// `expiration` would close the channel.
 const MAX_EXPIRATION_MS: u128 = u32::MAX as u128;
+
+/// How many republishes of one subscription may wait for their confirms at once. Each
+/// holds its original unacked, so the prefetch window bounds them first; past this many
+/// the task takes no further settlement until one is confirmed.
+const MAX_CONFIRMING: usize = 1024;
 
 /// A received delivery the core has not settled yet.
 pub(crate) struct Pending {
@@ -72,15 +88,17 @@ enum Action {
     Reject(String),
 }
 
-// Nearly every op is a settlement; boxing it would cost an allocation per message to
-// spare the rare flush a few hundred bytes of channel slot.
-#[allow(clippy::large_enum_variant)]
-enum Op {
-    Settle {
-        pending: Pending,
-        action: Action,
-        payload: Bytes,
-    },
+/// One settlement to perform.
+struct Job {
+    pending: Pending,
+    action: Action,
+    payload: Bytes,
+}
+
+/// What the settle task is asked to do. A settlement is not boxed: nearly every op is
+/// one, and boxing would cost an allocation per message.
+enum Op<J> {
+    Settle(J),
     Flush(oneshot::Sender<()>),
 }
 
@@ -88,7 +106,7 @@ enum Op {
 pub(crate) struct Settler {
     queue: Arc<str>,
     pending: Mutex<HashMap<u64, Pending>>,
-    ops: mpsc::UnboundedSender<Op>,
+    ops: mpsc::UnboundedSender<Op<Job>>,
 }
 
 impl Settler {
@@ -103,7 +121,7 @@ impl Settler {
             pending: Mutex::new(HashMap::new()),
             ops,
         });
-        let task = tokio::spawn(run(rx, queue, routes));
+        let task = tokio::spawn(run(rx, Settling { queue, routes }));
         (settler, task)
     }
 
@@ -115,7 +133,8 @@ impl Settler {
             .insert(tag, pending);
     }
 
-    /// Waits until every settlement queued so far has been performed.
+    /// Waits until every settlement queued so far has been performed, republishes
+    /// included (their confirms, then the acks of their originals).
     pub(crate) async fn flush(&self) {
         let (done, flushed) = oneshot::channel();
         if self.ops.send(Op::Flush(done)).is_ok() {
@@ -152,87 +171,195 @@ impl Settle for Settler {
             _ => Action::Release,
         };
         // If the task is gone the channel is closing, and closing it returns the message.
-        let _ = self.ops.send(Op::Settle {
+        let _ = self.ops.send(Op::Settle(Job {
             pending,
             action,
             payload: settled.payload,
-        });
+        }));
     }
 }
 
-async fn run(mut ops: mpsc::UnboundedReceiver<Op>, queue: Arc<str>, routes: Routes) {
-    while let Some(op) = ops.recv().await {
-        match op {
-            Op::Flush(done) => {
-                let _ = done.send(());
-            }
-            Op::Settle {
-                pending,
-                action,
-                payload,
-            } => perform(pending, action, payload, &queue, &routes).await,
-        }
-    }
+/// What the settle task does with a settlement: [`start`](Self::start) performs it, or
+/// begins it and returns the rest (a republish's wait for its confirm, then the ack of
+/// the original), which runs beside later settlements.
+trait Perform {
+    type Job;
+    fn start(&self, job: Self::Job) -> impl Future<Output = Option<BoxFuture<'static, ()>>> + Send;
 }
 
-async fn perform(pending: Pending, action: Action, payload: Bytes, queue: &str, routes: &Routes) {
-    let Pending { acker, properties } = pending;
-    let result = match action {
-        Action::Ack => acker.ack(BasicAckOptions::default()).await,
-        Action::Release => nack(&acker, true).await,
-        // The channel the message came on is gone, so the broker delivers the original
-        // again: a copy would be a duplicate. (The nack below is then a no-op.)
-        Action::Retry { .. } | Action::Reject(_) if !acker.usable() => nack(&acker, true).await,
-        Action::Retry { delay, attempt } => {
-            let (destination, properties) = match (delay, &routes.delay_queue) {
-                (Some(delay), Some(delay_queue)) => {
-                    let ttl = delay.as_millis().clamp(1, MAX_EXPIRATION_MS).to_string();
-                    let properties = retry_copy(properties, attempt).with_expiration(ttl.into());
-                    (delay_queue, properties)
-                }
-                _ => (&routes.queue, retry_copy(properties, attempt)),
-            };
-            let copy = Copy {
-                exchange: ShortString::from(""),
-                routing_key: destination.clone(),
-                properties,
-            };
-            match republish(routes, copy, &payload).await {
-                Ok(()) => acker.ack(BasicAckOptions::default()).await,
-                Err(error) => {
-                    tracing::warn!(
-                        queue,
-                        to = %destination,
-                        %error,
-                        "cannot republish a message to retry it; requeueing it as it is (this attempt is not counted)"
-                    );
-                    nack(&acker, true).await
-                }
-            }
-        }
-        Action::Reject(reason) => match &routes.dead_letter {
-            Some((exchange, routing_key)) => {
-                let copy = Copy {
-                    exchange: exchange.clone(),
-                    routing_key: routing_key.clone(),
-                    properties: dead_letter_copy(properties, &reason),
-                };
-                match republish(routes, copy, &payload).await {
-                    Ok(()) => acker.ack(BasicAckOptions::default()).await,
-                    Err(error) => {
-                        tracing::warn!(
-                            queue,
-                            dead_letter_exchange = %exchange,
-                            %error,
-                            "cannot dead-letter a message with its reason; nacking it to the broker's own dead-lettering"
-                        );
-                        nack(&acker, false).await
+/// Performs `ops` in order, with up to [`MAX_CONFIRMING`] rests (see [`Perform`]) running
+/// beside them; a flush is answered once every rest begun before it has finished.
+async fn run<P: Perform>(mut ops: mpsc::UnboundedReceiver<Op<P::Job>>, perform: P) {
+    let mut confirming = FuturesUnordered::new();
+    // The rests under way, numbered in the order they began.
+    let mut outstanding = BTreeSet::new();
+    let mut next = 0u64;
+    // Each waiting flush, with the number of the first rest begun after it.
+    let mut flushes: VecDeque<(u64, oneshot::Sender<()>)> = VecDeque::new();
+    loop {
+        tokio::select! {
+            biased;
+            Some(number) = confirming.next(), if !confirming.is_empty() => {
+                outstanding.remove(&number);
+                while let Some((after, _)) = flushes.front() {
+                    if outstanding.first().is_some_and(|first| first < after) {
+                        break;
+                    }
+                    if let Some((_, done)) = flushes.pop_front() {
+                        let _ = done.send(());
                     }
                 }
             }
-            None => nack(&acker, false).await,
-        },
-    };
+            op = ops.recv(), if confirming.len() < MAX_CONFIRMING => match op {
+                None => break,
+                Some(Op::Flush(done)) => {
+                    if outstanding.is_empty() {
+                        let _ = done.send(());
+                    } else {
+                        flushes.push_back((next, done));
+                    }
+                }
+                Some(Op::Settle(job)) => {
+                    if let Some(rest) = perform.start(job).await {
+                        let number = next;
+                        next += 1;
+                        outstanding.insert(number);
+                        confirming.push(rest.map(move |()| number));
+                    }
+                }
+            },
+        }
+    }
+    // The settler is gone: the confirms under way still settle their originals.
+    while confirming.next().await.is_some() {}
+}
+
+/// Settling on RabbitMQ.
+struct Settling {
+    queue: Arc<str>,
+    routes: Routes,
+}
+
+impl Perform for Settling {
+    type Job = Job;
+
+    async fn start(&self, job: Job) -> Option<BoxFuture<'static, ()>> {
+        let Job {
+            pending: Pending { acker, properties },
+            action,
+            payload,
+        } = job;
+        let (queue, routes) = (&*self.queue, &self.routes);
+        let result = match action {
+            Action::Ack => acker.ack(BasicAckOptions::default()).await,
+            Action::Release => nack(&acker, true).await,
+            // The channel the message came on is gone, so the broker delivers the
+            // original again: a copy would be a duplicate. (The nack is then a no-op.)
+            Action::Retry { .. } | Action::Reject(_) if !acker.usable() => nack(&acker, true).await,
+            Action::Retry { delay, attempt } => {
+                let (destination, properties) = match (delay, &routes.delay_queue) {
+                    (Some(delay), Some(delay_queue)) => {
+                        let ttl = delay.as_millis().clamp(1, MAX_EXPIRATION_MS).to_string();
+                        let properties =
+                            retry_copy(properties, attempt).with_expiration(ttl.into());
+                        (delay_queue, properties)
+                    }
+                    _ => (&routes.queue, retry_copy(properties, attempt)),
+                };
+                let copy = Copy {
+                    exchange: ShortString::from(""),
+                    routing_key: destination.clone(),
+                    properties,
+                };
+                let fallback = Fallback::Requeue {
+                    to: destination.clone(),
+                };
+                match publish(routes, copy, &payload).await {
+                    Ok(confirm) => return Some(self.confirm_then_ack(confirm, acker, fallback)),
+                    Err(error) => fallback.settle(&acker, queue, &error).await,
+                }
+            }
+            Action::Reject(reason) => match &routes.dead_letter {
+                Some((exchange, routing_key)) => {
+                    let copy = Copy {
+                        exchange: exchange.clone(),
+                        routing_key: routing_key.clone(),
+                        properties: dead_letter_copy(properties, &reason),
+                    };
+                    let fallback = Fallback::DeadLetter {
+                        exchange: exchange.clone(),
+                    };
+                    match publish(routes, copy, &payload).await {
+                        Ok(confirm) => {
+                            return Some(self.confirm_then_ack(confirm, acker, fallback));
+                        }
+                        Err(error) => fallback.settle(&acker, queue, &error).await,
+                    }
+                }
+                None => nack(&acker, false).await,
+            },
+        };
+        report(queue, result);
+        None
+    }
+}
+
+impl Settling {
+    /// The rest of a republish: waits for its confirm, then acks the original (or settles
+    /// it by `fallback` when the broker did not take the copy).
+    fn confirm_then_ack(
+        &self,
+        confirm: PublisherConfirm,
+        acker: Acker,
+        fallback: Fallback,
+    ) -> BoxFuture<'static, ()> {
+        let queue = self.queue.clone();
+        let timeout = self.routes.confirm_timeout;
+        Box::pin(async move {
+            let result = match confirmed(confirm, timeout).await {
+                Ok(()) => acker.ack(BasicAckOptions::default()).await,
+                Err(error) => fallback.settle(&acker, &queue, &error).await,
+            };
+            report(&queue, result);
+        })
+    }
+}
+
+/// How a delivery is settled when its copy could not be republished.
+enum Fallback {
+    /// A retry's original is requeued as it is (this attempt is not counted).
+    Requeue { to: ShortString },
+    /// A reject's original is nacked to the broker's own dead-lettering (without reason).
+    DeadLetter { exchange: ShortString },
+}
+
+impl Fallback {
+    async fn settle(&self, acker: &Acker, queue: &str, error: &str) -> lapin::Result<bool> {
+        match self {
+            Fallback::Requeue { to } => {
+                tracing::warn!(
+                    queue,
+                    to = %to,
+                    %error,
+                    "cannot republish a message to retry it; requeueing it as it is (this attempt is not counted)"
+                );
+                nack(acker, true).await
+            }
+            Fallback::DeadLetter { exchange } => {
+                tracing::warn!(
+                    queue,
+                    dead_letter_exchange = %exchange,
+                    %error,
+                    "cannot dead-letter a message with its reason; nacking it to the broker's own dead-lettering"
+                );
+                nack(acker, false).await
+            }
+        }
+    }
+}
+
+/// Logs what came of settling a delivery of `queue`, unless it went well.
+fn report(queue: &str, result: lapin::Result<bool>) {
     match result {
         Ok(true) => {}
         Ok(false) => tracing::debug!(
@@ -247,7 +374,9 @@ async fn perform(pending: Pending, action: Action, payload: Bytes, queue: &str, 
     }
 }
 
-async fn nack(acker: &Acker, requeue: bool) -> lapin::Result<bool> {
+/// `basic.nack`: back to the queue with `requeue`, else to the broker's dead-lettering
+/// (or dropped). `Ok(false)` when the delivery's channel is gone.
+pub(crate) async fn nack(acker: &Acker, requeue: bool) -> lapin::Result<bool> {
     acker
         .nack(BasicNackOptions {
             multiple: false,
@@ -309,9 +438,9 @@ struct Copy {
     properties: BasicProperties,
 }
 
-/// Publishes `copy` (mandatory) on the routes' confirm channel, and waits for the confirm.
-async fn republish(routes: &Routes, copy: Copy, payload: &[u8]) -> Result<(), String> {
-    let confirm = routes
+/// Publishes `copy` (mandatory) on the routes' confirm channel; the confirm is to come.
+async fn publish(routes: &Routes, copy: Copy, payload: &[u8]) -> Result<PublisherConfirm, String> {
+    routes
         .channel
         .basic_publish(
             copy.exchange,
@@ -324,15 +453,19 @@ async fn republish(routes: &Routes, copy: Copy, payload: &[u8]) -> Result<(), St
             copy.properties,
         )
         .await
-        .map_err(|e| e.to_string())?;
-    match tokio::time::timeout(routes.confirm_timeout, confirm).await {
+        .map_err(|e| e.to_string())
+}
+
+/// Waits up to `timeout` for the broker to take a republished copy.
+async fn confirmed(confirm: PublisherConfirm, timeout: Duration) -> Result<(), String> {
+    match tokio::time::timeout(timeout, confirm).await {
         Ok(Ok(Confirmation::Ack(None))) => Ok(()),
         Ok(Ok(Confirmation::Ack(Some(returned)))) => {
             Err(format!("returned unroutable: {}", returned.reply_text))
         }
         Ok(Ok(other)) => Err(format!("the broker did not take it: {other:?}")),
         Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("no confirm within {:?}", routes.confirm_timeout)),
+        Err(_) => Err(format!("no confirm within {timeout:?}")),
     }
 }
 
@@ -352,6 +485,146 @@ mod tests {
 
     fn text(value: &str) -> AMQPValue {
         AMQPValue::LongString(LongString::from(value.as_bytes()))
+    }
+
+    /// A scripted settlement: done at once, or (a republish) done when its confirm comes.
+    enum Step {
+        Done(&'static str),
+        Confirm(&'static str, oneshot::Receiver<()>),
+    }
+
+    /// Performs steps by recording their names, in the order they are done.
+    struct Script(mpsc::UnboundedSender<&'static str>);
+
+    impl Perform for Script {
+        type Job = Step;
+
+        async fn start(&self, step: Step) -> Option<BoxFuture<'static, ()>> {
+            match step {
+                Step::Done(name) => {
+                    let _ = self.0.send(name);
+                    None
+                }
+                Step::Confirm(name, confirm) => {
+                    let done = self.0.clone();
+                    Some(Box::pin(async move {
+                        let _ = confirm.await;
+                        let _ = done.send(name);
+                    }))
+                }
+            }
+        }
+    }
+
+    /// A settle task running [`Script`]: where to queue ops, and what it has done.
+    fn scripted() -> (
+        mpsc::UnboundedSender<Op<Step>>,
+        mpsc::UnboundedReceiver<&'static str>,
+    ) {
+        let (ops, rx) = mpsc::unbounded_channel();
+        let (done, performed) = mpsc::unbounded_channel();
+        tokio::spawn(run(rx, Script(done)));
+        (ops, performed)
+    }
+
+    /// Queues a flush, and returns what answers it.
+    fn flush(ops: &mpsc::UnboundedSender<Op<Step>>) -> oneshot::Receiver<()> {
+        let (done, flushed) = oneshot::channel();
+        ops.send(Op::Flush(done)).unwrap();
+        flushed
+    }
+
+    /// Whether `future` is still waiting once everything else has run: the clock is
+    /// paused, so it only moves (to the timeout) when no task can make progress.
+    async fn stuck<F: Future>(future: F) -> bool {
+        tokio::time::timeout(Duration::from_secs(3600), future)
+            .await
+            .is_err()
+    }
+
+    /// What `future` gives, failing if it is [`stuck`].
+    async fn now<F: Future>(future: F) -> F::Output {
+        tokio::time::timeout(Duration::from_secs(3600), future)
+            .await
+            .expect("it is stuck")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn settlements_after_a_republish_do_not_wait_for_its_confirm() {
+        let (ops, mut performed) = scripted();
+        let (confirm, confirmation) = oneshot::channel();
+        ops.send(Op::Settle(Step::Confirm("retry", confirmation)))
+            .unwrap();
+        ops.send(Op::Settle(Step::Done("ack 1"))).unwrap();
+        ops.send(Op::Settle(Step::Done("nack 2"))).unwrap();
+        assert_eq!(now(performed.recv()).await, Some("ack 1"));
+        assert_eq!(now(performed.recv()).await, Some("nack 2"));
+        assert!(stuck(performed.recv()).await, "nothing else is done");
+
+        confirm.send(()).unwrap();
+        assert_eq!(now(performed.recv()).await, Some("retry"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flush_waits_for_the_confirms_queued_before_it_and_only_those() {
+        let (ops, mut performed) = scripted();
+        let (first, first_confirmation) = oneshot::channel();
+        let (second, second_confirmation) = oneshot::channel();
+        ops.send(Op::Settle(Step::Confirm("first", first_confirmation)))
+            .unwrap();
+        ops.send(Op::Settle(Step::Done("ack"))).unwrap();
+        let mut flushed = flush(&ops);
+        ops.send(Op::Settle(Step::Confirm("second", second_confirmation)))
+            .unwrap();
+        let mut flushed_later = flush(&ops);
+
+        assert!(
+            stuck(&mut flushed).await,
+            "the first republish is not confirmed yet"
+        );
+        assert_eq!(now(performed.recv()).await, Some("ack"));
+        first.send(()).unwrap();
+        now(flushed).await.unwrap();
+        assert_eq!(now(performed.recv()).await, Some("first"));
+        assert!(
+            stuck(&mut flushed_later).await,
+            "the second one is not confirmed yet"
+        );
+
+        second.send(()).unwrap();
+        now(flushed_later).await.unwrap();
+        assert_eq!(now(performed.recv()).await, Some("second"));
+        // With nothing under way, a flush is answered at once.
+        now(flush(&ops)).await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_republishes_waiting_for_confirms_are_bounded() {
+        let (ops, mut performed) = scripted();
+        let mut confirms = Vec::new();
+        for _ in 0..MAX_CONFIRMING {
+            let (confirm, confirmation) = oneshot::channel();
+            confirms.push(confirm);
+            ops.send(Op::Settle(Step::Confirm("held", confirmation)))
+                .unwrap();
+        }
+        ops.send(Op::Settle(Step::Done("ack"))).unwrap();
+        assert!(stuck(performed.recv()).await, "the ack waits for room");
+        confirms.pop().unwrap().send(()).unwrap();
+        assert_eq!(now(performed.recv()).await, Some("held"));
+        assert_eq!(now(performed.recv()).await, Some("ack"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn confirms_under_way_still_finish_when_the_settler_is_gone() {
+        let (ops, mut performed) = scripted();
+        let (confirm, confirmation) = oneshot::channel();
+        ops.send(Op::Settle(Step::Confirm("retry", confirmation)))
+            .unwrap();
+        drop(ops);
+        confirm.send(()).unwrap();
+        assert_eq!(now(performed.recv()).await, Some("retry"));
+        assert_eq!(now(performed.recv()).await, None, "then the task ends");
     }
 
     #[test]

@@ -7,8 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use conveyor::{Bytes, Delivery, Settle, SubscribeSettings, Subscriber};
 use futures_util::{FutureExt, StreamExt};
 use lapin::options::{
-    BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
-    ConfirmSelectOptions,
+    BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions,
 };
 use lapin::types::{FieldTable, ShortString};
 use lapin::{Channel, Consumer};
@@ -16,7 +15,7 @@ use lapin::{Channel, Consumer};
 use crate::broker::LapinBroker;
 use crate::error::{LapinError, short};
 use crate::headers::{self, ATTEMPTS_HEADER, DELIVERY_COUNT_HEADER};
-use crate::settle::{Pending, Routes, Settler};
+use crate::settle::{self, Pending, Routes, Settler};
 use crate::source::LapinSource;
 use crate::topology::QueueSpec;
 
@@ -243,6 +242,25 @@ impl LapinSubscriber {
         out
     }
 
+    /// Cancels the consumer (`basic.cancel`) unless the broker has confirmed that already.
+    /// When the channel is down the cancel fails: what the channel held goes back to the
+    /// queue with it, and the next call (closing the subscription) tries again.
+    async fn cancel_consumer(&mut self) {
+        if self.cancelled {
+            return;
+        }
+        match self
+            .channel
+            .basic_cancel(self.consumer_tag.clone(), BasicCancelOptions::default())
+            .await
+        {
+            Ok(()) => self.cancelled = true,
+            Err(error) => {
+                tracing::debug!(queue = %self.queue, %error, "cancelling the consumer failed");
+            }
+        }
+    }
+
     /// Waits for the client to recover the channel after `error`, or gives up with it.
     async fn recover(&mut self, error: lapin::Error) -> Result<(), conveyor::Error> {
         tracing::warn!(queue = %self.queue, %error, "subscription channel lost; waiting for recovery");
@@ -313,26 +331,13 @@ impl Subscriber for LapinSubscriber {
             return;
         }
         self.receiving = false;
-        let cancel = self
-            .channel
-            .basic_cancel(self.consumer_tag.clone(), BasicCancelOptions::default())
-            .await;
-        self.cancelled = cancel.is_ok();
-        if let Err(error) = cancel {
-            // The channel is down: what it held goes back to the queue with it, and
-            // closing the subscription tries the cancel again.
-            tracing::debug!(queue = %self.queue, %error, "cancelling the consumer failed");
-        }
+        self.cancel_consumer().await;
         // The broker sends nothing after its cancel-ok, and lapin queues what came before
         // it, then the end of the stream: all that is left to release is here now.
         let mut released = 0usize;
         while let Some(Some(next)) = self.consumer.next().now_or_never() {
             let Ok(delivery) = next else { continue };
-            let requeue = BasicNackOptions {
-                multiple: false,
-                requeue: true,
-            };
-            match delivery.acker.nack(requeue).await {
+            match settle::nack(&delivery.acker, true).await {
                 Ok(true) => released += 1,
                 Ok(false) => {}
                 Err(error) => {
@@ -343,23 +348,17 @@ impl Subscriber for LapinSubscriber {
         tracing::info!(queue = %self.queue, released, "stopped receiving");
     }
 
-    async fn close(self) {
+    async fn close(mut self) {
+        self.cancel_consumer().await;
         let LapinSubscriber {
             queue,
             channel,
-            consumer_tag,
             settler,
             settle_task,
             republish_channel,
             consumer,
-            cancelled,
             ..
         } = self;
-        if !cancelled {
-            let _ = channel
-                .basic_cancel(consumer_tag, BasicCancelOptions::default())
-                .await;
-        }
         settler.flush().await;
         drop(consumer);
         // Closing the channel returns every delivery it holds unacked to the queue at once.

@@ -1,6 +1,7 @@
 //! Settling on RabbitMQ: retries republished with their attempt count (so classic queues
 //! count attempts too), retry later through the delay queue, the quorum delivery count,
-//! and dead letters that carry the handler's or the policy's reason.
+//! dead letters that carry the handler's or the policy's reason, and acks that do not
+//! wait behind a republish's confirm.
 
 mod common;
 
@@ -9,12 +10,13 @@ use std::time::Duration;
 use conveyor::{
     App, Backoff, DeliveryInfo, Json, MountOptions, Outcome, Publisher, REJECT_REASON_HEADER, State,
 };
-use conveyor_lapin::{ExchangeType, LapinSource, QueueSpec};
+use conveyor_lapin::{ExchangeType, LapinBroker, LapinSource, QueueSpec};
 use tokio::time::Instant;
 
+use common::proxy::Proxy;
 use common::{
     Seen, Taken, broker, broker_named, cleanup, close_connections_named, declare_bound_queue,
-    publish_one, take_all, unique, wait_for, wait_until,
+    publish_one, take_all, unacked_count, unique, wait_for, wait_until,
 };
 
 type Attempt = (u32, Option<u32>, bool, Instant);
@@ -343,4 +345,81 @@ async fn a_dead_letter_carries_the_handlers_reason_after_a_retry_after() {
     assert_dead_letter(&take_all(&dlq).await, "rejected by the handler");
     assert_eq!(broker.ready_count(&queue).await.unwrap(), 0);
     cleanup(&broker, &[&queue, &dlq], &[]).await;
+}
+
+async fn retry_the_first_once(
+    Json(id): Json<u32>,
+    info: DeliveryInfo,
+    State(seen): State<Seen<(u32, u32)>>,
+) -> Outcome {
+    seen.push((id, info.attempt));
+    if id == 0 && info.attempt == 1 {
+        Outcome::Retry
+    } else {
+        Outcome::Ack
+    }
+}
+
+/// A republish waiting for its confirm holds back no other settlement. The proxy holds
+/// back the broker's confirm of the retried copy of 0 (and nothing else); meanwhile five
+/// prefetch windows' worth of later messages are handled, which the broker allows only
+/// if their acks went out. The original of 0 stays unacked until its copy is confirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_keep_flowing_while_a_retry_waits_for_its_confirm() {
+    common::init_tracing();
+    let proxy = Proxy::start("127.0.0.1:5672").await;
+    let broker = LapinBroker::builder(proxy.url())
+        // Longer than the test waits: only the release ends the wait for the confirm.
+        .confirm_timeout(Duration::from_secs(3600))
+        .connect()
+        .await
+        .unwrap();
+    let publishing = common::broker().await;
+    let queue = unique("slow-confirm");
+    let seen = Seen::<(u32, u32)>::default();
+    let running = App::new("slow-confirm")
+        .with_state(seen.clone())
+        .mount(broker.queue(queue.as_str()), retry_the_first_once, |m| {
+            m.workers(2).prefetch(4)
+        })
+        .start()
+        .await
+        .unwrap();
+    // The subscription is set up: from now on the only confirms on its connection are
+    // those of its republishes.
+    proxy.hold_confirms();
+    let publisher = publishing.publisher().await.unwrap();
+    publisher.publish_json(&queue, &0u32).await.unwrap();
+    wait_until("the first attempt of 0", || seen.all().contains(&(0, 1))).await;
+    for id in 1..=20u32 {
+        publisher.publish_json(&queue, &id).await.unwrap();
+    }
+    wait_until(
+        "1 to 20, and the copy of 0, handled while the copy's confirm is held back",
+        || {
+            let all = seen.all();
+            all.contains(&(0, 2)) && (1..=20).all(|id| all.contains(&(id, 1)))
+        },
+    )
+    .await;
+    wait_until("every ack but the original 0's", || {
+        unacked_count(&queue) == 1
+    })
+    .await;
+    assert_eq!(publishing.ready_count(&queue).await.unwrap(), 0);
+
+    proxy.release_confirms();
+    wait_until(
+        "the ack of the original 0, after its copy's confirm",
+        || unacked_count(&queue) == 0,
+    )
+    .await;
+    running.shutdown().await.unwrap();
+    let mut all = seen.all();
+    all.sort_unstable();
+    let mut expected = vec![(0, 1), (0, 2)];
+    expected.extend((1..=20).map(|id| (id, 1)));
+    assert_eq!(all, expected, "each handled once, 0 twice");
+    assert_eq!(publishing.ready_count(&queue).await.unwrap(), 0);
+    cleanup(&publishing, &[&queue], &[]).await;
 }

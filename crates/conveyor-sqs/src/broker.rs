@@ -123,6 +123,12 @@ impl SqsBrokerBuilder {
     }
 
     /// How long one receive long-polls (default and maximum 20 s).
+    ///
+    /// Closing a subscription waits for the receive under way, so an idle service takes up
+    /// to this long to shut down (if SQS stops answering, up to this plus the
+    /// [`request_timeout`](Self::request_timeout) plus 1 s: 31 s by default), which can
+    /// be longer than the app's `shutdown_timeout`. A shorter wait shortens shutdown, for
+    /// more empty receives (each a billed request) on an idle queue.
     pub fn wait_time(mut self, wait: Duration) -> Self {
         self.settings.wait_time = wait;
         self

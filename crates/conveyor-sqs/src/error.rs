@@ -62,100 +62,246 @@ impl SqsError {
     }
 }
 
-/// Whether a failed call can never succeed by trying again: the queue is gone, access is
-/// denied, the credentials are refused, or SQS refused the request itself (any other 4xx
-/// but throttling and timeouts). Timeouts, connection failures, 5xx and throttling may
-/// heal, and so may anything this transport does not recognise.
+/// Whether a failed call can never succeed by trying again: SQS answered with an error
+/// code known to be permanent (see [`PERMANENT_CODES`]): the queue is gone, access is
+/// denied, the credentials or the signature are refused, the queue's KMS key cannot be
+/// used, the request itself is invalid. Everything else may heal and is a passing error: timeouts, connection failures,
+/// 5xx, throttling, and any code (or 4xx without one) this transport does not recognise.
 pub(crate) fn cannot_heal<E>(error: &SdkError<E, HttpResponse>) -> bool
 where
     E: ProvideErrorMetadata,
 {
     match error {
-        SdkError::ServiceError(context) => {
-            refused_for_good(context.raw().status().as_u16(), context.err().code())
-        }
+        SdkError::ServiceError(context) => permanent(context.err().code()),
         _ => false,
     }
 }
 
-/// Error codes that heal with time (throttling, expiring credentials a provider renews,
-/// SQS's own trouble), whatever their HTTP status.
-const TRANSIENT_CODES: &[&str] = &[
-    "ThrottlingException",
-    "Throttling",
-    "RequestThrottled",
-    "RequestThrottledException",
-    "TooManyRequestsException",
-    "SlowDown",
-    "OverLimit",
-    "KmsThrottled",
-    "RequestTimeout",
-    "RequestTimeoutException",
-    "RequestExpired",
-    "ExpiredToken",
-    "ExpiredTokenException",
-    "InternalError",
-    "InternalFailure",
-    "ServiceUnavailable",
-];
-
-/// Error codes that never heal by retrying, whatever their HTTP status.
+/// Error codes that never heal by trying again. SQS speaks JSON with query-compatible
+/// codes: the SDK takes a modelled error's code from the `x-amzn-query-error` header
+/// (`AWS.SimpleQueueService.NonExistentQueue`, `KMS.AccessDeniedException`, ...), and
+/// where that header is missing (an emulator) from the body's `__type`, the shape's name
+/// (`QueueDoesNotExist`, `KmsAccessDenied`, ...); both spellings are listed. Credential
+/// and signature errors come from AWS's front end, not SQS's model, under their own
+/// codes, in both the query and the JSON protocols' spellings.
 const PERMANENT_CODES: &[&str] = &[
-    "QueueDoesNotExist",
+    // The queue does not exist, or its URL names none.
     "AWS.SimpleQueueService.NonExistentQueue",
+    "QueueDoesNotExist",
+    "InvalidAddress",
+    // SQS refuses the operation on this queue, or requests not over HTTPS/SigV4.
+    "AWS.SimpleQueueService.UnsupportedOperation",
+    "UnsupportedOperation",
+    "InvalidSecurity",
+    // The request itself is refused: the pump sends the same one again.
+    "InvalidParameterValue",
+    "MissingParameter",
+    "ValidationError",
+    "ValidationException",
+    // Access denied.
     "AccessDenied",
     "AccessDeniedException",
+    "NotAuthorized",
+    "OptInRequired",
+    // Unknown, invalid or missing credentials; a signature that does not match.
     "InvalidClientTokenId",
     "UnrecognizedClientException",
-    "SignatureDoesNotMatch",
     "InvalidAccessKeyId",
     "MissingAuthenticationToken",
-    "InvalidSecurity",
-    "InvalidAddress",
+    "MissingAuthenticationTokenException",
+    "IncompleteSignature",
+    "IncompleteSignatureException",
+    "SignatureDoesNotMatch",
+    "InvalidSignatureException",
+    // The queue's KMS key cannot be used (KMS.ThrottlingException / KmsThrottled heal).
+    "KMS.AccessDeniedException",
     "KmsAccessDenied",
+    "KMS.DisabledException",
     "KmsDisabled",
+    "KMS.NotFoundException",
     "KmsNotFound",
+    "KMS.InvalidStateException",
     "KmsInvalidState",
+    "KMS.InvalidKeyUsageException",
     "KmsInvalidKeyUsage",
+    "KMS.OptInRequired",
     "KmsOptInRequired",
 ];
 
-fn refused_for_good(status: u16, code: Option<&str>) -> bool {
-    let code = code.unwrap_or_default();
-    if TRANSIENT_CODES.contains(&code) {
-        return false;
-    }
-    PERMANENT_CODES.contains(&code)
-        || ((400..500).contains(&status) && !matches!(status, 408 | 429))
+fn permanent(code: Option<&str>) -> bool {
+    code.is_some_and(|code| PERMANENT_CODES.contains(&code))
 }
 
 #[cfg(test)]
 mod tests {
+    use aws_sdk_sqs::config::retry::RetryConfig;
+    use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
     use super::*;
 
     #[test]
-    fn a_missing_queue_and_refused_access_cannot_heal() {
-        assert!(refused_for_good(
-            400,
-            Some("AWS.SimpleQueueService.NonExistentQueue")
-        ));
-        assert!(refused_for_good(400, Some("QueueDoesNotExist")));
-        assert!(refused_for_good(403, Some("AccessDenied")));
-        assert!(refused_for_good(403, Some("InvalidClientTokenId")));
-        assert!(refused_for_good(400, Some("KmsAccessDenied")));
-        assert!(refused_for_good(400, Some("InvalidParameterValue")));
+    fn a_missing_queue_refused_access_and_refused_credentials_cannot_heal() {
+        for code in [
+            "AWS.SimpleQueueService.NonExistentQueue",
+            "QueueDoesNotExist",
+            "AccessDenied",
+            "AccessDeniedException",
+            "InvalidClientTokenId",
+            "UnrecognizedClientException",
+            "SignatureDoesNotMatch",
+            "InvalidSignatureException",
+            "KMS.AccessDeniedException",
+            "KmsAccessDenied",
+            "KMS.DisabledException",
+            "KMS.NotFoundException",
+            "KMS.InvalidStateException",
+            "KmsInvalidState",
+            "InvalidParameterValue",
+        ] {
+            assert!(permanent(Some(code)), "{code}");
+        }
     }
 
     #[test]
-    fn throttling_timeouts_and_server_errors_heal() {
-        assert!(!refused_for_good(400, Some("ThrottlingException")));
-        assert!(!refused_for_good(400, Some("RequestThrottled")));
-        assert!(!refused_for_good(403, Some("OverLimit")));
-        assert!(!refused_for_good(400, Some("KmsThrottled")));
-        assert!(!refused_for_good(429, None));
-        assert!(!refused_for_good(408, None));
-        assert!(!refused_for_good(500, Some("InternalError")));
-        assert!(!refused_for_good(503, None));
-        assert!(!refused_for_good(502, Some("SomethingNew")));
+    fn unknown_codes_throttling_timeouts_and_server_errors_heal() {
+        for code in [
+            "ThrottlingException",
+            "RequestThrottled",
+            "OverLimit",
+            "KMS.ThrottlingException",
+            "KmsThrottled",
+            "ExpiredToken",
+            "RequestExpired",
+            "InternalError",
+            "ServiceUnavailable",
+            "AWS.SimpleQueueService.SomethingNew",
+            "SomethingNew",
+        ] {
+            assert!(!permanent(Some(code)), "{code}");
+        }
+        assert!(!permanent(None));
+    }
+
+    /// What `cannot_heal` says of the SDK's error for a `ReceiveMessage` that SQS answers
+    /// with `status`, `headers` and `body`: the SDK parses the code as it does from SQS.
+    async fn receive_answered(status: &str, headers: &str, body: &str) -> bool {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let response = format!(
+            "HTTP/1.1 {status}\r\ncontent-type: application/x-amz-json-1.0\r\n{headers}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let server = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            // The whole request, headers and body, before answering.
+            let mut request = Vec::new();
+            let mut buffer = [0u8; 4096];
+            loop {
+                let read = stream.read(&mut buffer).await.unwrap();
+                assert!(read > 0, "the request ended early");
+                request.extend_from_slice(&buffer[..read]);
+                let text = String::from_utf8_lossy(&request).to_ascii_lowercase();
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let length: usize = text[..end]
+                        .lines()
+                        .find_map(|line| line.strip_prefix("content-length:"))
+                        .map_or(0, |n| n.trim().parse().unwrap());
+                    if request.len() >= end + 4 + length {
+                        break;
+                    }
+                }
+            }
+            stream.write_all(response.as_bytes()).await.unwrap();
+            stream.shutdown().await.unwrap();
+        });
+        let config = aws_sdk_sqs::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .endpoint_url(endpoint)
+            .region(Region::new("us-east-1"))
+            .credentials_provider(Credentials::new("test", "test", None, None, "test"))
+            .retry_config(RetryConfig::disabled())
+            .build();
+        let error = aws_sdk_sqs::Client::from_conf(config)
+            .receive_message()
+            .queue_url("http://127.0.0.1/123456789012/q")
+            .send()
+            .await
+            .expect_err("the answer is an error");
+        server.await.unwrap();
+        assert!(
+            matches!(error, SdkError::ServiceError(_)),
+            "{}",
+            DisplayErrorContext(&error)
+        );
+        cannot_heal(&error)
+    }
+
+    #[tokio::test]
+    async fn sqs_codes_as_the_sdk_reads_them() {
+        // SQS names a modelled error in the query-compatible header; the SDK takes that.
+        assert!(
+            receive_answered(
+                "400 Bad Request",
+                "x-amzn-query-error: AWS.SimpleQueueService.NonExistentQueue;Sender\r\n",
+                r#"{"__type":"com.amazonaws.sqs#QueueDoesNotExist","message":"gone"}"#,
+            )
+            .await
+        );
+        assert!(
+            receive_answered(
+                "400 Bad Request",
+                "x-amzn-query-error: KMS.DisabledException;Sender\r\n",
+                r#"{"__type":"com.amazonaws.sqs#KmsDisabled","message":"disabled"}"#,
+            )
+            .await
+        );
+        // Without the header (an emulator), the shape's name from `__type`.
+        assert!(
+            receive_answered(
+                "400 Bad Request",
+                "",
+                r#"{"__type":"com.amazonaws.sqs#QueueDoesNotExist","message":"gone"}"#,
+            )
+            .await
+        );
+        // Credentials refused by AWS's front end.
+        assert!(
+            receive_answered(
+                "400 Bad Request",
+                "",
+                r#"{"__type":"com.amazon.coral.service#UnrecognizedClientException","message":"The security token included in the request is invalid."}"#,
+            )
+            .await
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unknown_client_error_is_a_passing_error() {
+        assert!(
+            !receive_answered(
+                "400 Bad Request",
+                "x-amzn-query-error: AWS.SimpleQueueService.SomethingNew;Sender\r\n",
+                r#"{"__type":"com.amazonaws.sqs#SomethingNew","message":"new"}"#,
+            )
+            .await
+        );
+        assert!(
+            !receive_answered("403 Forbidden", "", "{}").await,
+            "no code"
+        );
+        assert!(
+            !receive_answered("404 Not Found", "", "{}").await,
+            "no code"
+        );
+        assert!(
+            !receive_answered(
+                "400 Bad Request",
+                "x-amzn-query-error: RequestThrottled;Sender\r\n",
+                r#"{"__type":"com.amazonaws.sqs#RequestThrottled","message":"slow down"}"#,
+            )
+            .await
+        );
     }
 }

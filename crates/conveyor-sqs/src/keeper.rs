@@ -15,12 +15,14 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::attributes::{self, Outgoing};
-use crate::calls::Calls;
+use crate::calls::{Calls, Failed};
 use crate::error::SqsError;
 use crate::inflight::{InFlight, Op, Rejected};
 use crate::publisher::{chunk_lengths, unique_id};
 use crate::queue::{DeadLetter, QueueInfo};
-use crate::settle::{ATTEMPTS, BATCH_LIMIT, MAX_VISIBILITY, delete_all, hide_all};
+use crate::settle::{
+    BATCH_LIMIT, BatchCall, ChangeVisibility, Delete, MAX_VISIBILITY, settle_all, with_retries,
+};
 
 /// The longest reject reason a dead letter carries; a longer one is cut (at a character
 /// boundary) and ends with `…`.
@@ -52,6 +54,45 @@ struct DeadLetterMessage {
     rejected: Box<Rejected>,
 }
 
+/// `SendMessageBatch` of rejected messages to their dead-letter queue.
+struct SendDeadLetters<'a, C> {
+    calls: &'a C,
+    queue: &'a QueueInfo,
+}
+
+impl<C: Calls> BatchCall<DeadLetterMessage> for SendDeadLetters<'_, C> {
+    const NAME: &'static str = "SendMessageBatch";
+
+    fn queue(&self) -> &QueueInfo {
+        self.queue
+    }
+
+    async fn call(&self, batch: &[DeadLetterMessage]) -> Result<Failed, SqsError> {
+        // Ids are indices into `batch`; an entry that cannot be built counts as failed.
+        let mut entries = Vec::with_capacity(batch.len());
+        let mut failed: Failed = Vec::new();
+        for (i, message) in batch.iter().enumerate() {
+            let entry = SendMessageBatchRequestEntry::builder()
+                .id(i.to_string())
+                .message_body(message.outgoing.body.clone())
+                .set_message_attributes(
+                    Some(message.outgoing.attributes.clone()).filter(|a| !a.is_empty()),
+                )
+                .set_message_group_id(message.group.clone())
+                .set_message_deduplication_id(message.deduplication.clone())
+                .build();
+            match entry {
+                Ok(entry) => entries.push(entry),
+                Err(error) => failed.push((i, error.to_string())),
+            }
+        }
+        if !entries.is_empty() {
+            failed.extend(self.calls.send(self.queue, entries).await?);
+        }
+        Ok(failed)
+    }
+}
+
 impl<C: Calls> Keeper<C> {
     /// Runs until the subscription is closed (or every settler is gone) and every message
     /// is finished with.
@@ -70,8 +111,13 @@ impl<C: Calls> Keeper<C> {
                 return;
             }
             let in_flight = self.in_flight.clone();
+            // The renewal tick comes first: it is ready at most once a tick, while under a
+            // steady stream of settlements `settled` is ready after every flush (one that
+            // arrives during a flush leaves a stored notification), and polled first it
+            // would keep the renewals from ever running.
             tokio::select! {
                 biased;
+                _ = renewals.tick() => self.renew().await,
                 () = in_flight.settled.notified() => {
                     if !closing {
                         self.gather().await;
@@ -82,7 +128,6 @@ impl<C: Calls> Keeper<C> {
                     closing = true;
                     self.flush().await;
                 }
-                _ = renewals.tick() => self.renew().await,
             }
         }
     }
@@ -121,12 +166,9 @@ impl<C: Calls> Keeper<C> {
         if !rejects.is_empty() {
             self.dead_letter(rejects, &mut deletes, &mut hides).await;
         }
-        if !deletes.is_empty() {
-            delete_all(&self.calls, &self.queue, deletes).await;
-        }
-        if !hides.is_empty() {
-            hide_all(&self.calls, &self.queue, hides).await;
-        }
+        let (calls, queue) = (&self.calls, &*self.queue);
+        settle_all(&Delete { calls, queue }, deletes).await;
+        settle_all(&ChangeVisibility { calls, queue }, hides).await;
         self.in_flight.finish(tags);
     }
 
@@ -236,87 +278,37 @@ impl<C: Calls> Keeper<C> {
         }
     }
 
-    /// One `SendMessageBatch` to the dead-letter queue, retrying failed entries.
+    /// One `SendMessageBatch` to the dead-letter queue, retrying failed entries; those sent
+    /// are deleted, those that keep failing made visible again.
     async fn send_dead_letters(
         &self,
         dead_letter_queue: &QueueInfo,
-        mut chunk: Vec<DeadLetterMessage>,
+        chunk: Vec<DeadLetterMessage>,
         deletes: &mut Vec<String>,
         hides: &mut Vec<(String, i32)>,
     ) {
-        let mut last_failure = String::new();
-        for attempt in 1..=ATTEMPTS {
-            // Ids are indices into `chunk`; an entry that cannot be built counts as failed.
-            let mut entries = Vec::with_capacity(chunk.len());
-            let mut failed: Vec<(usize, String)> = Vec::new();
-            for (i, message) in chunk.iter().enumerate() {
-                let entry = SendMessageBatchRequestEntry::builder()
-                    .id(i.to_string())
-                    .message_body(message.outgoing.body.clone())
-                    .set_message_attributes(
-                        Some(message.outgoing.attributes.clone()).filter(|a| !a.is_empty()),
-                    )
-                    .set_message_group_id(message.group.clone())
-                    .set_message_deduplication_id(message.deduplication.clone())
-                    .build();
-                match entry {
-                    Ok(entry) => entries.push(entry),
-                    Err(error) => failed.push((i, error.to_string())),
-                }
-            }
-            if !entries.is_empty() {
-                match self.calls.send(dead_letter_queue, entries).await {
-                    Ok(refused) => failed.extend(refused),
-                    Err(error) => failed.extend(
-                        (0..chunk.len())
-                            .filter(|i| !failed.iter().any(|(f, _)| f == i))
-                            .map(|i| (i, error.to_string()))
-                            .collect::<Vec<_>>(),
-                    ),
-                }
-            }
-            let mut left = Vec::with_capacity(failed.len());
-            for (index, message) in chunk.into_iter().enumerate() {
-                match failed.iter().find(|(i, _)| *i == index) {
-                    Some((_, reason)) => {
-                        last_failure.clone_from(reason);
-                        left.push(message);
-                    }
-                    None => {
-                        tracing::info!(
-                            queue = self.queue.name,
-                            dead_letter_queue = dead_letter_queue.name,
-                            reason = message.rejected.reason,
-                            attempt = message.rejected.attempt,
-                            "rejected: moved to the dead-letter queue"
-                        );
-                        deletes.push(message.receipt);
-                    }
-                }
-            }
-            chunk = left;
-            if chunk.is_empty() {
-                return;
-            }
-            if attempt < ATTEMPTS {
-                tracing::warn!(
-                    queue = self.queue.name,
-                    dead_letter_queue = dead_letter_queue.name,
-                    failed = chunk.len(),
-                    first = last_failure,
-                    attempt,
-                    "sending to the dead-letter queue failed; trying again"
-                );
-                tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
-            }
-        }
-        for message in chunk {
+        let sent = |message: DeadLetterMessage| {
+            tracing::info!(
+                queue = self.queue.name,
+                dead_letter_queue = dead_letter_queue.name,
+                reason = message.rejected.reason,
+                attempt = message.rejected.attempt,
+                "rejected: moved to the dead-letter queue"
+            );
+            deletes.push(message.receipt);
+        };
+        let send = SendDeadLetters {
+            calls: &self.calls,
+            queue: dead_letter_queue,
+        };
+        let failed = with_retries(&send, chunk, sent).await;
+        for (message, error) in failed {
             tracing::error!(
                 queue = self.queue.name,
                 dead_letter_queue = dead_letter_queue.name,
                 reason = message.rejected.reason,
                 attempt = message.rejected.attempt,
-                error = last_failure,
+                error,
                 "rejected, but sending to the dead-letter queue failed for good: the message is visible again"
             );
             hides.push((message.receipt, 0));
@@ -449,7 +441,7 @@ mod tests {
 
     use super::*;
     use crate::queue::DeadLetterTarget;
-    use crate::settle::Settler;
+    use crate::settle::{ATTEMPTS, Settler};
 
     /// One call the keeper made.
     #[derive(Clone, Debug, PartialEq, Eq)]
@@ -460,13 +452,14 @@ mod tests {
         Send(String, Vec<(String, Option<String>, Option<String>)>),
     }
 
-    /// Records calls; each call first waits for a permit of `gate`, so a test can hold
-    /// one under way.
+    /// Records calls, each with the time it returned; each call first waits for a permit
+    /// of `gate`, so a test can hold one under way, then takes `latency`.
     #[derive(Clone)]
     struct Script {
-        calls: Arc<Mutex<Vec<Call>>>,
+        calls: Arc<Mutex<Vec<(Instant, Call)>>>,
         started: Arc<Semaphore>,
         gate: Arc<Semaphore>,
+        latency: Duration,
         dead_letter_queue: Option<Arc<QueueInfo>>,
         fail_sends: bool,
     }
@@ -481,6 +474,7 @@ mod tests {
                 } else {
                     0
                 })),
+                latency: Duration::ZERO,
                 dead_letter_queue: None,
                 fail_sends: false,
             }
@@ -491,10 +485,20 @@ mod tests {
             if let Ok(permit) = self.gate.acquire().await {
                 permit.forget();
             }
-            self.calls.lock().unwrap().push(call);
+            if !self.latency.is_zero() {
+                tokio::time::sleep(self.latency).await;
+            }
+            self.calls.lock().unwrap().push((Instant::now(), call));
         }
 
         fn calls(&self) -> Vec<Call> {
+            self.timed_calls()
+                .into_iter()
+                .map(|(_, call)| call)
+                .collect()
+        }
+
+        fn timed_calls(&self) -> Vec<(Instant, Call)> {
             self.calls.lock().unwrap().clone()
         }
     }
@@ -704,6 +708,57 @@ mod tests {
             .collect();
         assert_eq!(sizes.iter().sum::<usize>(), 12);
         assert!(sizes.iter().all(|n| *n <= BATCH_LIMIT), "{sizes:?}");
+    }
+
+    /// A message held all along (a long handler, the hand-over, a lane retrying in place)
+    /// while 100 acks a second stream through, each call taking 20 ms: a settlement
+    /// arrives during every flush, and still the renewals keep their turn, so the held
+    /// message never becomes visible.
+    #[tokio::test(start_paused = true)]
+    async fn renewals_keep_their_turn_under_a_steady_stream_of_acks() {
+        let mut script = Script::new(true);
+        script.latency = Duration::from_millis(20);
+        let running = start(&script, QueueInfo::for_tests("q"));
+        let begin = Instant::now();
+        let held = running.receive("held");
+        let mut acks = 0;
+        while begin.elapsed() < 2 * VISIBILITY {
+            let tag = running.receive(&format!("r{acks}"));
+            running.settle(tag, Settlement::Ack);
+            acks += 1;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let end = Instant::now();
+        // Each renewal must land before the message shows again, and hides it from then.
+        let mut hidden_until = begin + VISIBILITY;
+        for (at, call) in script.timed_calls() {
+            if let Call::Visibility(entries) = call
+                && let Some((_, seconds)) = entries.iter().find(|(receipt, _)| receipt == "held")
+            {
+                assert!(
+                    at < hidden_until,
+                    "renewed {:?} after it became visible",
+                    at - hidden_until
+                );
+                hidden_until = at + Duration::from_secs(u64::try_from(*seconds).unwrap());
+            }
+        }
+        assert!(
+            hidden_until > end,
+            "the held message became visible {:?} into the run (visibility {VISIBILITY:?})",
+            hidden_until - begin
+        );
+        running.settle(held, Settlement::Ack);
+        running.close().await;
+        let deleted: usize = script
+            .calls()
+            .iter()
+            .map(|call| match call {
+                Call::Delete(receipts) => receipts.len(),
+                _ => 0,
+            })
+            .sum();
+        assert_eq!(deleted, acks + 1, "every ack deleted");
     }
 
     fn with_dead_letter_queue(name: &str, fifo: bool) -> (Script, QueueInfo) {

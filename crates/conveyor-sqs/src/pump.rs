@@ -164,9 +164,11 @@ impl Pump {
     /// `wanted`; what the dispatcher cannot take yet waits hidden in the hand-over.
     ///
     /// Stopping never cuts a receive short: one under way completes, and its messages are
-    /// released at once. A failed receive is retried after a pause that doubles up to
-    /// 30 s and resets on success; one that can never succeed (the queue is gone, access
-    /// is denied) ends the subscription with [`Error::Subscribe`].
+    /// released at once. A failed receive is logged as a warning and retried after a pause
+    /// that doubles up to 30 s and resets on success; one known never to succeed (the
+    /// queue is gone, access or credentials refused: [`cannot_heal`]) ends the
+    /// subscription with [`Error::Subscribe`]. An error code this transport does not
+    /// recognise is retried.
     pub(crate) async fn run(mut self) {
         let mut pause = RETRY_MIN;
         loop {

@@ -3,6 +3,7 @@
 //! `DeleteMessageBatch`, retries and releases `ChangeMessageVisibilityBatch`, rejects a
 //! `SendMessageBatch` to the dead-letter queue followed by a delete.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,7 +11,7 @@ use aws_sdk_sqs::types::BatchResultErrorEntry;
 use conveyor::{Settle, Settled, Settlement};
 use tokio::sync::watch;
 
-use crate::calls::Calls;
+use crate::calls::{Calls, Failed};
 use crate::error::SqsError;
 use crate::inflight::{InFlight, Op, Rejected};
 use crate::queue::QueueInfo;
@@ -90,40 +91,125 @@ impl Settle for Settler {
     }
 }
 
-/// Deletes the messages, ten per `DeleteMessageBatch`, retrying failed entries; reports
-/// what keeps failing.
-pub(crate) async fn delete_all<C: Calls>(calls: &C, queue: &QueueInfo, receipts: Vec<String>) {
-    for chunk in receipts.chunks(BATCH_LIMIT) {
-        let mut left = chunk.to_vec();
-        for attempt in 1..=ATTEMPTS {
-            if left.is_empty() {
-                break;
-            }
-            let result = calls.delete(queue, &left).await;
-            keep_failed(&mut left, result, "DeleteMessageBatch", queue, attempt).await;
+/// A batch call that [`with_retries`] makes and repeats for the entries that failed.
+pub(crate) trait BatchCall<T>: Sync {
+    /// The API operation, for the logs.
+    const NAME: &'static str;
+
+    /// The queue the call goes to.
+    fn queue(&self) -> &QueueInfo;
+
+    /// One call for `batch` (ten entries at most, each entry's id its index); answers with
+    /// the entries that failed.
+    fn call(&self, batch: &[T]) -> impl Future<Output = Result<Failed, SqsError>> + Send;
+}
+
+/// `DeleteMessageBatch`: one receipt per entry.
+pub(crate) struct Delete<'a, C> {
+    pub(crate) calls: &'a C,
+    pub(crate) queue: &'a QueueInfo,
+}
+
+impl<C: Calls> BatchCall<String> for Delete<'_, C> {
+    const NAME: &'static str = "DeleteMessageBatch";
+
+    fn queue(&self) -> &QueueInfo {
+        self.queue
+    }
+
+    fn call(&self, batch: &[String]) -> impl Future<Output = Result<Failed, SqsError>> + Send {
+        self.calls.delete(self.queue, batch)
+    }
+}
+
+/// `ChangeMessageVisibilityBatch`: a receipt and the seconds to hide it for, per entry.
+pub(crate) struct ChangeVisibility<'a, C> {
+    pub(crate) calls: &'a C,
+    pub(crate) queue: &'a QueueInfo,
+}
+
+impl<C: Calls> BatchCall<(String, i32)> for ChangeVisibility<'_, C> {
+    const NAME: &'static str = "ChangeMessageVisibilityBatch";
+
+    fn queue(&self) -> &QueueInfo {
+        self.queue
+    }
+
+    fn call(
+        &self,
+        batch: &[(String, i32)],
+    ) -> impl Future<Output = Result<Failed, SqsError>> + Send {
+        self.calls.change_visibility(self.queue, batch)
+    }
+}
+
+/// Makes `call` for `entries`, ten per batch call, and tries the entries that fail again;
+/// reports those that keep failing (SQS redelivers their messages once their visibility
+/// timeout lapses, so nothing is lost).
+pub(crate) async fn settle_all<T: Send, B: BatchCall<T>>(call: &B, entries: Vec<T>) {
+    let mut entries = entries.into_iter();
+    loop {
+        let batch: Vec<T> = entries.by_ref().take(BATCH_LIMIT).collect();
+        if batch.is_empty() {
+            return;
+        }
+        let failed = with_retries(call, batch, |_| {}).await;
+        if let Some((_, first)) = failed.first() {
+            tracing::error!(
+                queue = call.queue().name,
+                call = B::NAME,
+                failed = failed.len(),
+                first,
+                "settlement failed for good; SQS redelivers these messages after their visibility timeout"
+            );
         }
     }
 }
 
-/// Changes the messages' visibility, ten per `ChangeMessageVisibilityBatch`, retrying
-/// failed entries; reports what keeps failing.
-pub(crate) async fn hide_all<C: Calls>(calls: &C, queue: &QueueInfo, entries: Vec<(String, i32)>) {
-    for chunk in entries.chunks(BATCH_LIMIT) {
-        let mut left = chunk.to_vec();
-        for attempt in 1..=ATTEMPTS {
-            if left.is_empty() {
-                break;
+/// One batch call (`batch` is ten entries at most), and the entries that failed tried
+/// again, up to [`ATTEMPTS`] calls in all, pausing 200 ms then 400 ms before each retry.
+/// A call that fails as a whole fails each of its entries. Every entry that succeeds goes
+/// to `done`; those still failing after the last attempt come back, each with its last
+/// reason.
+pub(crate) async fn with_retries<T: Send, B: BatchCall<T>>(
+    call: &B,
+    mut batch: Vec<T>,
+    mut done: impl FnMut(T),
+) -> Vec<(T, String)> {
+    let mut attempt = 1;
+    loop {
+        let mut reasons: Vec<Option<String>> = vec![None; batch.len()];
+        match call.call(&batch).await {
+            Ok(failed) => {
+                for (index, reason) in failed {
+                    if let Some(slot) = reasons.get_mut(index) {
+                        *slot = Some(reason);
+                    }
+                }
             }
-            let result = calls.change_visibility(queue, &left).await;
-            keep_failed(
-                &mut left,
-                result,
-                "ChangeMessageVisibilityBatch",
-                queue,
-                attempt,
-            )
-            .await;
+            Err(error) => reasons.fill(Some(error.to_string())),
         }
+        let mut failed = Vec::new();
+        for (entry, reason) in batch.into_iter().zip(reasons) {
+            match reason {
+                Some(reason) => failed.push((entry, reason)),
+                None => done(entry),
+            }
+        }
+        if failed.is_empty() || attempt == ATTEMPTS {
+            return failed;
+        }
+        tracing::warn!(
+            queue = call.queue().name,
+            call = B::NAME,
+            failed = failed.len(),
+            first = failed[0].1,
+            attempt,
+            "entries of a batch call failed; trying them again"
+        );
+        tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+        batch = failed.into_iter().map(|(entry, _)| entry).collect();
+        attempt += 1;
     }
 }
 
@@ -138,107 +224,124 @@ pub(crate) fn failures(failed: &[BatchResultErrorEntry]) -> Vec<(usize, String)>
         .collect()
 }
 
-/// After one attempt: keeps only the entries that failed for another try, pausing before
-/// it; after the last attempt reports them and gives up (SQS redelivers those messages
-/// once their visibility timeout lapses, so nothing is lost).
-pub(crate) async fn keep_failed<T>(
-    items: &mut Vec<T>,
-    result: Result<Vec<(usize, String)>, SqsError>,
-    call: &'static str,
-    queue: &QueueInfo,
-    attempt: u32,
-) {
-    let failed: Vec<(usize, String)> = match result {
-        Ok(failed) => failed,
-        Err(error) => (0..items.len()).map(|i| (i, error.to_string())).collect(),
-    };
-    let Some((_, first)) = failed.first() else {
-        items.clear();
-        return;
-    };
-    if attempt == ATTEMPTS {
-        tracing::error!(
-            queue = queue.name,
-            call,
-            failed = failed.len(),
-            first,
-            "settlement failed for good; SQS redelivers these messages after their visibility timeout"
-        );
-        items.clear();
-        return;
-    }
-    tracing::warn!(
-        queue = queue.name,
-        call,
-        failed = failed.len(),
-        first,
-        attempt,
-        "settlement failed; trying again"
-    );
-    let failed_at: std::collections::HashSet<usize> = failed.iter().map(|(i, _)| *i).collect();
-    let mut index = 0;
-    items.retain(|_| {
-        index += 1;
-        failed_at.contains(&(index - 1))
-    });
-    tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
-}
-
 #[cfg(test)]
 mod tests {
     //! moto never fails a batch entry, so the retry of failed entries is tested here on
     //! scripted results.
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+
     use super::*;
 
-    fn queue() -> QueueInfo {
-        QueueInfo::for_tests("q")
+    /// A batch call answering with scripted results (then success), recording each batch.
+    struct Scripted {
+        queue: QueueInfo,
+        results: Mutex<VecDeque<Result<Failed, SqsError>>>,
+        batches: Mutex<Vec<Vec<String>>>,
+    }
+
+    impl Scripted {
+        fn new(results: impl IntoIterator<Item = Result<Failed, SqsError>>) -> Scripted {
+            Scripted {
+                queue: QueueInfo::for_tests("q"),
+                results: Mutex::new(results.into_iter().collect()),
+                batches: Mutex::default(),
+            }
+        }
+
+        fn batches(&self) -> Vec<Vec<String>> {
+            self.batches.lock().unwrap().clone()
+        }
+    }
+
+    impl BatchCall<String> for Scripted {
+        const NAME: &'static str = "DeleteMessageBatch";
+
+        fn queue(&self) -> &QueueInfo {
+            &self.queue
+        }
+
+        async fn call(&self, batch: &[String]) -> Result<Failed, SqsError> {
+            self.batches.lock().unwrap().push(batch.to_vec());
+            self.results
+                .lock()
+                .unwrap()
+                .pop_front()
+                .unwrap_or(Ok(Vec::new()))
+        }
+    }
+
+    fn receipts(names: &[&str]) -> Vec<String> {
+        names.iter().map(|name| (*name).to_string()).collect()
+    }
+
+    /// Runs `with_retries`; answers the entries done and those that kept failing.
+    async fn retried(call: &Scripted, batch: &[&str]) -> (Vec<String>, Vec<(String, String)>) {
+        let mut done = Vec::new();
+        let failed = with_retries(call, receipts(batch), |entry| done.push(entry)).await;
+        (done, failed)
     }
 
     #[tokio::test(start_paused = true)]
     async fn only_failed_entries_are_tried_again() {
-        let mut receipts: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
-        let failed = vec![
-            (0, "InternalError: busy".to_string()),
-            (2, "InternalError: busy".to_string()),
-        ];
-        keep_failed(&mut receipts, Ok(failed), "DeleteMessageBatch", &queue(), 1).await;
-        assert_eq!(receipts, vec!["a", "c"]);
+        let busy = || "InternalError: busy".to_string();
+        let call = Scripted::new([Ok(vec![(0, busy()), (2, busy())])]);
+        let (done, failed) = retried(&call, &["a", "b", "c"]).await;
+        assert_eq!(
+            call.batches(),
+            vec![receipts(&["a", "b", "c"]), receipts(&["a", "c"])]
+        );
+        assert_eq!(done, receipts(&["b", "a", "c"]));
+        assert!(failed.is_empty());
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_failed_call_retries_every_entry() {
-        let mut receipts: Vec<String> = ["a", "b"].map(String::from).to_vec();
-        let error = SqsError::Config("unreachable".into());
-        keep_failed(&mut receipts, Err(error), "DeleteMessageBatch", &queue(), 1).await;
-        assert_eq!(receipts, vec!["a", "b"]);
+        let call = Scripted::new([Err(SqsError::Config("unreachable".into()))]);
+        let (done, failed) = retried(&call, &["a", "b"]).await;
+        assert_eq!(
+            call.batches(),
+            vec![receipts(&["a", "b"]), receipts(&["a", "b"])]
+        );
+        assert_eq!(done, receipts(&["a", "b"]));
+        assert!(failed.is_empty());
     }
 
     #[tokio::test(start_paused = true)]
     async fn entries_still_failing_after_the_last_attempt_are_given_up() {
-        let mut receipts: Vec<String> = ["a"].map(String::from).to_vec();
-        keep_failed(
-            &mut receipts,
-            Ok(vec![(0, "x".into())]),
-            "DeleteMessageBatch",
-            &queue(),
-            ATTEMPTS,
-        )
-        .await;
-        assert!(receipts.is_empty());
+        let call = Scripted::new((1..=ATTEMPTS).map(|n| Ok(vec![(0, format!("x{n}"))])));
+        let (done, failed) = retried(&call, &["a", "b"]).await;
+        assert_eq!(
+            call.batches().len(),
+            ATTEMPTS as usize,
+            "no call after the last attempt"
+        );
+        assert_eq!(done, receipts(&["b"]));
+        assert_eq!(
+            failed,
+            vec![("a".to_string(), format!("x{ATTEMPTS}"))],
+            "with its last reason"
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_clean_call_leaves_nothing_to_retry() {
-        let mut receipts: Vec<String> = ["a"].map(String::from).to_vec();
-        keep_failed(
-            &mut receipts,
-            Ok(Vec::new()),
-            "DeleteMessageBatch",
-            &queue(),
-            1,
-        )
-        .await;
-        assert!(receipts.is_empty());
+        let call = Scripted::new([]);
+        let (done, failed) = retried(&call, &["a"]).await;
+        assert_eq!(call.batches(), vec![receipts(&["a"])]);
+        assert_eq!(done, receipts(&["a"]));
+        assert!(failed.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn settle_all_calls_ten_entries_at_a_time_and_retries_each_batch() {
+        let names: Vec<String> = (0..23).map(|i| format!("r{i}")).collect();
+        // The first batch's first entry fails once.
+        let call = Scripted::new([Ok(vec![(0, "InternalError: busy".to_string())])]);
+        settle_all(&call, names.clone()).await;
+        let sizes: Vec<usize> = call.batches().iter().map(Vec::len).collect();
+        assert_eq!(sizes, vec![10, 1, 10, 3]);
+        assert_eq!(call.batches()[1], receipts(&["r0"]));
     }
 
     fn settled(settlement: Settlement<'_>) -> Op {

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_sdk_sqs::types::QueueAttributeName;
+use common::proxy::Proxy;
 use common::{ENDPOINT, broker, broker_at, declare, delete, eventually, unique};
 use conveyor::{
     App, Backoff, Batch, DeliveryInfo, Error, Headers, Json, Message, Outcome, PartitionKey,
@@ -691,10 +692,10 @@ async fn stop_receiving_releases_waiting_messages_while_handlers_still_run() {
     delete(&broker, &[&queue]).await;
 }
 
-/// A broker whose receives long-poll for `wait`.
-async fn polling_for(wait: Duration) -> SqsBroker {
+/// A broker on `endpoint` whose receives long-poll for `wait`.
+async fn polling_for(endpoint: &str, wait: Duration) -> SqsBroker {
     SqsBroker::builder()
-        .endpoint(ENDPOINT)
+        .endpoint(endpoint)
         .region("us-east-1")
         .static_credentials("test", "test")
         .wait_time(wait)
@@ -706,7 +707,7 @@ async fn polling_for(wait: Duration) -> SqsBroker {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_receive_under_way_when_receiving_stops_completes_and_its_messages_go_back() {
-    let broker = polling_for(Duration::from_secs(10)).await;
+    let broker = polling_for(ENDPOINT, Duration::from_secs(10)).await;
     let queue = declare(&broker, QueueSpec::new(unique("stop-mid-poll", false))).await;
     publish_numbers(&broker, &queue, 0..1, |_| None).await;
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
@@ -744,14 +745,20 @@ async fn ack(Json(_n): Json<u64>) {}
 /// closing must wait for it instead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_leaves_no_receive_under_way_behind() {
-    let broker = polling_for(Duration::from_secs(5)).await;
+    // The app talks to the emulator through a proxy that shows its receives.
+    let proxy = Proxy::start(ENDPOINT.trim_start_matches("http://")).await;
+    let broker = polling_for(&proxy.endpoint(), Duration::from_secs(10)).await;
     let queue = declare(&broker, QueueSpec::new(unique("close-mid-poll", false))).await;
     let running = App::new("close-mid-poll")
         .mount(broker.queue(&queue), ack, |m| m)
         .start()
         .await
         .unwrap();
-    // The pump long-polls the empty queue for 5 s at a time.
+    // The pump long-polls the empty queue for 10 s at a time: shut down while one of its
+    // receives is at the emulator, unanswered.
+    tokio::time::timeout(Duration::from_secs(20), proxy.receive_under_way())
+        .await
+        .expect("a receive under way");
     running.shutdown().await.unwrap();
     publish_numbers(&broker, &queue, 0..3, |_| None).await;
     eventually("the three visible", Duration::from_secs(20), || async {

@@ -174,6 +174,23 @@ pub fn close_connections_named(name: &str) -> usize {
     connections.len()
 }
 
+/// How many messages of `queue` the broker has delivered and not had acked yet (from
+/// `rabbitmqctl`, which asks the queue itself).
+pub fn unacked_count(queue: &str) -> usize {
+    let listing = Command::new("rabbitmqctl")
+        .args(["-q", "-s", "list_queues", "name", "messages_unacknowledged"])
+        .output()
+        .expect("rabbitmqctl");
+    assert!(listing.status.success(), "rabbitmqctl list_queues failed");
+    String::from_utf8_lossy(&listing.stdout)
+        .lines()
+        .find_map(|line| {
+            let (name, count) = line.split_once('\t')?;
+            (name == queue).then(|| count.trim().parse().expect("a count"))
+        })
+        .unwrap_or_else(|| panic!("no queue {queue} on the broker"))
+}
+
 /// A message taken from a queue by [`take_all`]: its payload and AMQP headers.
 pub struct Taken {
     pub payload: Vec<u8>,

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod proxy;
+
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
