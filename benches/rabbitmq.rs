@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use conveyor::{App, Json, Message, Publisher, State};
+use conveyor::{App, Json, Message, Publisher, QueueSpec, State};
 use conveyor_lapin::LapinBroker;
 use futures_util::StreamExt;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
@@ -34,8 +34,10 @@ fn env(name: &str, default: u64) -> u64 {
 }
 
 async fn fill(broker: &LapinBroker, queue: &str, n: u64) {
-    broker.declare_queue(&queue.into()).await.expect("declare");
-    let publisher = broker.publisher().await.expect("publisher");
+    broker
+        .declare_queue(&QueueSpec::new(queue))
+        .await
+        .expect("declare");
     let mut id = 0;
     while id < n {
         let chunk = (id..(id + 1000).min(n))
@@ -49,10 +51,7 @@ async fn fill(broker: &LapinBroker, queue: &str, n: u64) {
                 .partition_key(format!("customer-{}", i % 64))
             })
             .collect();
-        publisher
-            .publish_batch(queue, chunk)
-            .await
-            .expect("publish");
+        broker.publish_batch(queue, chunk).await.expect("publish");
         id = (id + 1000).min(n);
     }
 }
@@ -163,8 +162,8 @@ async fn main() {
                 "sequential" => seq.push(r),
                 _ => lanes.push(r),
             }
+            // Its delay queue too.
             let _ = broker.delete_queue(&queue).await;
-            let _ = broker.delete_queue(&format!("{queue}.delay")).await;
         }
     }
     let (raw, seq, lanes) = (median(raw), median(seq), median(lanes));

@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use conveyor::{App, Batch, Json, Message, MountOptions, Publisher, State};
-use conveyor_sqs::{QueueSpec, SqsBroker};
+use conveyor::{App, Batch, Broker, Json, Message, MountOptions, Publisher, QueueSpec, State};
+use conveyor_sqs::SqsBroker;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
@@ -114,13 +114,14 @@ struct Figures {
     elapsed: Duration,
 }
 
+/// Declares the queue `name`, publishes `messages` orders to it, and returns its URL.
 async fn fill(broker: &SqsBroker, name: &str, messages: usize) -> Result<String, Box<dyn Error>> {
-    let queue = broker.declare_queue(QueueSpec::new(name)).await?;
+    broker.declare_queue(&QueueSpec::new(name)).await?;
     let orders: Vec<Message> = (0..messages as u64)
         .map(|id| Message::json(&Order { id, qty: 1 }))
         .collect::<Result<_, _>>()?;
     broker.publish_batch(name, orders).await?;
-    Ok(queue)
+    Ok(broker.queue_url(name).await?)
 }
 
 async fn conveyor_run(

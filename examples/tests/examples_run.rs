@@ -27,7 +27,12 @@ fn example(name: &str) -> PathBuf {
 }
 
 fn run(name: &str) -> String {
+    run_with(name, &[])
+}
+
+fn run_with(name: &str, args: &[&str]) -> String {
     let output = Command::new(example(name))
+        .args(args)
         .output()
         .expect("the example starts");
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
@@ -61,4 +66,16 @@ fn the_workers_and_batches_example_runs_four_at_once_and_batches_by_ten() {
         "{stdout}"
     );
     assert!(stdout.contains("batch of 10 metrics"), "{stdout}");
+}
+
+/// The README's service, unchanged but for the line that makes the broker, places its
+/// three orders on every broker (RabbitMQ and the SQS emulator run for the test suite).
+#[test]
+fn the_service_example_runs_the_same_on_every_broker() {
+    for broker in ["memory", "rabbitmq", "sqs"] {
+        let stdout = run_with("service", &[broker]);
+        for line in ["alice: order 1", "bob: order 2", "alice: order 3"] {
+            assert!(stdout.contains(line), "{broker}: {stdout}");
+        }
+    }
 }

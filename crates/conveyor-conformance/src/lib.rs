@@ -1,10 +1,11 @@
 //! The transport contract of Conveyor, as scenarios every transport runs.
 //!
-//! Each scenario is an async function generic over a [`Fixture`]: a small trait through
-//! which a transport makes a queue, publishes, and reads what is ready and what was
-//! dead-lettered. A transport's test suite implements the fixture against its live broker
-//! and runs every scenario with [`suite!`], the way `object_store` backends share one set
-//! of integration tests:
+//! Each scenario is an async function generic over a [`Fixture`]: a small trait that
+//! hands over a transport's [`Broker`] and says how to name and dress the queues the
+//! scenarios declare. Scenarios make queues, publish, and read depth and dead letters
+//! through the portable broker API only ([`Queues`]). A transport's test suite implements
+//! the fixture against its live broker and runs every scenario with [`suite!`], the way
+//! `object_store` backends share one set of integration tests:
 //!
 //! ```text
 //! conveyor_conformance::suite!(my_fixture;
@@ -25,7 +26,9 @@ pub mod scenarios;
 use std::future::Future;
 use std::time::Duration;
 
-use conveyor::{Bytes, Publisher, Settlement, Source, SubscribeSettings, Subscriber};
+use std::sync::{Arc, Mutex};
+
+use conveyor::{Broker, DeadLetter, QueueSpec};
 
 pub use journal::Journal;
 
@@ -49,72 +52,63 @@ pub const SCENARIOS: &[&str] = &[
 /// What a scenario asks of a queue.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct QueueSpec {
+pub struct QueueKind {
     /// Whether rejected messages go to a dead-letter queue, which
-    /// [`Fixture::dead_letters`] reads.
+    /// [`Queues::dead_letters`] reads.
     pub dead_letter: bool,
 }
 
-impl QueueSpec {
+impl QueueKind {
     /// A queue with no dead-letter queue.
     pub fn plain() -> Self {
-        QueueSpec { dead_letter: false }
+        QueueKind { dead_letter: false }
     }
 
-    /// A queue whose rejected messages go to a dead-letter queue. Its broker-side limits
-    /// (a redrive policy's max receive count) must be high enough not to act before the
-    /// mount's `max_attempts` does: at least 10.
+    /// A queue whose rejected messages go to a dead-letter queue, with a max receive
+    /// count high enough (10) that the mount's `max_attempts` acts first.
     pub fn with_dead_letter_queue() -> Self {
-        QueueSpec { dead_letter: true }
+        QueueKind { dead_letter: true }
     }
 }
 
-/// A queue a fixture made for one scenario, with a name no other test uses.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A queue made for one scenario, with a name no other test uses.
+#[derive(Clone, Debug)]
 pub struct TestQueue {
     /// The queue's name: what to publish to and subscribe to.
     pub name: String,
-    /// Its dead-letter queue, if the spec asked for one.
+    /// Its dead-letter queue, if the kind asked for one.
     pub dead_letter_queue: Option<String>,
+    /// Everything taken out of the dead-letter queue so far.
+    taken: Arc<Mutex<Vec<DeadLetter>>>,
 }
 
-/// A message found in a dead-letter queue.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeadLetter {
-    /// The payload, as published.
-    pub payload: Bytes,
-    /// The reason it carries in [`conveyor::REJECT_REASON_HEADER`], if any.
-    pub reason: Option<String>,
-}
+/// How long a received message stays hidden from other consumers on the queues the
+/// suite declares: longer than any scenario waits, so that only a release, never a
+/// lapsed hold, makes a message ready again.
+pub const VISIBILITY: Duration = Duration::from_secs(120);
 
-/// A transport under test: makes queues on its live broker and reads them back.
-///
-/// The queues it makes must hold a received message long enough that a scenario can tell
-/// a prompt release from a lapsed hold: an SQS visibility timeout of 30 s or more, say.
+/// The max receive count of the dead-letter queues the suite declares.
+pub const MAX_RECEIVE_COUNT: u32 = 10;
+
+/// A transport under test: its broker, and how to name and dress the queues the
+/// scenarios declare. Everything else goes through the portable
+/// [`Broker`] API, by way of [`Queues`].
 pub trait Fixture: Send + Sync + 'static {
-    /// The queue source handlers are mounted on.
-    type Source: Source;
-    /// The publisher scenarios send through.
-    type Publisher: Publisher + Clone + Send + Sync + 'static;
+    /// The broker under test.
+    type Broker: Broker;
 
-    /// Makes a new queue as `spec` asks.
-    fn declare(&self, spec: QueueSpec) -> impl Future<Output = TestQueue> + Send;
+    /// The broker.
+    fn broker(&self) -> &Self::Broker;
 
-    /// A source for `queue`; called once per app a scenario starts.
-    fn source(&self, queue: &TestQueue) -> Self::Source;
+    /// A queue name no other test uses, starting with `stem`; one ending in `.fifo`
+    /// where the fixture runs FIFO queues.
+    fn unique_name(&self, stem: &str) -> String;
 
-    /// The publisher.
-    fn publisher(&self) -> Self::Publisher;
-
-    /// How many messages of `queue` are ready to be received now (not held by a
-    /// consumer, not waiting out a delay).
-    fn ready(&self, queue: &TestQueue) -> impl Future<Output = usize> + Send;
-
-    /// Everything dead-lettered from `queue` so far, in the order it arrived.
-    fn dead_letters(&self, queue: &TestQueue) -> impl Future<Output = Vec<DeadLetter>> + Send;
-
-    /// Removes the queue and its dead-letter queue.
-    fn delete(&self, queue: TestQueue) -> impl Future<Output = ()> + Send;
+    /// Adds the transport's own settings to a queue the suite declares (a quorum queue,
+    /// say). The default adds none.
+    fn with_extras(&self, spec: QueueSpec) -> QueueSpec {
+        spec
+    }
 
     /// Whether two subscriptions may both receive one message that neither settled yet
     /// (an emulator's race, say). Scenarios then allow a few duplicates (at most one in
@@ -124,32 +118,87 @@ pub trait Fixture: Send + Sync + 'static {
     }
 }
 
-/// Takes (and acks) every message `source` has ready, as dead letters, into `into`: for
-/// fixtures that read a dead-letter queue with their own transport. A receive that brings
-/// nothing within `wait` ends it; what it misses is taken on the next call.
-pub async fn collect_dead_letters<S: Source>(
-    source: S,
-    wait: Duration,
-    into: &mut Vec<DeadLetter>,
-) {
-    let queue = source.queue_name().to_string();
-    let mut subscriber = match source.subscribe(SubscribeSettings::new(10)).await {
-        Ok(subscriber) => subscriber,
-        Err(error) => panic!("cannot read the dead-letter queue `{queue}`: {error}"),
-    };
-    while let Ok(Some(Ok(delivery))) = tokio::time::timeout(wait, subscriber.recv()).await {
-        into.push(DeadLetter {
-            payload: delivery.payload().clone(),
-            reason: delivery
-                .headers()
-                .get_str(conveyor::REJECT_REASON_HEADER)
-                .map(str::to_string),
-        });
-        delivery.settle(Settlement::Ack);
+/// What scenarios do with queues, through the portable broker API only; every
+/// [`Fixture`] has it.
+pub trait Queues: Fixture {
+    /// Declares a new queue of `kind` (and its dead-letter queue first).
+    fn declare(&self, kind: QueueKind) -> impl Future<Output = TestQueue> + Send {
+        async move {
+            let name = self.unique_name("q");
+            let mut spec = QueueSpec::new(name.as_str()).visibility_timeout(VISIBILITY);
+            let dead_letter_queue = kind.dead_letter.then(|| self.unique_name("dead"));
+            if let Some(dlq) = &dead_letter_queue {
+                let dead = self.with_extras(QueueSpec::new(dlq.as_str()));
+                if let Err(error) = self.broker().declare_queue(&dead).await {
+                    panic!("cannot declare the dead-letter queue `{dlq}`: {error}");
+                }
+                spec = spec.dead_letter_queue(dlq.as_str(), MAX_RECEIVE_COUNT);
+            }
+            if let Err(error) = self.broker().declare_queue(&self.with_extras(spec)).await {
+                panic!("cannot declare the queue `{name}`: {error}");
+            }
+            TestQueue {
+                name,
+                dead_letter_queue,
+                taken: Arc::default(),
+            }
+        }
     }
-    subscriber.stop_receiving().await;
-    subscriber.close().await;
+
+    /// A source for `queue`, from its bare name.
+    fn source(&self, queue: &TestQueue) -> <Self::Broker as Broker>::Queue {
+        self.broker().queue(&queue.name)
+    }
+
+    /// The publisher: the broker itself.
+    fn publisher(&self) -> Self::Broker {
+        self.broker().clone()
+    }
+
+    /// How many messages of `queue` are ready to be received now (not held by a
+    /// consumer, not waiting out a delay).
+    fn ready(&self, queue: &TestQueue) -> impl Future<Output = u64> + Send {
+        async move {
+            match self.broker().queue_depth(&queue.name).await {
+                Ok(depth) => depth.ready,
+                Err(error) => panic!("cannot read the depth of `{}`: {error}", queue.name),
+            }
+        }
+    }
+
+    /// Everything dead-lettered from `queue` so far, in the order it arrived.
+    fn dead_letters(&self, queue: &TestQueue) -> impl Future<Output = Vec<DeadLetter>> + Send {
+        async move {
+            let Some(dlq) = &queue.dead_letter_queue else {
+                return Vec::new();
+            };
+            let taken = match self.broker().take_dead_letters(dlq, usize::MAX).await {
+                Ok(taken) => taken,
+                Err(error) => panic!("cannot read the dead-letter queue `{dlq}`: {error}"),
+            };
+            let mut all = queue
+                .taken
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            all.extend(taken);
+            all.clone()
+        }
+    }
+
+    /// Deletes the queue and its dead-letter queue.
+    fn delete(&self, queue: TestQueue) -> impl Future<Output = ()> + Send {
+        async move {
+            let names = std::iter::once(&queue.name).chain(&queue.dead_letter_queue);
+            for name in names {
+                if let Err(error) = self.broker().delete_queue(name).await {
+                    panic!("cannot delete the queue `{name}`: {error}");
+                }
+            }
+        }
+    }
 }
+
+impl<F: Fixture> Queues for F {}
 
 /// How long a scenario may wait for any one condition.
 pub const DEADLINE: Duration = Duration::from_secs(60);

@@ -10,7 +10,7 @@ use conveyor::{
 };
 
 use crate::journal::{Job, Journal, handle};
-use crate::{Fixture, QueueSpec, TestQueue, eventually};
+use crate::{Fixture, QueueKind, Queues, TestQueue, eventually};
 
 /// The partition key of job `id` when a scenario spreads jobs over `keys` keys.
 fn key(id: u64, keys: u64) -> String {
@@ -74,7 +74,7 @@ async fn dead_lettered<F: Fixture>(
     fixture: &F,
     queue: &TestQueue,
     count: usize,
-) -> Vec<crate::DeadLetter> {
+) -> Vec<conveyor::DeadLetter> {
     eventually(&format!("{count} dead letters"), || async {
         fixture.dead_letters(queue).await.len() >= count
     })
@@ -119,7 +119,7 @@ async fn capture(payload: Bytes, headers: Headers, State(seen): State<Captured>)
 
 /// The payload arrives byte for byte, and so do text and binary headers.
 pub async fn round_trip_keeps_payload_and_headers<F: Fixture>(fixture: &F) {
-    let queue = fixture.declare(QueueSpec::plain()).await;
+    let queue = fixture.declare(QueueKind::plain()).await;
     let payload = Bytes::from_static(b"{\"id\":1,\"note\":\"caf\xc3\xa9\"}");
     let binary = Bytes::from_static(&[0, 159, 146, 150, 255]);
     let message = Message::new(payload.clone())
@@ -158,7 +158,7 @@ pub async fn competing_subscriptions_lose_nothing_and_handle_each_message_once<F
     fixture: &F,
 ) {
     const JOBS: u64 = 200;
-    let queue = fixture.declare(QueueSpec::plain()).await;
+    let queue = fixture.declare(QueueKind::plain()).await;
     let journal = Journal::default();
     let one = start(fixture, &queue, &journal, |m| m.workers(4)).await;
     let two = start(fixture, &queue, &journal, |m| m.workers(4)).await;
@@ -173,7 +173,7 @@ pub async fn competing_subscriptions_lose_nothing_and_handle_each_message_once<F
 /// A mount with no `workers` runs one handler at a time.
 pub async fn the_sequential_mount_never_overlaps<F: Fixture>(fixture: &F) {
     const JOBS: u64 = 30;
-    let queue = fixture.declare(QueueSpec::plain()).await;
+    let queue = fixture.declare(QueueKind::plain()).await;
     let journal = Journal::default();
     publish(fixture, &queue, (0..JOBS).map(Job::new).collect(), 4).await;
     let app = start(fixture, &queue, &journal, |m| m).await;
@@ -187,7 +187,7 @@ pub async fn the_sequential_mount_never_overlaps<F: Fixture>(fixture: &F) {
 /// succeeds, before the next one starts.
 pub async fn the_sequential_mount_keeps_order_across_retries<F: Fixture>(fixture: &F) {
     const JOBS: u64 = 20;
-    let queue = fixture.declare(QueueSpec::plain()).await;
+    let queue = fixture.declare(QueueKind::plain()).await;
     let journal = Journal::default();
     let jobs = (0..JOBS)
         .map(|id| Job {
@@ -211,7 +211,7 @@ pub async fn lanes_keep_each_key_in_order_across_retries<F: Fixture>(fixture: &F
     const KEYS: u64 = 4;
     const JOBS: u64 = 60;
     for retry_later in [false, true] {
-        let queue = fixture.declare(QueueSpec::plain()).await;
+        let queue = fixture.declare(QueueKind::plain()).await;
         let journal = Journal::default();
         let jobs = (0..JOBS)
             .map(|id| Job {
@@ -253,7 +253,7 @@ async fn max_attempts_end_in_the_dead_letter_queue<F: Fixture>(
     fixture: &F,
     configure: impl FnOnce(MountOptions) -> MountOptions,
 ) {
-    let queue = fixture.declare(QueueSpec::with_dead_letter_queue()).await;
+    let queue = fixture.declare(QueueKind::with_dead_letter_queue()).await;
     let journal = Journal::default();
     let poison = Job {
         always_fail: true,
@@ -295,7 +295,7 @@ pub async fn max_attempts_ends_in_the_dead_letter_queue_when_the_lane_retries<F:
 pub async fn a_reject_reaches_the_dead_letter_queue_at_once_with_its_reason<F: Fixture>(
     fixture: &F,
 ) {
-    let queue = fixture.declare(QueueSpec::with_dead_letter_queue()).await;
+    let queue = fixture.declare(QueueKind::with_dead_letter_queue()).await;
     let journal = Journal::default();
     let poison = Job {
         always_fail: true,
@@ -323,7 +323,7 @@ pub async fn a_reject_reaches_the_dead_letter_queue_at_once_with_its_reason<F: F
 pub async fn retry_after_comes_no_sooner_than_its_delay<F: Fixture>(fixture: &F) {
     let delays = [300u64, 1500];
     for lanes in [false, true] {
-        let queue = fixture.declare(QueueSpec::plain()).await;
+        let queue = fixture.declare(QueueKind::plain()).await;
         let journal = Journal::default();
         let jobs = delays
             .iter()
@@ -371,7 +371,7 @@ async fn sizes(batch: Batch<Json<Job>>, State(sizes): State<Sizes>) {
 /// Batch handlers get between one and `size` messages, and every message once.
 pub async fn batches_are_never_empty_and_never_larger_than_their_size<F: Fixture>(fixture: &F) {
     const JOBS: usize = 25;
-    let queue = fixture.declare(QueueSpec::plain()).await;
+    let queue = fixture.declare(QueueKind::plain()).await;
     publish(fixture, &queue, (0..JOBS as u64).map(Job::new).collect(), 5).await;
     let seen = Sizes::default();
     let app = App::new("conformance")
@@ -405,7 +405,7 @@ pub async fn batches_are_never_empty_and_never_larger_than_their_size<F: Fixture
 pub async fn draining_hands_back_unstarted_deliveries_while_handlers_run<F: Fixture>(fixture: &F) {
     const JOBS: u64 = 10;
     for running in [2usize, 1] {
-        let queue = fixture.declare(QueueSpec::plain()).await;
+        let queue = fixture.declare(QueueKind::plain()).await;
         let journal = Journal::gated();
         publish(fixture, &queue, (0..JOBS).map(Job::new).collect(), JOBS).await;
         let app = start(fixture, &queue, &journal, |m| {
@@ -419,7 +419,7 @@ pub async fn draining_hands_back_unstarted_deliveries_while_handlers_run<F: Fixt
         app.stop_receiving();
         // The queue's hold (visibility, prefetch) outlasts the deadline: only a release
         // passes.
-        let unstarted = JOBS as usize - running;
+        let unstarted = JOBS - running as u64;
         eventually(
             &format!("{unstarted} unstarted jobs back on the queue"),
             || async { fixture.ready(&queue).await == unstarted },
@@ -438,14 +438,14 @@ pub async fn draining_hands_back_unstarted_deliveries_while_handlers_run<F: Fixt
 /// after each shutdown every message not acked is ready again at once.
 pub async fn stopping_and_restarting_mid_stream_loses_nothing<F: Fixture>(fixture: &F) {
     const JOBS: u64 = 100;
-    let queue = fixture.declare(QueueSpec::plain()).await;
+    let queue = fixture.declare(QueueKind::plain()).await;
     let journal = Journal::default();
     publish(fixture, &queue, (0..JOBS).map(Job::new).collect(), 8).await;
     for round in 1..=5usize {
         let app = start(fixture, &queue, &journal, |m| m.workers(3)).await;
         all_acked(&journal, round * 10).await;
         stop(app).await;
-        let left = JOBS as usize - journal.acked_distinct();
+        let left = JOBS - journal.acked_distinct() as u64;
         eventually(
             &format!("{left} jobs ready after shutdown {round}"),
             || async { fixture.ready(&queue).await == left },
@@ -497,7 +497,7 @@ async fn touchy(Touchy(job): Touchy, _: Fussy, State(journal): State<Journal>) {
 pub async fn a_panic_in_decode_an_extractor_or_a_handler_leaves_the_service_up<F: Fixture>(
     fixture: &F,
 ) {
-    let queue = fixture.declare(QueueSpec::with_dead_letter_queue()).await;
+    let queue = fixture.declare(QueueKind::with_dead_letter_queue()).await;
     let journal = Journal::default();
     let mut messages = Vec::new();
     for id in 0..10u64 {

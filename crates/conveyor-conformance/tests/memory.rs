@@ -2,9 +2,8 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use conveyor::memory::MemoryQueue;
-use conveyor::{MemoryBroker, QueueOptions};
-use conveyor_conformance::{DeadLetter, Fixture, QueueSpec, TestQueue};
+use conveyor::MemoryBroker;
+use conveyor_conformance::Fixture;
 
 /// In-process queues on one broker; FIFO queues when `fifo`.
 struct Memory {
@@ -14,58 +13,26 @@ struct Memory {
 
 impl Memory {
     fn new(fifo: bool) -> Self {
-        let broker = MemoryBroker::new();
-        broker.record_history(true);
-        Memory { broker, fifo }
+        Memory {
+            broker: MemoryBroker::new(),
+            fifo,
+        }
     }
 }
 
 impl Fixture for Memory {
-    type Source = MemoryQueue;
-    type Publisher = MemoryBroker;
+    type Broker = MemoryBroker;
 
-    async fn declare(&self, spec: QueueSpec) -> TestQueue {
+    fn broker(&self) -> &MemoryBroker {
+        &self.broker
+    }
+
+    fn unique_name(&self, stem: &str) -> String {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let suffix = if self.fifo { ".fifo" } else { "" };
-        let name = format!("q{n}{suffix}");
-        let dead_letter_queue = spec.dead_letter.then(|| format!("q{n}-dead{suffix}"));
-        let mut options = QueueOptions::new();
-        if let Some(dlq) = &dead_letter_queue {
-            options = options.dead_letter_queue(dlq.clone(), 100);
-        }
-        self.broker.declare_queue(&name, options);
-        TestQueue {
-            name,
-            dead_letter_queue,
-        }
+        format!("{stem}{n}{suffix}")
     }
-
-    fn source(&self, queue: &TestQueue) -> MemoryQueue {
-        self.broker.queue(queue.name.clone())
-    }
-
-    fn publisher(&self) -> MemoryBroker {
-        self.broker.clone()
-    }
-
-    async fn ready(&self, queue: &TestQueue) -> usize {
-        self.broker.stats(&queue.name).ready
-    }
-
-    async fn dead_letters(&self, queue: &TestQueue) -> Vec<DeadLetter> {
-        self.broker
-            .dead_lettered(&queue.name)
-            .into_iter()
-            .filter(|dead| dead.dead_letter_queue.is_some())
-            .map(|dead| DeadLetter {
-                reason: Some(dead.reason),
-                payload: dead.message.payload,
-            })
-            .collect()
-    }
-
-    async fn delete(&self, _queue: TestQueue) {}
 }
 
 mod standard {

@@ -8,19 +8,25 @@
 //! channel cannot be acked any more (their acks become no-ops), so the broker delivers
 //! them again.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
+use conveyor::{Bytes, DeadLetter, Message, Publisher, QueueDepth, QueueSpec};
+use lapin::options::{BasicAckOptions, BasicGetOptions};
 use lapin::tcp::AMQPUriTcpExt;
+use lapin::types::ShortString;
 use lapin::uri::AMQPScheme;
 use lapin::{Channel, Connection, ConnectionProperties};
 use tokio::sync::Mutex;
 
-use crate::error::LapinError;
+use crate::error::{LapinError, is_not_found, short};
+use crate::headers;
 use crate::publisher::LapinPublisher;
-use crate::source::LapinSource;
+use crate::queue::LapinQueue;
+use crate::spec::{Declaration, check, delay_queue_of};
 use crate::tls::{TlsSettings, is_tls_failure};
-use crate::topology::{Binding, ExchangeSpec, QueueSpec};
+use crate::topology::{Binding, ExchangeSpec};
 use crate::url::redact_url;
 
 /// How long a publisher waits for the broker's confirm by default.
@@ -232,24 +238,40 @@ impl LapinBrokerBuilder {
                 prefetch: self.prefetch,
                 confirm_timeout: self.confirm_timeout,
                 topology: Mutex::new(None),
+                publisher: Mutex::new(None),
+                declared: std::sync::Mutex::default(),
+                delay_queues: std::sync::Mutex::default(),
             }),
         })
     }
 }
 
-/// A connection to RabbitMQ: the factory for sources (queues to mount handlers on),
-/// publishers and declarations. Cloning gives another handle to the same connection.
+/// A connection to RabbitMQ: the [`conveyor::Broker`] of this transport. It opens
+/// queues to mount handlers on, publishes with confirms, and declares and inspects
+/// queues. Cloning gives another handle to the same connection.
+///
+/// Its inherent methods are the [`conveyor::Broker`] ones, with the same signatures (so
+/// they mean the same with or without the trait in scope), plus RabbitMQ's own:
+/// exchanges and bindings ([`declare_exchange`](Self::declare_exchange),
+/// [`bind`](Self::bind), [`ConsistentHash`](crate::ConsistentHash)) and a
+/// [`LapinPublisher`] for per-publish AMQP options.
 ///
 /// ```no_run
-/// use conveyor::App;
-/// use conveyor_lapin::{LapinBroker, QueueSpec};
+/// use conveyor::{App, Message, Publisher, QueueSpec};
+/// use conveyor_lapin::{LapinBroker, RabbitQueueSpec};
 ///
 /// async fn handle(conveyor::Json(n): conveyor::Json<u64>) {}
 ///
 /// # async fn f() -> Result<(), conveyor::Error> {
 /// let broker = LapinBroker::connect("amqp://guest:guest@127.0.0.1:5672").await?;
+/// broker.declare_queue(&QueueSpec::new("numbers.dead").quorum()).await?;
+/// broker
+///     .declare_queue(&QueueSpec::new("numbers").dead_letter_queue("numbers.dead", 5).quorum())
+///     .await?;
+/// broker.publish("numbers", Message::json(&7u64)?.partition_key("alice")).await?;
 /// App::new("numbers")
-///     .mount(broker.queue(QueueSpec::new("numbers").quorum()), handle, |m| m.workers(4).by_key())
+///     .broker(broker.clone())
+///     .mount(broker.queue("numbers"), handle, |m| m.workers(4).by_key())
 ///     .run()
 ///     .await
 /// # }
@@ -266,6 +288,16 @@ pub(crate) struct BrokerInner {
     pub(crate) confirm_timeout: Duration,
     /// The channel broker-level declarations are made on (and replayed from).
     topology: Mutex<Option<Channel>>,
+    /// The confirm-mode publisher behind [`Publisher`] on the broker, opened on the first
+    /// publish (and again when its channel has closed).
+    publisher: Mutex<Option<LapinPublisher>>,
+    /// The declarations this broker made, by queue name: a subscription to one of these
+    /// queues knows its dead-letter target and whether to declare it again on recovery.
+    declared: std::sync::Mutex<HashMap<String, Arc<Declaration>>>,
+    /// The delay queues this broker's subscriptions declared, by the name of their queue:
+    /// the ones [`LapinBroker::queue_depth`] can count without checking for a missing
+    /// queue (which would close a channel, and have the client log an error).
+    delay_queues: std::sync::Mutex<HashMap<String, String>>,
 }
 
 impl std::fmt::Debug for LapinBroker {
@@ -275,6 +307,12 @@ impl std::fmt::Debug for LapinBroker {
             .field("prefetch", &self.inner.prefetch)
             .finish_non_exhaustive()
     }
+}
+
+/// Closes a channel opened for one operation. It may be closed already: a failed
+/// operation (a missing queue, say) closes it on the broker's side.
+async fn close_quietly(channel: Channel) {
+    let _ = channel.close(200, "done".into()).await;
 }
 
 impl LapinBroker {
@@ -301,88 +339,249 @@ impl LapinBroker {
         &self.inner.url
     }
 
-    /// Closes the connection. Subscriptions still open end, and their unacked
-    /// deliveries go back to their queues.
-    pub async fn close(&self) -> Result<(), LapinError> {
-        self.inner
-            .connection
-            .close(200, "closed by the application".into())
-            .await
-            .map_err(|source| LapinError::Channel {
-                purpose: "connection".to_string(),
-                source,
-            })
+    /// The queue `name` to mount a handler on. Subscribing checks that it exists and
+    /// declares it, durable with no arguments, only where it is missing, so a queue
+    /// declared with its own settings keeps them (see [`LapinQueue`]).
+    pub fn queue(&self, name: &str) -> LapinQueue {
+        LapinQueue::new(self.clone(), name)
     }
 
-    /// A queue to mount a handler on: a name (a durable queue with no arguments) or a
-    /// [`QueueSpec`]. The queue is declared (or, passive, checked) when the subscription
-    /// starts.
-    pub fn queue(&self, queue: impl Into<QueueSpec>) -> LapinSource {
-        LapinSource::new(self.clone(), queue.into())
-    }
-
-    /// A publisher on its own channel, with publisher confirms.
+    /// A publisher on its own confirm-mode channel, for what the portable
+    /// [`Publisher`] cannot say: an exchange and routing key, priority, expiration,
+    /// transient or non-mandatory messages ([`PublishOptions`](crate::PublishOptions)).
+    /// For plain publishing to a queue, the broker itself is a [`Publisher`].
     pub async fn publisher(&self) -> Result<LapinPublisher, LapinError> {
         LapinPublisher::open(self.clone()).await
     }
 
-    /// Declares a queue now (or checks it, if passive).
-    pub async fn declare_queue(&self, queue: &QueueSpec) -> Result<(), LapinError> {
-        self.on_topology_channel(|channel| async move { queue.declare(&channel).await.map(drop) })
+    /// Declares the queue `spec` describes, with its RabbitMQ settings
+    /// ([`RabbitQueueSpec`](crate::RabbitQueueSpec), which also says how the portable
+    /// ones map). Declaring a queue that exists with the same settings succeeds; with
+    /// others, RabbitMQ refuses (PRECONDITION_FAILED), since it cannot change them.
+    ///
+    /// Settings RabbitMQ cannot take, and a dead-letter queue that does not exist, are
+    /// [`conveyor::Error::Config`]; a broker failure is [`conveyor::Error::Transport`]
+    /// with the [`LapinError`] as its source.
+    pub async fn declare_queue(&self, spec: &QueueSpec) -> Result<(), conveyor::Error> {
+        let declaration = Declaration::from_spec(spec)?;
+        if let Some(policy) = spec.dead_letter()
+            && self.ready_in(&policy.queue).await?.is_none()
+        {
+            return Err(conveyor::Error::config(format!(
+                "the dead-letter queue `{}` of queue `{}` does not exist; declare it first",
+                policy.queue,
+                spec.name()
+            )));
+        }
+        let declared = &declaration;
+        self.on_topology_channel(|channel| async move { declared.declare(&channel).await })
+            .await?;
+        self.inner
+            .declared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(spec.name().to_string(), Arc::new(declaration));
+        Ok(())
+    }
+
+    /// Deletes the queue `name`, the messages in it, and its delay queue (the one its
+    /// subscriptions on this broker used, else `<name>.delay`) with the messages
+    /// waiting there. Deleting a queue that does not exist succeeds.
+    pub async fn delete_queue(&self, name: &str) -> Result<(), conveyor::Error> {
+        short("queue name", name)?;
+        let delay_queue = self
+            .inner
+            .delay_queues
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| delay_queue_of(name));
+        // The delay queue dead-letters into its queue: deleted first, it cannot move a
+        // message into the queue about to go.
+        for queue in [delay_queue.as_str(), name] {
+            // A name that is too long for AMQP is no queue's name: nothing to delete.
+            let Ok(amqp_name) = short("queue name", queue) else {
+                continue;
+            };
+            // On the topology channel, so that it forgets a declaration of the queue it
+            // would otherwise replay after a lost connection.
+            self.on_topology_channel(|channel| async move {
+                match channel
+                    .queue_delete(amqp_name, lapin::options::QueueDeleteOptions::default())
+                    .await
+                {
+                    Ok(_) => Ok(()),
+                    Err(e) if is_not_found(&e) => Ok(()),
+                    Err(source) => Err(LapinError::Declare {
+                        what: "queue deletion of",
+                        name: queue.to_string(),
+                        source,
+                    }),
+                }
+            })
+            .await?;
+        }
+        self.inner
+            .declared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(name);
+        self.inner
+            .delay_queues
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(name);
+        Ok(())
+    }
+
+    /// How many messages the queue `name` holds: `ready` from a passive declare (which
+    /// leaves the queue alone), `delayed` from its delay queue when a subscription of
+    /// this broker declared one, and `in_flight` unknown (`None`: AMQP does not tell how
+    /// many are delivered and unacked). A missing queue is an error
+    /// ([`LapinError::MissingQueue`] as the source).
+    pub async fn queue_depth(&self, name: &str) -> Result<QueueDepth, conveyor::Error> {
+        let delay_queue = self
+            .inner
+            .delay_queues
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(name)
+            .cloned();
+        let channel = self.open_channel(name).await?;
+        let ready = check(&channel, name).await;
+        // The delay queue on the same channel: if it was deleted meanwhile, the failed
+        // check closes the channel, which is done with anyway.
+        let delayed = match (&ready, &delay_queue) {
+            (Ok(_), Some(delay_queue)) => check(&channel, delay_queue).await.ok(),
+            _ => None,
+        };
+        close_quietly(channel).await;
+        let mut depth = QueueDepth::new(ready?.into());
+        if let Some(delayed) = delayed {
+            depth = depth.delayed(delayed.into());
+        }
+        Ok(depth)
+    }
+
+    /// Takes up to `max` messages ready in `dead_letter_queue` out of it (`basic.get`),
+    /// in queue order, without waiting for more. Each becomes a [`DeadLetter`] with its
+    /// headers read as a subscription reads them, its partition key, and the reason
+    /// Conveyor rejected it with (none where RabbitMQ dead-lettered it by itself: a
+    /// delivery limit, an expiry, a nack; its `x-death` header is an array, left out of
+    /// the headers). They are acked all at once at the end, so on an error none is taken.
+    pub async fn take_dead_letters(
+        &self,
+        dead_letter_queue: &str,
+        max: usize,
+    ) -> Result<Vec<DeadLetter>, conveyor::Error> {
+        let queue = short("queue name", dead_letter_queue)?;
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let channel = self.open_channel(dead_letter_queue).await?;
+        let taken = take(&channel, queue, dead_letter_queue, max).await;
+        close_quietly(channel).await;
+        Ok(taken?)
+    }
+
+    /// Closes the connection. Subscriptions still open end, and their unacked
+    /// deliveries go back to their queues.
+    pub async fn close(&self) -> Result<(), conveyor::Error> {
+        self.inner
+            .connection
+            .close(200, "closed by the application".into())
             .await
+            .map_err(|source| {
+                LapinError::Channel {
+                    purpose: "connection".to_string(),
+                    source,
+                }
+                .into()
+            })
     }
 
     /// Declares an exchange now (or checks it, if passive).
-    pub async fn declare_exchange(&self, exchange: &ExchangeSpec) -> Result<(), LapinError> {
+    pub async fn declare_exchange(&self, exchange: &ExchangeSpec) -> Result<(), conveyor::Error> {
         self.on_topology_channel(|channel| async move { exchange.declare(&channel).await })
             .await
+            .map_err(conveyor::Error::from)
     }
 
     /// Binds a queue to an exchange.
-    pub async fn bind(&self, binding: &Binding) -> Result<(), LapinError> {
+    pub async fn bind(&self, binding: &Binding) -> Result<(), conveyor::Error> {
         self.on_topology_channel(|channel| async move { binding.declare(&channel).await })
             .await
+            .map_err(conveyor::Error::from)
     }
 
-    /// Deletes a queue and the messages in it (for tests and tooling).
-    pub async fn delete_queue(&self, queue: &str) -> Result<(), LapinError> {
-        let name = crate::error::short("queue name", queue)?;
+    /// Deletes an exchange. Deleting one that does not exist succeeds.
+    pub async fn delete_exchange(&self, exchange: &str) -> Result<(), conveyor::Error> {
+        let name = short("exchange name", exchange)?;
         self.on_topology_channel(|channel| async move {
-            channel
-                .queue_delete(name, lapin::options::QueueDeleteOptions::default())
-                .await
-                .map(drop)
-                .map_err(|source| LapinError::Declare {
-                    what: "queue deletion of",
-                    name: queue.to_string(),
-                    source,
-                })
-        })
-        .await
-    }
-
-    /// Deletes an exchange (for tests and tooling).
-    pub async fn delete_exchange(&self, exchange: &str) -> Result<(), LapinError> {
-        let name = crate::error::short("exchange name", exchange)?;
-        self.on_topology_channel(|channel| async move {
-            channel
+            match channel
                 .exchange_delete(name, lapin::options::ExchangeDeleteOptions::default())
                 .await
-                .map_err(|source| LapinError::Declare {
+            {
+                Ok(()) => Ok(()),
+                Err(e) if is_not_found(&e) => Ok(()),
+                Err(source) => Err(LapinError::Declare {
                     what: "exchange deletion of",
                     name: exchange.to_string(),
                     source,
-                })
+                }),
+            }
         })
         .await
+        .map_err(conveyor::Error::from)
     }
 
-    /// How many messages are ready in `queue` (not counting those delivered and unacked).
-    pub async fn ready_count(&self, queue: &str) -> Result<u32, LapinError> {
+    /// How many messages are ready in `queue`, or `None` when it does not exist: a
+    /// passive declare on a channel of its own, since a missing queue closes it.
+    pub(crate) async fn ready_in(&self, queue: &str) -> Result<Option<u32>, LapinError> {
         let channel = self.open_channel(queue).await?;
-        let result = QueueSpec::new(queue).passive().declare(&channel).await;
-        let _ = channel.close(200, "done".into()).await;
-        result
+        let result = check(&channel, queue).await;
+        close_quietly(channel).await;
+        match result {
+            Ok(ready) => Ok(Some(ready)),
+            Err(LapinError::MissingQueue { .. }) => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// The declaration this broker made of `queue`, if it declared it.
+    pub(crate) fn declaration(&self, queue: &str) -> Option<Arc<Declaration>> {
+        self.inner
+            .declared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(queue)
+            .cloned()
+    }
+
+    /// Remembers that a subscription declared `delay_queue` for `queue`.
+    pub(crate) fn remember_delay_queue(&self, queue: &str, delay_queue: &str) {
+        self.inner
+            .delay_queues
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(queue.to_string(), delay_queue.to_string());
+    }
+
+    /// The publisher behind [`Publisher`] on the broker: the one opened before, unless
+    /// its channel has closed (a channel error, or the connection closed for good), in
+    /// which case a new one. A channel waiting for the connection to recover is kept:
+    /// the publish waits for the recovery.
+    async fn confirm_publisher(&self) -> Result<LapinPublisher, LapinError> {
+        let mut slot = self.inner.publisher.lock().await;
+        if let Some(publisher) = slot.as_ref()
+            && publisher.is_open()
+        {
+            return Ok(publisher.clone());
+        }
+        let publisher = LapinPublisher::open(self.clone()).await?;
+        *slot = Some(publisher.clone());
+        Ok(publisher)
     }
 
     /// Opens a channel for `purpose` (named in errors).
@@ -418,6 +617,55 @@ impl LapinBroker {
     }
 }
 
+/// Takes up to `max` messages from `queue` on `channel` (named `name` in errors), then
+/// acks them all with one `basic.ack` (multiple).
+async fn take(
+    channel: &Channel,
+    queue: ShortString,
+    name: &str,
+    max: usize,
+) -> Result<Vec<DeadLetter>, LapinError> {
+    let failed = |source: lapin::Error| {
+        if is_not_found(&source) {
+            LapinError::MissingQueue {
+                queue: name.to_string(),
+            }
+        } else {
+            LapinError::Receive {
+                queue: name.to_string(),
+                source,
+            }
+        }
+    };
+    let mut taken = Vec::new();
+    let mut last = None;
+    while taken.len() < max {
+        let Some(message) = channel
+            .basic_get(queue.clone(), BasicGetOptions { no_ack: false })
+            .await
+            .map_err(failed)?
+        else {
+            break;
+        };
+        let delivery = message.delivery;
+        let headers = headers::received(&delivery.properties);
+        let key = delivery
+            .properties
+            .headers()
+            .as_ref()
+            .and_then(headers::partition_key);
+        taken.push(DeadLetter::new(Bytes::from(delivery.data), headers, key));
+        last = Some(delivery.acker);
+    }
+    if let Some(acker) = last {
+        acker
+            .ack(BasicAckOptions { multiple: true })
+            .await
+            .map_err(failed)?;
+    }
+    Ok(taken)
+}
+
 /// Logs what lapin reports about the connection: errors it does not recover from, and
 /// the broker's flow control. (Recovery itself is silent here: lapin logs the loss, and
 /// subscriptions and publishers simply carry on once it has reconnected.)
@@ -443,12 +691,107 @@ async fn log_events(events: impl futures_util::Stream<Item = lapin::Event>, url:
     }
 }
 
-/// An app given this broker with `App::broker` closes its connection at the end of
-/// shutdown, after every mount has settled its deliveries.
-impl conveyor::Broker for LapinBroker {
-    async fn close(&self) -> Result<(), conveyor::Error> {
-        LapinBroker::close(self)
+/// Publishes to the queue `destination` through the default exchange, persistent and
+/// mandatory (a queue that does not exist is an error), with a confirm, on a channel the
+/// broker opens on the first publish.
+impl Publisher for LapinBroker {
+    async fn publish(&self, destination: &str, message: Message) -> Result<(), conveyor::Error> {
+        let publisher = self
+            .confirm_publisher()
             .await
-            .map_err(conveyor::Error::from)
+            .map_err(|e| e.into_publish(destination))?;
+        publisher.publish(destination, message).await
+    }
+
+    /// Sends every message, then waits for all their confirms.
+    async fn publish_batch(
+        &self,
+        destination: &str,
+        messages: Vec<Message>,
+    ) -> Result<(), conveyor::Error> {
+        let publisher = self
+            .confirm_publisher()
+            .await
+            .map_err(|e| e.into_publish(destination))?;
+        publisher.publish_batch(destination, messages).await
+    }
+}
+
+/// The inherent methods of the same names, which say what each does on RabbitMQ. An app
+/// given this broker with `App::broker` closes its connection at the end of shutdown,
+/// after every mount has settled its deliveries.
+impl conveyor::Broker for LapinBroker {
+    type Queue = LapinQueue;
+
+    fn queue(&self, name: &str) -> LapinQueue {
+        LapinBroker::queue(self, name)
+    }
+
+    async fn declare_queue(&self, spec: &QueueSpec) -> Result<(), conveyor::Error> {
+        LapinBroker::declare_queue(self, spec).await
+    }
+
+    async fn delete_queue(&self, name: &str) -> Result<(), conveyor::Error> {
+        LapinBroker::delete_queue(self, name).await
+    }
+
+    async fn queue_depth(&self, name: &str) -> Result<QueueDepth, conveyor::Error> {
+        LapinBroker::queue_depth(self, name).await
+    }
+
+    async fn take_dead_letters(
+        &self,
+        dead_letter_queue: &str,
+        max: usize,
+    ) -> Result<Vec<DeadLetter>, conveyor::Error> {
+        LapinBroker::take_dead_letters(self, dead_letter_queue, max).await
+    }
+
+    async fn close(&self) -> Result<(), conveyor::Error> {
+        LapinBroker::close(self).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The live broker the crate's tests use (`scripts/services/rabbitmq.sh`).
+    const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+    async fn publish_channel(broker: &LapinBroker) -> Option<Channel> {
+        let slot = broker.inner.publisher.lock().await;
+        slot.as_ref().map(|publisher| publisher.channel.clone())
+    }
+
+    #[tokio::test]
+    async fn the_publish_channel_is_opened_on_the_first_publish_and_again_once_closed() {
+        let broker = LapinBroker::connect(URL).await.unwrap();
+        let queue = format!("conveyor-test.publish-channel.{}", std::process::id());
+        broker
+            .declare_queue(&QueueSpec::new(&*queue))
+            .await
+            .unwrap();
+        assert!(
+            publish_channel(&broker).await.is_none(),
+            "connecting opens no publish channel"
+        );
+
+        broker.publish(&queue, Message::new("one")).await.unwrap();
+        let first = publish_channel(&broker).await.unwrap();
+        broker.publish(&queue, Message::new("two")).await.unwrap();
+        let same = publish_channel(&broker).await.unwrap();
+        assert_eq!(first.id(), same.id(), "one channel for every publish");
+
+        first.close(200, "closed by the test".into()).await.unwrap();
+        broker
+            .publish_batch(&queue, vec![Message::new("three"), Message::new("four")])
+            .await
+            .unwrap();
+        let reopened = publish_channel(&broker).await.unwrap();
+        assert!(reopened.status().connected());
+        assert_eq!(broker.queue_depth(&queue).await.unwrap().ready, 4);
+        broker.delete_queue(&queue).await.unwrap();
+        broker.close().await.unwrap();
     }
 }

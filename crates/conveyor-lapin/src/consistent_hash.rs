@@ -2,11 +2,12 @@
 //! exchange hashing the `amqp-partition-key` header, one queue per shard, one
 //! subscription per queue.
 
+use conveyor::QueueSpec;
+
 use crate::broker::LapinBroker;
-use crate::error::LapinError;
 use crate::headers::PARTITION_KEY_HEADER;
-use crate::source::LapinSource;
-use crate::topology::{Binding, ExchangeSpec, ExchangeType, QueueSpec};
+use crate::queue::LapinQueue;
+use crate::topology::{Binding, ExchangeSpec, ExchangeType};
 
 /// A consistent-hash exchange over `shards` queues named `<exchange>.<i>`, hashed on
 /// the [`PARTITION_KEY_HEADER`]. Needs the broker plugin
@@ -14,24 +15,28 @@ use crate::topology::{Binding, ExchangeSpec, ExchangeType, QueueSpec};
 ///
 /// One key always lands on the same queue, so mounting one subscription per queue keeps
 /// each key's order across service instances (while each queue has one consumer; add
-/// [`QueueSpec::single_active_consumer`] through [`queue`](Self::queue) to make sure).
+/// [`single_active_consumer`](crate::RabbitQueueSpec::single_active_consumer) through
+/// [`queue`](Self::queue) to make sure).
 ///
 /// ```no_run
-/// use conveyor::{App, Message, Publisher};
-/// use conveyor_lapin::{ConsistentHash, LapinBroker, PublishOptions};
+/// use conveyor::{App, Message};
+/// use conveyor_lapin::{ConsistentHash, LapinBroker, PublishOptions, RabbitQueueSpec};
 ///
 /// async fn handle(_: conveyor::Bytes, key: conveyor::PartitionKey) {}
 ///
 /// # async fn f() -> Result<(), conveyor::Error> {
 /// let broker = LapinBroker::connect("amqp://guest:guest@127.0.0.1:5672").await?;
-/// let shards = ConsistentHash::new("orders", 4).declare(&broker).await?;
+/// let shards = ConsistentHash::new("orders", 4)
+///     .queue(|spec| spec.single_active_consumer())
+///     .declare(&broker)
+///     .await?;
 /// let publisher = broker.publisher().await?;
 /// publisher
 ///     .publish_to("orders", "", Message::new("x").partition_key("alice"), PublishOptions::default())
 ///     .await?;
 /// let mut app = App::new("orders");
-/// for source in shards {
-///     app = app.mount(source, handle, |m| m.workers(2).by_key());
+/// for shard in shards {
+///     app = app.mount(shard, handle, |m| m.workers(2).by_key());
 /// }
 /// # Ok(()) }
 /// ```
@@ -52,7 +57,8 @@ impl ConsistentHash {
         }
     }
 
-    /// Adjusts each shard queue's declaration (arguments, single active consumer, ...).
+    /// Adjusts each shard queue's declaration (a dead-letter queue, quorum, single active
+    /// consumer, ...).
     pub fn queue(mut self, configure: fn(QueueSpec) -> QueueSpec) -> Self {
         self.queue = configure;
         self
@@ -65,14 +71,14 @@ impl ConsistentHash {
             .collect()
     }
 
-    /// Declares the exchange, the queues and the bindings (each weight 1), and returns a
-    /// source per queue to mount.
-    pub async fn declare(self, broker: &LapinBroker) -> Result<Vec<LapinSource>, LapinError> {
+    /// Declares the exchange, the queues and the bindings (each weight 1), and returns
+    /// each queue to mount. A spread over no queue is [`conveyor::Error::Config`].
+    pub async fn declare(self, broker: &LapinBroker) -> Result<Vec<LapinQueue>, conveyor::Error> {
         if self.shards == 0 {
-            return Err(LapinError::Invalid {
-                what: "consistent hash",
-                reason: format!("exchange `{}` needs at least one queue", self.exchange),
-            });
+            return Err(conveyor::Error::config(format!(
+                "the consistent-hash exchange `{}` needs at least one queue",
+                self.exchange
+            )));
         }
         broker
             .declare_exchange(
@@ -80,15 +86,16 @@ impl ConsistentHash {
                     .argument("hash-header", PARTITION_KEY_HEADER),
             )
             .await?;
-        let mut sources = Vec::with_capacity(self.shards);
+        let mut queues = Vec::with_capacity(self.shards);
         for name in self.queue_names() {
-            let spec = (self.queue)(QueueSpec::new(name.as_str()));
-            broker.declare_queue(&spec).await?;
+            broker
+                .declare_queue(&(self.queue)(QueueSpec::new(name.as_str())))
+                .await?;
             broker
                 .bind(&Binding::new(name.as_str(), &self.exchange, "1"))
                 .await?;
-            sources.push(broker.queue(spec));
+            queues.push(broker.queue(&name));
         }
-        Ok(sources)
+        Ok(queues)
     }
 }

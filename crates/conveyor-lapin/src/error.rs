@@ -52,8 +52,8 @@ pub enum LapinError {
         #[source]
         source: lapin::Error,
     },
-    /// Passive mode: the queue does not exist on the broker.
-    #[error("queue `{queue}` does not exist on the broker (passive mode declares nothing)")]
+    /// The queue does not exist on the broker (found by a passive check, or a get).
+    #[error("queue `{queue}` does not exist on the broker")]
     MissingQueue {
         /// The missing queue.
         queue: String,
@@ -143,11 +143,19 @@ impl LapinError {
     }
 }
 
+/// Bad input (a URL, a name or a certificate the transport cannot take) becomes
+/// [`conveyor::Error::Config`] with the error's text; anything else, a failure of the
+/// broker or the connection, [`conveyor::Error::Transport`] with the error as its source.
 impl From<LapinError> for conveyor::Error {
     fn from(error: LapinError) -> Self {
-        conveyor::Error::Transport {
-            transport: "rabbitmq",
-            source: Box::new(error),
+        match error {
+            LapinError::InvalidUrl { .. } | LapinError::Invalid { .. } => {
+                conveyor::Error::Config(error.to_string())
+            }
+            error => conveyor::Error::Transport {
+                transport: "rabbitmq",
+                source: Box::new(error),
+            },
         }
     }
 }
@@ -170,4 +178,28 @@ pub(crate) fn short(
         what,
         reason: format!("`{value}` is longer than AMQP's 255-byte limit"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_input_is_a_configuration_error_and_a_broker_failure_keeps_its_source() {
+        let invalid = conveyor::Error::from(LapinError::Invalid {
+            what: "queue name",
+            reason: "too long".into(),
+        });
+        assert!(
+            matches!(&invalid, conveyor::Error::Config(text) if text.contains("invalid queue name")),
+            "{invalid:?}"
+        );
+        let missing = conveyor::Error::from(LapinError::MissingQueue { queue: "q".into() });
+        let source =
+            std::error::Error::source(&missing).and_then(|e| e.downcast_ref::<LapinError>());
+        assert!(
+            matches!(source, Some(LapinError::MissingQueue { .. })),
+            "{missing:?}"
+        );
+    }
 }

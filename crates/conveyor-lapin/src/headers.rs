@@ -2,6 +2,7 @@
 //! transport reads and writes.
 
 use conveyor::{Bytes, Headers, PartitionKey};
+use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString};
 
 use crate::error::{LapinError, short};
@@ -20,6 +21,30 @@ pub const ATTEMPTS_HEADER: &str = "x-conveyor-attempts";
 /// The header a quorum queue sets on redeliveries: how many times the message was
 /// delivered before.
 pub const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
+
+/// The headers of a received message as the core sees them: its AMQP header table, plus
+/// the AMQP properties `content-type`, `message-id`, `correlation-id` and `priority`
+/// (as on the in-process transport). The same for a subscription's deliveries and the
+/// dead letters a broker takes back.
+pub(crate) fn received(properties: &BasicProperties) -> Headers {
+    let mut headers = match properties.headers() {
+        Some(table) => from_table(table),
+        None => Headers::new(),
+    };
+    if let Some(v) = properties.content_type() {
+        headers.insert("content-type", v.as_str().to_string());
+    }
+    if let Some(v) = properties.message_id() {
+        headers.insert("message-id", v.as_str().to_string());
+    }
+    if let Some(v) = properties.correlation_id() {
+        headers.insert("correlation-id", v.as_str().to_string());
+    }
+    if let Some(v) = properties.priority() {
+        headers.insert("priority", v.to_string());
+    }
+    headers
+}
 
 /// The core headers of an AMQP table. Text and byte values are kept as bytes; numbers
 /// and booleans as their decimal text; nested tables and arrays are skipped.
@@ -112,6 +137,23 @@ mod tests {
             from_table(&table).get_str(PARTITION_KEY_HEADER),
             Some("alice")
         );
+    }
+
+    #[test]
+    fn received_headers_include_the_amqp_properties() {
+        let properties = BasicProperties::default()
+            .with_headers(to_table(&Headers::new(), Some(&PartitionKey::from("bob"))).unwrap())
+            .with_content_type("application/json".into())
+            .with_message_id("m-1".into())
+            .with_correlation_id("c-1".into())
+            .with_priority(4);
+        let headers = received(&properties);
+        assert_eq!(headers.get_str(PARTITION_KEY_HEADER), Some("bob"));
+        assert_eq!(headers.get_str("content-type"), Some("application/json"));
+        assert_eq!(headers.get_str("message-id"), Some("m-1"));
+        assert_eq!(headers.get_str("correlation-id"), Some("c-1"));
+        assert_eq!(headers.get_str("priority"), Some("4"));
+        assert!(received(&BasicProperties::default()).is_empty());
     }
 
     #[test]

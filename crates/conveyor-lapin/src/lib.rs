@@ -1,5 +1,9 @@
 //! The RabbitMQ transport of [Conveyor](conveyor), over [`lapin`].
 //!
+//! [`LapinBroker`] is this transport's [`conveyor::Broker`]: code written against
+//! `B: Broker` (declare queues, publish, mount handlers, read depths and dead letters)
+//! runs on RabbitMQ unchanged.
+//!
 //! - [`LapinBroker`] connects from a URL (`amqp://`, `amqps://` through rustls), keeps
 //!   passwords out of logs and errors, and recovers a lost connection by itself:
 //!   channels, declarations, prefetch windows and consumers come back, and
@@ -7,40 +11,54 @@
 //! - TLS: `amqps://` trusts the webpki roots; [`LapinBrokerBuilder::tls_ca_certificate`]
 //!   adds a private CA (and [`LapinBrokerBuilder::tls_client_identity`] a client
 //!   certificate).
-//! - [`LapinSource`] (from [`LapinBroker::queue`]) is what a handler is mounted on; its
+//! - Queues are declared from the portable [`conveyor::QueueSpec`]; RabbitMQ's own
+//!   settings (quorum queues, single active consumer, any argument, durability) go on
+//!   it through the [`RabbitQueueSpec`] extension trait, which also says how the
+//!   portable settings map (a `.fifo` name is a single-active-consumer queue; a
+//!   dead-letter queue goes through the default exchange, and is a quorum queue's
+//!   delivery limit; the visibility timeout is `x-consumer-timeout`; a queue-level delay
+//!   is refused). [`ExchangeSpec`] and [`Binding`] declare the rest of the topology;
+//!   [`ConsistentHash`] spreads keys over several queues on the server.
+//! - [`LapinQueue`] (from [`LapinBroker::queue`], by name) is what a handler is mounted
+//!   on. Subscribing checks the queue passively, so one declared with arguments keeps
+//!   them, and declares it (durable, no arguments) only where it is missing. Its
 //!   [`LapinSubscriber`] consumes on its own channel with a prefetch window (basic.qos)
 //!   and manual acks, in the order the queue pushed.
 //! - The partition key travels in the [`PARTITION_KEY_HEADER`] (`amqp-partition-key`),
 //!   which [`conveyor::Message::partition_key`] writes and lanes read.
-//! - [`QueueSpec`], [`ExchangeSpec`] and [`Binding`] declare topology (or check it, in
-//!   passive mode); [`ConsistentHash`] spreads keys over several queues on the server.
+//! - Publishing: the broker is a [`conveyor::Publisher`] to queues (through the default
+//!   exchange), persistent, mandatory and confirmed, on a channel it opens on the first
+//!   publish. [`LapinPublisher`] adds exchanges, routing keys and per-publish AMQP
+//!   options ([`PublishOptions`]).
 //! - Settlement: ack is `basic.ack`; release (a delivery never handled) is `basic.nack`
 //!   with requeue. Retry republishes the message to its own queue with the attempt that
 //!   just ended in [`ATTEMPTS_HEADER`], waits for the broker's confirm, then acks the
 //!   original; retry-after does the same through the queue's delay queue (a per-message
 //!   TTL that dead-letters back), or to the queue itself without one. Reject sends the
-//!   message to the queue's dead-letter exchange with its reason (see below). Only the
+//!   message to the queue's dead-letter queue with its reason (see below). Only the
 //!   republished message's own ack waits for the confirm: the acks and nacks of other
 //!   deliveries go out meanwhile (with up to 1024 republishes of a subscription awaiting
 //!   confirms at once), so a slow confirm never stalls the prefetch window, and closing
 //!   the subscription waits for the confirms under way.
-//! - [`LapinPublisher`] publishes with confirms, persistent and mandatory by default.
 //!
-//! Prefetch: a mount's `prefetch(..)` wins, then the source's, then the broker's; without
-//! any, the window is twice what the mount can hold (at least 16). Lanes or workers with
-//! a window of 1 take turns, and the subscriber warns about it. A batch mount gets what
-//! the channel has already pushed, so its window must be at least the batch size.
+//! Prefetch: a mount's `prefetch(..)` wins, then the queue's ([`LapinQueue::prefetch`]),
+//! then the broker's; without any, the window is twice what the mount can hold (at
+//! least 16). Lanes or workers with a window of 1 take turns, and the subscriber warns
+//! about it. A batch mount gets what the channel has already pushed, so its window must
+//! be at least the batch size.
 //!
 //! What else to know:
 //!
 //! - Incoming AMQP properties appear among the delivery's headers as `content-type`,
 //!   `message-id`, `correlation-id` and `priority`, beside the message's own headers
-//!   (as on the in-process transport).
+//!   (as on the in-process transport); so do a dead letter's.
 //! - Attempts are counted on classic and quorum queues alike, so `max_attempts(n)`
 //!   always ends in a reject: the receive count is the attempts a message already made
 //!   ([`ATTEMPTS_HEADER`], written by retries) plus the queue's own count of this copy
 //!   (a quorum queue's `x-delivery-count`, a classic queue's `redelivered` flag) plus
-//!   one. A retried copy goes to the tail of the queue.
+//!   one. A retried copy goes to the tail of the queue. A dead-letter queue's max
+//!   receive count is enforced by the broker on quorum queues only (`x-delivery-limit`);
+//!   a classic queue cannot count receives.
 //! - **A key's order does not survive a shutdown mid-retry.** Sequential and lane mounts
 //!   retry in place (the delivery stays unacked), so a key keeps its order across
 //!   retries while the app runs. But a retry that draining hands back mid-retry (or one
@@ -53,15 +71,16 @@
 //!   unhandled (draining, a connection loss) from one whose handler ran, so each release
 //!   counts on a quorum queue; on a classic queue, a redelivered message (the
 //!   `redelivered` flag) counts one attempt more however often it was released.
-//! - Dead letters carry their reason: when the queue's declaration names its
-//!   dead-letter exchange ([`QueueSpec::dead_letter_exchange`], optionally
-//!   [`QueueSpec::dead_letter_routing_key`]), a reject republishes the message there,
-//!   under that routing key or else the queue's name, with the handler's or the
-//!   policy's reason in [`conveyor::REJECT_REASON_HEADER`], without RabbitMQ's `x-death`
-//!   / `x-first-death-*` / `x-last-death-*` headers (which a trip through the delay
-//!   queue leaves saying `expired`) and without the attempt count, then acks the
-//!   original. When the dead-letter exchange is unknown (a passive queue, or one whose
-//!   dead-lettering comes from a policy), a reject is `basic.nack` without requeue: the
+//! - Dead letters carry their reason when the subscription knows where the queue
+//!   dead-letters: when this broker declared the queue with
+//!   [`declare_queue`](LapinBroker::declare_queue) and a dead-letter queue (or a
+//!   [`dead_letter_exchange`](RabbitQueueSpec::dead_letter_exchange)), a reject
+//!   republishes the message there with the handler's or the policy's reason in
+//!   [`conveyor::REJECT_REASON_HEADER`], without RabbitMQ's `x-death` /
+//!   `x-first-death-*` / `x-last-death-*` headers (which a trip through the delay queue
+//!   leaves saying `expired`) and without the attempt count, then acks the original.
+//!   Otherwise (a queue declared by another process or another broker handle, or
+//!   dead-lettering set by a policy) a reject is `basic.nack` without requeue: the
 //!   broker dead-letters the message with its own `x-death` header and no reason (the
 //!   reason is logged).
 //! - A delivery whose channel died (a lost connection) is never republished: the broker
@@ -72,15 +91,19 @@
 //!   at once, while handlers in flight finish and are settled on the same channel.
 //! - A [`Message`](conveyor::Message) with a delivery delay is refused: plain RabbitMQ has
 //!   no per-message delay (retry-after uses the delay queue instead).
+//! - Checking for a queue that does not exist (a subscription to a queue not declared
+//!   yet, a missing dead-letter queue) closes the channel it was checked on, which lapin
+//!   logs as an error; Conveyor checks on a channel of its own, then carries on.
 //! - `connect` fails with a clear error when no first connection comes within 30 s
 //!   ([`LapinBrokerBuilder::first_connect_timeout`]), so a service started without its
 //!   broker says so. After that, recovery is lapin's (`enable_auto_recover`, with
-//!   unlimited reconnect attempts backing off from 100 ms to 30 s). Queues the broker deletes with the connection
-//!   (exclusive ones) are declared again, empty.
+//!   unlimited reconnect attempts backing off from 100 ms to 30 s). Queues the broker
+//!   deletes with the connection (exclusive ones this broker declared) are declared
+//!   again, empty.
 //!
 //! ```no_run
-//! use conveyor::{App, Json, PartitionKey};
-//! use conveyor_lapin::{LapinBroker, QueueSpec};
+//! use conveyor::{App, Json, PartitionKey, QueueSpec};
+//! use conveyor_lapin::{LapinBroker, RabbitQueueSpec};
 //!
 //! #[derive(serde::Deserialize)]
 //! struct Order { id: u64 }
@@ -91,8 +114,13 @@
 //!
 //! # async fn f() -> Result<(), conveyor::Error> {
 //! let broker = LapinBroker::connect("amqp://guest:guest@127.0.0.1:5672/%2f").await?;
+//! broker.declare_queue(&QueueSpec::new("orders.dead").quorum()).await?;
+//! broker
+//!     .declare_queue(&QueueSpec::new("orders").dead_letter_queue("orders.dead", 10).quorum())
+//!     .await?;
 //! App::new("orders")
-//!     .mount(broker.queue(QueueSpec::new("orders").quorum()), place, |m| m.workers(4).by_key())
+//!     .broker(broker.clone())
+//!     .mount(broker.queue("orders"), place, |m| m.workers(4).by_key())
 //!     .run()
 //!     .await
 //! # }
@@ -104,8 +132,9 @@ mod consistent_hash;
 mod error;
 mod headers;
 mod publisher;
+mod queue;
 mod settle;
-mod source;
+mod spec;
 mod subscriber;
 mod tls;
 mod topology;
@@ -118,7 +147,8 @@ pub use consistent_hash::ConsistentHash;
 pub use error::LapinError;
 pub use headers::{ATTEMPTS_HEADER, DELIVERY_COUNT_HEADER, PARTITION_KEY_HEADER};
 pub use publisher::{LapinPublisher, PublishOptions};
-pub use source::LapinSource;
+pub use queue::LapinQueue;
+pub use spec::RabbitQueueSpec;
 pub use subscriber::LapinSubscriber;
-pub use topology::{ArgumentValue, Binding, ExchangeSpec, ExchangeType, QueueSpec};
+pub use topology::{ArgumentValue, Binding, ExchangeSpec, ExchangeType};
 pub use url::redact_url;

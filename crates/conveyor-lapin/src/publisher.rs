@@ -96,7 +96,7 @@ impl PublishOptions {
 /// ```
 #[derive(Clone)]
 pub struct LapinPublisher {
-    channel: Channel,
+    pub(crate) channel: Channel,
     confirm_timeout: Duration,
     defaults: PublishOptions,
 }
@@ -125,6 +125,14 @@ impl LapinPublisher {
             confirm_timeout: broker.inner.confirm_timeout,
             defaults: PublishOptions::default(),
         })
+    }
+
+    /// Whether the channel can still publish: open, or waiting for the connection to
+    /// recover (a publish then waits for the recovery). A channel the broker closed (a
+    /// publish to a missing exchange, say) or that was closed for good cannot.
+    pub(crate) fn is_open(&self) -> bool {
+        let status = self.channel.status();
+        status.connected() || status.reconnecting() || status.initializing()
     }
 
     /// The options [`Publisher::publish`] uses (default: persistent, mandatory).

@@ -9,12 +9,12 @@
 //! - Retry-after does the same through the delay queue, with the delay as the copy's
 //!   per-message TTL (the delay queue dead-letters it back when it runs out), so the
 //!   message holds no prefetch slot while it waits. Without a delay queue it is a retry.
-//! - Reject, when the queue's declaration names its dead-letter exchange, republishes the
-//!   message there (under the dead-letter routing key, else the queue's name) with the
-//!   reason in [`REJECT_REASON_HEADER`] and without RabbitMQ's `x-death` bookkeeping,
-//!   waits for the confirm, then acks the original. Otherwise (a passive queue, a policy)
-//!   it is `basic.nack` without requeue: the broker dead-letters or drops it, without
-//!   the reason.
+//! - Reject, when the queue's declaration (made by this broker) names its dead-letter
+//!   exchange, republishes the message there (under the dead-letter routing key, else
+//!   the queue's name) with the reason in [`REJECT_REASON_HEADER`] and without
+//!   RabbitMQ's `x-death` bookkeeping, waits for the confirm, then acks the original.
+//!   Otherwise (a queue declared elsewhere, a policy) it is `basic.nack` without
+//!   requeue: the broker dead-letters or drops it, without the reason.
 //!
 //! The task takes settlements in the order the core made them. Acks and nacks are sent
 //! at once; a republish is sent at once too (so copies leave in that order), but its
@@ -70,7 +70,7 @@ pub(crate) struct Routes {
     pub(crate) channel: Channel,
     /// The subscription's queue: where a retry goes.
     pub(crate) queue: ShortString,
-    /// Where a retry-after waits out its delay, if the source has a delay queue.
+    /// Where a retry-after waits out its delay, if the queue has one.
     pub(crate) delay_queue: Option<ShortString>,
     /// The dead-letter exchange and routing key of the queue, when its declaration says.
     pub(crate) dead_letter: Option<(ShortString, ShortString)>,

@@ -15,9 +15,9 @@ use lapin::{Channel, Consumer};
 use crate::broker::LapinBroker;
 use crate::error::{LapinError, short};
 use crate::headers::{self, ATTEMPTS_HEADER, DELIVERY_COUNT_HEADER};
+use crate::queue::LapinQueue;
 use crate::settle::{self, Pending, Routes, Settler};
-use crate::source::LapinSource;
-use crate::topology::QueueSpec;
+use crate::spec::Declaration;
 
 /// The smallest prefetch window chosen by default.
 const MIN_DEFAULT_PREFETCH: usize = 16;
@@ -25,7 +25,7 @@ const MIN_DEFAULT_PREFETCH: usize = 16;
 /// Distinguishes the consumer tags of one process.
 static CONSUMERS: AtomicU64 = AtomicU64::new(0);
 
-/// A subscription to a RabbitMQ queue, opened by mounting a [`LapinSource`].
+/// A subscription to a RabbitMQ queue, opened by mounting a [`LapinQueue`].
 ///
 /// It owns one channel with a prefetch window (basic.qos) and one consumer with manual
 /// acks, plus a confirm-mode channel its settlements republish on (retries with their
@@ -55,7 +55,7 @@ pub struct LapinSubscriber {
     cancelled: bool,
 }
 
-/// The window a mount gets when neither it nor its source nor its broker names one:
+/// The window a mount gets when neither it nor its queue nor its broker names one:
 /// twice what it can hold, so the next deliveries are on their way while it works.
 fn default_prefetch(settings: &SubscribeSettings) -> u16 {
     let holds = settings
@@ -66,33 +66,57 @@ fn default_prefetch(settings: &SubscribeSettings) -> u16 {
     u16::try_from(window).unwrap_or(u16::MAX)
 }
 
+/// What a subscription declares of its queue on its consuming channel (where recovering
+/// the channel declares it again), given whether the queue exists and what this broker
+/// declared of it. `None`: the queue stays as it is.
+fn to_declare(
+    queue: &str,
+    exists: bool,
+    passive: bool,
+    known: Option<&Declaration>,
+) -> Result<Option<Declaration>, LapinError> {
+    Ok(match (exists, passive, known) {
+        (false, true, _) => {
+            return Err(LapinError::MissingQueue {
+                queue: queue.to_string(),
+            });
+        }
+        (true, true, _) => None,
+        // The broker drops such a queue by itself (with the connection, its last
+        // consumer, a restart): declared here, it comes back with the channel.
+        (true, false, Some(known)) if known.vanishes() => Some(known.clone()),
+        (true, false, _) => None,
+        (false, false, Some(known)) => Some(known.clone()),
+        (false, false, None) => Some(Declaration::plain(queue)),
+    })
+}
+
 /// Opens the confirm-mode channel a subscription's settlements republish on, and
-/// declares the delay queue `delay_queue` of `spec`, if it has one.
+/// declares the delay queue `delay_queue` of `queue`, if it has one, on it (so that
+/// recovering the channel declares it again).
 ///
-/// The delay queue lives as long as its queue: durable with a durable one, gone with the
-/// connection with an exclusive one. It dead-letters expired messages back to `spec`.
+/// The delay queue lives as long as its queue, where this broker declared the queue:
+/// durable with a durable one, gone with the connection with an exclusive one; durable
+/// otherwise. It dead-letters expired messages back to `queue`.
 async fn open_routes(
     broker: &LapinBroker,
-    spec: &QueueSpec,
+    queue: &str,
+    known: Option<&Declaration>,
     delay_queue: Option<String>,
 ) -> Result<Routes, LapinError> {
-    let purpose = format!("{} (republishing)", spec.name());
+    let purpose = format!("{queue} (republishing)");
     let channel = broker.open_channel(&purpose).await?;
     channel
         .confirm_select(ConfirmSelectOptions::default())
         .await
         .map_err(|source| LapinError::Channel { purpose, source })?;
     if let Some(name) = &delay_queue {
-        let mut delay_spec = QueueSpec::new(name.as_str())
-            .durable(spec.is_durable() && !spec.is_exclusive())
-            .argument("x-dead-letter-exchange", "")
-            .argument("x-dead-letter-routing-key", spec.name());
-        if spec.is_exclusive() {
-            delay_spec = delay_spec.exclusive();
-        }
-        delay_spec.declare(&channel).await?;
+        Declaration::delay_queue(name, queue, known)
+            .declare(&channel)
+            .await?;
+        broker.remember_delay_queue(queue, name);
     }
-    let dead_letter = match spec.dead_letter_target() {
+    let dead_letter = match known.and_then(Declaration::dead_letter_target) {
         Some((exchange, key)) => Some((
             short("dead-letter exchange", exchange)?,
             short("dead-letter routing key", key)?,
@@ -101,7 +125,7 @@ async fn open_routes(
     };
     Ok(Routes {
         channel,
-        queue: short("queue name", spec.name())?,
+        queue: short("queue name", queue)?,
         delay_queue: delay_queue
             .map(|name| short("queue name", &name))
             .transpose()?,
@@ -112,21 +136,34 @@ async fn open_routes(
 
 impl LapinSubscriber {
     pub(crate) async fn open(
-        source: LapinSource,
+        source: LapinQueue,
         settings: SubscribeSettings,
     ) -> Result<Self, LapinError> {
-        let LapinSource {
+        let LapinQueue {
             broker,
-            spec,
+            name,
             prefetch,
             delay_queue,
+            delay_queue_named,
             consumer_tag,
+            passive,
         } = source;
-        let queue: Arc<str> = spec.name().into();
+        let queue: Arc<str> = name.as_str().into();
+        // Checked on a channel of its own: a passive declare of a missing queue closes
+        // its channel.
+        let exists = broker.ready_in(&queue).await?.is_some();
+        let known = broker.declaration(&queue);
+        let declaration = to_declare(&queue, exists, passive, known.as_deref())?;
         let channel = broker.open_channel(&queue).await?;
-        spec.declare(&channel).await?;
-
-        let routes = open_routes(&broker, &spec, delay_queue).await?;
+        if let Some(declaration) = &declaration {
+            if !exists {
+                tracing::info!(queue = %queue, "the queue does not exist; declaring it");
+            }
+            declaration.declare(&channel).await?;
+        }
+        // Passive mode declares nothing of its own accord: no default delay queue.
+        let delay_queue = delay_queue.filter(|_| !passive || delay_queue_named);
+        let routes = open_routes(&broker, &queue, known.as_deref(), delay_queue).await?;
 
         let window = settings
             .prefetch
@@ -202,19 +239,7 @@ impl LapinSubscriber {
         } = delivery;
         let empty = FieldTable::default();
         let table = properties.headers().as_ref().unwrap_or(&empty);
-        let mut headers = headers::from_table(table);
-        if let Some(v) = properties.content_type() {
-            headers.insert("content-type", v.as_str().to_string());
-        }
-        if let Some(v) = properties.message_id() {
-            headers.insert("message-id", v.as_str().to_string());
-        }
-        if let Some(v) = properties.correlation_id() {
-            headers.insert("correlation-id", v.as_str().to_string());
-        }
-        if let Some(v) = properties.priority() {
-            headers.insert("priority", v.to_string());
-        }
+        let headers = headers::received(&properties);
         let key = headers::partition_key(table);
         let earlier_attempts = headers::int_value(table, ATTEMPTS_HEADER);
         let delivery_count = headers::int_value(table, DELIVERY_COUNT_HEADER);
@@ -382,6 +407,41 @@ mod tests {
         let mut settings = SubscribeSettings::new(max_in_flight);
         settings.batch_size = batch;
         settings
+    }
+
+    #[test]
+    fn a_subscription_declares_a_queue_only_where_it_is_missing_or_vanishes() {
+        use conveyor::QueueSpec;
+
+        use crate::RabbitQueueSpec;
+
+        let known = Declaration::from_spec(&QueueSpec::new("q").quorum()).unwrap();
+        let exclusive =
+            Declaration::from_spec(&QueueSpec::new("q").durable(false).exclusive()).unwrap();
+        // (exists, passive, known) -> what is declared on the consuming channel.
+        let cases = [
+            (true, false, None, None),
+            (true, false, Some(&known), None),
+            (true, false, Some(&exclusive), Some(&exclusive)),
+            (true, true, Some(&exclusive), None),
+            (false, false, Some(&known), Some(&known)),
+            (true, true, None, None),
+        ];
+        for (exists, passive, declared, expected) in cases {
+            assert_eq!(
+                to_declare("q", exists, passive, declared).unwrap().as_ref(),
+                expected,
+                "exists {exists}, passive {passive}, known {declared:?}"
+            );
+        }
+        assert_eq!(
+            to_declare("q", false, false, None).unwrap(),
+            Some(Declaration::plain("q"))
+        );
+        assert!(matches!(
+            to_declare("q", false, true, Some(&known)),
+            Err(LapinError::MissingQueue { .. })
+        ));
     }
 
     #[test]

@@ -1,12 +1,11 @@
-//! Queues, exchanges and bindings: what the transport declares (or, in passive mode,
-//! only checks) before it consumes or publishes.
+//! Exchanges, bindings and the arguments they (and queues) are declared with: the
+//! RabbitMQ topology beyond the portable [`conveyor::QueueSpec`].
 //!
-//! A declaration is made on the channel that needs it, so when the connection is lost
-//! and recovered the client replays it on the new connection before the consumer
-//! resumes.
+//! A declaration is made on a channel that stays open, so when the connection is lost
+//! and recovered the client replays it on the new connection.
 
 use lapin::Channel;
-use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::options::{ExchangeDeclareOptions, QueueBindOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString};
 
 use crate::error::{LapinError, is_not_found, short};
@@ -80,6 +79,10 @@ impl Arguments {
         self.0.push((name, value));
     }
 
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, &ArgumentValue)> {
+        self.0.iter().map(|(name, value)| (name.as_str(), value))
+    }
+
     pub(crate) fn get(&self, name: &str) -> Option<&ArgumentValue> {
         self.0.iter().find(|(n, _)| n == name).map(|(_, v)| v)
     }
@@ -90,172 +93,6 @@ impl Arguments {
             table.insert(short("argument name", name)?, value.to_amqp());
         }
         Ok(table)
-    }
-}
-
-/// How a queue is declared: durable by default, with any arguments; or passive, to only
-/// check that a queue owned elsewhere exists.
-///
-/// ```
-/// use conveyor_lapin::QueueSpec;
-///
-/// let orders = QueueSpec::new("orders")
-///     .quorum()
-///     .single_active_consumer()
-///     .dead_letter_exchange("orders.dlx")
-///     .argument("x-max-length", 100_000);
-/// assert_eq!(orders.name(), "orders");
-/// ```
-#[derive(Clone, Debug, PartialEq)]
-pub struct QueueSpec {
-    name: String,
-    durable: bool,
-    exclusive: bool,
-    auto_delete: bool,
-    passive: bool,
-    arguments: Arguments,
-}
-
-impl QueueSpec {
-    /// A durable, shared queue named `name`, with no arguments.
-    pub fn new(name: impl Into<String>) -> Self {
-        QueueSpec {
-            name: name.into(),
-            durable: true,
-            exclusive: false,
-            auto_delete: false,
-            passive: false,
-            arguments: Arguments::default(),
-        }
-    }
-
-    /// The queue's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// Whether the queue survives a broker restart (default `true`).
-    pub fn durable(mut self, durable: bool) -> Self {
-        self.durable = durable;
-        self
-    }
-
-    /// Makes the queue private to this connection, deleted when it closes.
-    pub fn exclusive(mut self) -> Self {
-        self.exclusive = true;
-        self
-    }
-
-    /// Deletes the queue once its last consumer has gone.
-    pub fn auto_delete(mut self) -> Self {
-        self.auto_delete = true;
-        self
-    }
-
-    /// Declares nothing: only checks that the queue exists (topology owned elsewhere). A
-    /// missing queue fails the subscription with an error naming it.
-    pub fn passive(mut self) -> Self {
-        self.passive = true;
-        self
-    }
-
-    /// Whether the queue survives a broker restart.
-    pub fn is_durable(&self) -> bool {
-        self.durable
-    }
-
-    /// Whether the queue is private to its connection.
-    pub fn is_exclusive(&self) -> bool {
-        self.exclusive
-    }
-
-    /// Whether the queue is only checked, not declared.
-    pub fn is_passive(&self) -> bool {
-        self.passive
-    }
-
-    /// Sets any queue argument (`x-max-priority`, `x-message-ttl`, `x-expires`, ...).
-    pub fn argument(mut self, name: impl Into<String>, value: impl Into<ArgumentValue>) -> Self {
-        self.arguments.set(name.into(), value.into());
-        self
-    }
-
-    /// `x-queue-type = quorum`: a replicated queue that counts deliveries
-    /// (`x-delivery-count`, exposed as the delivery's receive count).
-    pub fn quorum(self) -> Self {
-        self.argument("x-queue-type", "quorum")
-    }
-
-    /// `x-single-active-consumer = true`: one consumer reads the queue at a time; another
-    /// takes over when it stops.
-    pub fn single_active_consumer(self) -> Self {
-        self.argument("x-single-active-consumer", true)
-    }
-
-    /// `x-dead-letter-exchange`: where rejected (and expired) messages go. A subscription
-    /// that knows it from here sends rejected messages there itself, with the reason in
-    /// [`conveyor::REJECT_REASON_HEADER`].
-    pub fn dead_letter_exchange(self, exchange: impl Into<String>) -> Self {
-        self.argument("x-dead-letter-exchange", exchange.into())
-    }
-
-    /// `x-dead-letter-routing-key`: the routing key dead-lettered messages get.
-    pub fn dead_letter_routing_key(self, key: impl Into<String>) -> Self {
-        self.argument("x-dead-letter-routing-key", key.into())
-    }
-
-    /// `x-max-priority`: enables message priorities up to `max`.
-    pub fn max_priority(self, max: u8) -> Self {
-        self.argument("x-max-priority", max)
-    }
-
-    /// Where the broker dead-letters this queue's messages, as its declaration says: the
-    /// `x-dead-letter-exchange` argument and the `x-dead-letter-routing-key` (else the
-    /// queue's own name). `None` for a passive queue, or one without that argument, whose
-    /// dead-lettering (if any) comes from a policy this crate cannot see.
-    pub(crate) fn dead_letter_target(&self) -> Option<(&str, &str)> {
-        if self.passive {
-            return None;
-        }
-        let ArgumentValue::Str(exchange) = self.arguments.get("x-dead-letter-exchange")? else {
-            return None;
-        };
-        let routing_key = match self.arguments.get("x-dead-letter-routing-key") {
-            Some(ArgumentValue::Str(key)) => key.as_str(),
-            _ => self.name.as_str(),
-        };
-        Some((exchange.as_str(), routing_key))
-    }
-
-    /// Declares the queue on `channel` (or checks it, in passive mode), and returns how
-    /// many messages are ready in it.
-    pub(crate) async fn declare(&self, channel: &Channel) -> Result<u32, LapinError> {
-        let options = QueueDeclareOptions {
-            passive: self.passive,
-            durable: self.durable,
-            exclusive: self.exclusive,
-            auto_delete: self.auto_delete,
-            nowait: false,
-        };
-        let arguments = if self.passive {
-            FieldTable::default()
-        } else {
-            self.arguments.table()?
-        };
-        match channel
-            .queue_declare(short("queue name", &self.name)?, options, arguments)
-            .await
-        {
-            Ok(queue) => Ok(queue.message_count()),
-            Err(e) if self.passive && is_not_found(&e) => Err(LapinError::MissingQueue {
-                queue: self.name.clone(),
-            }),
-            Err(source) => Err(LapinError::Declare {
-                what: "queue",
-                name: self.name.clone(),
-                source,
-            }),
-        }
     }
 }
 
@@ -443,47 +280,5 @@ impl Binding {
                 name: format!("{} -> {} ({})", self.exchange, self.queue, self.routing_key),
                 source,
             })
-    }
-}
-
-impl From<&str> for QueueSpec {
-    fn from(name: &str) -> Self {
-        QueueSpec::new(name)
-    }
-}
-
-impl From<String> for QueueSpec {
-    fn from(name: String) -> Self {
-        QueueSpec::new(name)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_dead_letter_target_comes_from_the_declaration() {
-        assert_eq!(QueueSpec::new("q").dead_letter_target(), None);
-        assert_eq!(
-            QueueSpec::new("q")
-                .dead_letter_exchange("dlx")
-                .dead_letter_target(),
-            Some(("dlx", "q"))
-        );
-        assert_eq!(
-            QueueSpec::new("q")
-                .dead_letter_exchange("")
-                .dead_letter_routing_key("q.dead")
-                .dead_letter_target(),
-            Some(("", "q.dead"))
-        );
-        assert_eq!(
-            QueueSpec::new("q")
-                .dead_letter_exchange("dlx")
-                .passive()
-                .dead_letter_target(),
-            None
-        );
     }
 }

@@ -1,106 +1,45 @@
 //! The conformance suite on RabbitMQ: classic and quorum queues on 127.0.0.1:5672.
+//!
+//! The suite declares its queues through the portable broker API; the quorum fixture
+//! adds `quorum()` to each. A dead-letter queue is reached through the default exchange
+//! (`x-dead-letter-exchange = ""`), and on quorum queues the max receive count is the
+//! `x-delivery-limit`.
 
 mod common;
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::Duration;
+use conveyor::QueueSpec;
+use conveyor_conformance::Fixture;
+use conveyor_lapin::{LapinBroker, RabbitQueueSpec};
 
-use conveyor_conformance::{DeadLetter, Fixture, QueueSpec, TestQueue, collect_dead_letters};
-use conveyor_lapin::{LapinBroker, LapinPublisher, LapinSource};
-
-/// Queues on the local RabbitMQ; quorum queues when `quorum`. A dead-letter queue is
-/// bound through the default exchange (`x-dead-letter-exchange = ""`).
+/// Queues on the local RabbitMQ; quorum queues when `quorum`.
 struct Rabbit {
     broker: LapinBroker,
-    publisher: LapinPublisher,
     quorum: bool,
-    specs: Mutex<HashMap<String, conveyor_lapin::QueueSpec>>,
-    dead: Mutex<HashMap<String, Vec<DeadLetter>>>,
 }
 
 impl Rabbit {
     async fn new(quorum: bool) -> Self {
-        let broker = common::broker_named("conveyor-conformance").await;
-        let publisher = broker.publisher().await.expect("a publisher");
         Rabbit {
-            broker,
-            publisher,
+            broker: common::broker_named("conveyor-conformance").await,
             quorum,
-            specs: Mutex::default(),
-            dead: Mutex::default(),
         }
     }
 }
 
 impl Fixture for Rabbit {
-    type Source = LapinSource;
-    type Publisher = LapinPublisher;
+    type Broker = LapinBroker;
 
-    async fn declare(&self, spec: QueueSpec) -> TestQueue {
-        let name = common::unique(if self.quorum { "quorum" } else { "classic" });
-        let mut queue = conveyor_lapin::QueueSpec::new(name.as_str());
-        if self.quorum {
-            queue = queue.quorum();
-        }
-        let dead_letter_queue = spec.dead_letter.then(|| format!("{name}.dead"));
-        if let Some(dlq) = &dead_letter_queue {
-            let dead = conveyor_lapin::QueueSpec::new(dlq.as_str());
-            self.broker
-                .declare_queue(&dead)
-                .await
-                .expect("dead-letter queue declared");
-            queue = queue
-                .dead_letter_exchange("")
-                .dead_letter_routing_key(dlq.as_str());
-        }
-        self.broker
-            .declare_queue(&queue)
-            .await
-            .expect("queue declared");
-        self.specs.lock().unwrap().insert(name.clone(), queue);
-        TestQueue {
-            name,
-            dead_letter_queue,
-        }
+    fn broker(&self) -> &LapinBroker {
+        &self.broker
     }
 
-    fn source(&self, queue: &TestQueue) -> LapinSource {
-        let spec = self.specs.lock().unwrap()[&queue.name].clone();
-        self.broker.queue(spec)
+    fn unique_name(&self, stem: &str) -> String {
+        let kind = if self.quorum { "quorum" } else { "classic" };
+        common::unique(&format!("{kind}-{stem}"))
     }
 
-    fn publisher(&self) -> LapinPublisher {
-        self.publisher.clone()
-    }
-
-    async fn ready(&self, queue: &TestQueue) -> usize {
-        self.broker
-            .ready_count(&queue.name)
-            .await
-            .expect("a queue depth") as usize
-    }
-
-    async fn dead_letters(&self, queue: &TestQueue) -> Vec<DeadLetter> {
-        let Some(dlq) = &queue.dead_letter_queue else {
-            return Vec::new();
-        };
-        let mut found = Vec::new();
-        let source = self
-            .broker
-            .queue(conveyor_lapin::QueueSpec::new(dlq.as_str()))
-            .without_delay_queue();
-        collect_dead_letters(source, Duration::from_millis(200), &mut found).await;
-        let mut dead = self.dead.lock().unwrap();
-        let all = dead.entry(queue.name.clone()).or_default();
-        all.extend(found);
-        all.clone()
-    }
-
-    async fn delete(&self, queue: TestQueue) {
-        let mut names = vec![queue.name.as_str()];
-        names.extend(queue.dead_letter_queue.as_deref());
-        common::cleanup(&self.broker, &names, &[]).await;
+    fn with_extras(&self, spec: QueueSpec) -> QueueSpec {
+        if self.quorum { spec.quorum() } else { spec }
     }
 }
 

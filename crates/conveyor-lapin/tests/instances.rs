@@ -11,7 +11,7 @@ use std::time::Duration;
 use conveyor::{App, Json, Message, Publisher, State};
 
 use common::{
-    Instance, Seen, broker, cleanup, record_instance, take_all, unique, wait_for, wait_until,
+    Instance, Seen, broker, cleanup, ready, record_instance, take_all, unique, wait_for, wait_until,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -102,7 +102,7 @@ async fn graceful_shutdown_with_work_in_flight_loses_nothing() {
         "every handler that started finished before shutdown returned"
     );
     assert_eq!(
-        broker.ready_count(&queue).await.unwrap() as usize,
+        ready(&broker, &queue).await as usize,
         200 - handled_by_first,
         "everything not handled went back to the queue"
     );
@@ -143,7 +143,7 @@ async fn a_dropped_app_returns_every_message_to_the_queue() {
     .await;
     drop(running);
     common::wait_for("every message back in the queue", || async {
-        broker.ready_count(&queue).await.unwrap() == 50
+        ready(&broker, &queue).await == 50
     })
     .await;
     cleanup(&broker, &[&queue], &[]).await;
@@ -189,14 +189,14 @@ async fn draining_hands_the_prefetch_window_back_while_a_handler_runs() {
     })
     .await;
     wait_for("the prefetch window to fill", || async {
-        broker.ready_count(&queue).await.unwrap() == 4
+        ready(&broker, &queue).await == 4
     })
     .await;
 
     running.stop_receiving();
     wait_for(
         "the 15 buffered deliveries back in the queue, beside the 4 never sent",
-        || async { broker.ready_count(&queue).await.unwrap() == 19 },
+        || async { ready(&broker, &queue).await == 19 },
     )
     .await;
     assert_eq!(seen.len(), 0, "the handler is still running");

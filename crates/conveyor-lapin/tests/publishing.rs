@@ -4,11 +4,12 @@ mod common;
 
 use std::time::Duration;
 
-use conveyor::{App, Message, Publisher};
-use conveyor_lapin::{ExchangeType, LapinError, PublishOptions, QueueSpec};
+use conveyor::{App, Message, Publisher, QueueSpec};
+use conveyor_lapin::{ExchangeType, LapinError, PublishOptions, RabbitQueueSpec};
 
 use common::{
-    Seen, broker, cleanup, declare_bound_queue, publish_one, record, unique, wait_for, wait_until,
+    Seen, broker, cleanup, declare_bound_queue, publish_one, ready, record, unique, wait_for,
+    wait_until,
 };
 
 #[tokio::test]
@@ -75,9 +76,8 @@ async fn a_message_the_broker_refuses_is_a_nack_error() {
         )
         .await
         .unwrap();
-    let publisher = broker.publisher().await.unwrap();
-    publisher.publish_json(&queue, &1u32).await.unwrap();
-    let error = publisher.publish_json(&queue, &2u32).await.unwrap_err();
+    broker.publish_json(&queue, &1u32).await.unwrap();
+    let error = broker.publish_json(&queue, &2u32).await.unwrap_err();
     let source = std::error::Error::source(&error)
         .and_then(|e| e.downcast_ref::<LapinError>())
         .unwrap();
@@ -104,7 +104,7 @@ async fn an_expired_message_is_never_delivered() {
         .await
         .unwrap();
     wait_for("the message to expire", || async {
-        broker.ready_count(&queue).await.unwrap() == 0
+        ready(&broker, &queue).await == 0
     })
     .await;
     cleanup(&broker, &[&queue], &[]).await;
@@ -114,19 +114,19 @@ async fn an_expired_message_is_never_delivered() {
 async fn an_exclusive_auto_delete_queue_can_be_mounted() {
     let broker = broker().await;
     let queue = unique("exclusive");
+    broker
+        .declare_queue(
+            &QueueSpec::new(queue.as_str())
+                .durable(false)
+                .exclusive()
+                .auto_delete(),
+        )
+        .await
+        .unwrap();
     let seen = Seen::<u32>::default();
     let running = App::new("exclusive")
         .with_state(seen.clone())
-        .mount(
-            broker.queue(
-                QueueSpec::new(queue.as_str())
-                    .durable(false)
-                    .exclusive()
-                    .auto_delete(),
-            ),
-            record,
-            |m| m,
-        )
+        .mount(broker.queue(&queue), record, |m| m)
         .start()
         .await
         .unwrap();

@@ -9,12 +9,12 @@ mod common;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use conveyor::{App, DeliveryInfo, Json, Message, Outcome, State};
-use conveyor_lapin::{LapinPublisher, QueueSpec};
+use conveyor::{App, DeliveryInfo, Json, Message, Outcome, QueueSpec, State};
+use conveyor_lapin::{LapinPublisher, RabbitQueueSpec};
 
 use common::{
-    Seen, broker_named, cleanup, close_connections_named, publish_confirmed, publish_one, record,
-    unique, wait_until,
+    Seen, broker_named, cleanup, close_connections_named, publish_confirmed, publish_one, ready,
+    record, unique, wait_until,
 };
 
 /// Holds handlers of messages from 300 on until the connections have been killed, so
@@ -104,18 +104,16 @@ async fn a_queue_deleted_with_the_connection_is_declared_again() {
     let name = unique("recovery-topology");
     let broker = broker_named(&name).await;
     let queue = unique("recovery-exclusive");
+    broker
+        .declare_queue(&QueueSpec::new(queue.as_str()).durable(false).exclusive())
+        .await
+        .unwrap();
     let seen = Seen::<u32>::default();
+    // Mounted by name: the subscription knows the declaration this broker made, and
+    // makes it again on its own channel, so that recovery brings the queue back.
     let running = App::new("recovery-topology")
         .with_state(seen.clone())
-        .mount(
-            broker.queue(
-                conveyor_lapin::QueueSpec::new(queue.as_str())
-                    .durable(false)
-                    .exclusive(),
-            ),
-            record,
-            |m| m,
-        )
+        .mount(broker.queue(&queue), record, |m| m)
         .start()
         .await
         .unwrap();
@@ -174,15 +172,16 @@ async fn settle_after_the_connection_died(late: Outcome) {
         .unwrap();
     let seen = Seen::<u32>::default();
     let (open, gate) = tokio::sync::watch::channel(false);
-    let spec = QueueSpec::new(queue.as_str())
-        .dead_letter_exchange("")
-        .dead_letter_routing_key(dlq.as_str());
+    broker
+        .declare_queue(&QueueSpec::new(queue.as_str()).dead_letter_queue(dlq.as_str(), 10))
+        .await
+        .unwrap();
     // Workers hand retries to the broker (a sequential mount would retry in place).
     let running = App::new("late-settle")
         .with_state(seen.clone())
         .with_state(Gate(gate))
         .with_state(Late(late))
-        .mount(broker.queue(spec), hold_the_first, |m| m.workers(2))
+        .mount(broker.queue(&queue), hold_the_first, |m| m.workers(2))
         .start()
         .await
         .unwrap();
@@ -204,7 +203,7 @@ async fn settle_after_the_connection_died(late: Outcome) {
     let delay_queue = format!("{queue}.delay");
     for copies in [&queue, &delay_queue, &dlq] {
         assert_eq!(
-            publishing.ready_count(copies).await.unwrap(),
+            ready(&publishing, copies).await,
             0,
             "no copy of the message in `{copies}`"
         );

@@ -2,10 +2,10 @@
 
 mod common;
 
-use conveyor::{App, DeliveryInfo, Headers, Json, Message, PartitionKey, State};
-use conveyor_lapin::{LapinError, PublishOptions, QueueSpec};
+use conveyor::{App, DeliveryInfo, Headers, Json, Message, PartitionKey, QueueSpec, State};
+use conveyor_lapin::{LapinError, PublishOptions, RabbitQueueSpec};
 
-use common::{Seen, broker, cleanup, unique, wait_until};
+use common::{Seen, broker, cleanup, ready, unique, wait_until};
 
 #[derive(serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
 struct Order {
@@ -29,14 +29,14 @@ async fn record(
 async fn round_trip_keeps_payload_headers_key_and_properties() {
     let broker = broker().await;
     let queue = unique("round-trip");
+    broker
+        .declare_queue(&QueueSpec::new(queue.as_str()).max_priority(10))
+        .await
+        .unwrap();
     let seen = Seen::<Record>::default();
     let running = App::new("round-trip")
         .with_state(seen.clone())
-        .mount(
-            broker.queue(QueueSpec::new(queue.as_str()).max_priority(10)),
-            record,
-            |m| m,
-        )
+        .mount(broker.queue(&queue), record, |m| m)
         .start()
         .await
         .unwrap();
@@ -72,7 +72,7 @@ async fn round_trip_keeps_payload_headers_key_and_properties() {
     assert!(!info.redelivered);
 
     running.shutdown().await.unwrap();
-    assert_eq!(broker.ready_count(&queue).await.unwrap(), 0);
+    assert_eq!(ready(&broker, &queue).await, 0);
     cleanup(&broker, &[&queue], &[]).await;
 }
 
@@ -96,16 +96,12 @@ async fn an_unroutable_mandatory_publish_is_an_error() {
 }
 
 #[tokio::test]
-async fn a_passive_source_names_the_missing_queue() {
+async fn a_passive_queue_names_the_missing_queue() {
     let broker = broker().await;
     let queue = unique("missing");
     async fn ignore(_: conveyor::Bytes) {}
     let error = App::new("passive")
-        .mount(
-            broker.queue(QueueSpec::new(queue.as_str()).passive()),
-            ignore,
-            |m| m,
-        )
+        .mount(broker.queue(&queue).passive(), ignore, |m| m)
         .start()
         .await
         .unwrap_err();

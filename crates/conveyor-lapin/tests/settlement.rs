@@ -8,15 +8,16 @@ mod common;
 use std::time::Duration;
 
 use conveyor::{
-    App, Backoff, DeliveryInfo, Json, MountOptions, Outcome, Publisher, REJECT_REASON_HEADER, State,
+    App, Backoff, DeliveryInfo, Json, MountOptions, Outcome, Publisher, QueueSpec,
+    REJECT_REASON_HEADER, State,
 };
-use conveyor_lapin::{ExchangeType, LapinBroker, LapinSource, QueueSpec};
+use conveyor_lapin::{ExchangeType, LapinBroker, LapinQueue, RabbitQueueSpec};
 use tokio::time::Instant;
 
 use common::proxy::Proxy;
 use common::{
     Seen, Taken, broker, broker_named, cleanup, close_connections_named, declare_bound_queue,
-    publish_one, take_all, unacked_count, unique, wait_for, wait_until,
+    publish_one, ready, take_all, unacked_count, unique, wait_for, wait_until,
 };
 
 type Attempt = (u32, Option<u32>, bool, Instant);
@@ -63,7 +64,7 @@ async fn a_retry_comes_back_at_once_with_its_attempt_counted() {
         attempts,
         vec![(1, None, false), (2, Some(2), true), (3, Some(3), true)]
     );
-    assert_eq!(broker.ready_count(&queue).await.unwrap(), 0);
+    assert_eq!(ready(&broker, &queue).await, 0);
     cleanup(&broker, &[&queue], &[]).await;
 }
 
@@ -84,15 +85,15 @@ async fn a_quorum_queue_counts_redeliveries() {
     let broker = broker_named(&name).await;
     let publishing = common::broker().await;
     let queue = unique("quorum");
+    broker
+        .declare_queue(&QueueSpec::new(queue.as_str()).quorum())
+        .await
+        .unwrap();
     let seen = Seen::<(u32, Option<u32>)>::default();
     let running = App::new("quorum")
         .with_state(seen.clone())
         .shutdown_timeout(Duration::from_millis(100))
-        .mount(
-            broker.queue(QueueSpec::new(queue.as_str()).quorum()),
-            hold_forever,
-            |m| m.workers(2),
-        )
+        .mount(broker.queue(&queue), hold_forever, |m| m.workers(2))
         .start()
         .await
         .unwrap();
@@ -205,7 +206,7 @@ fn assert_dead_letter(dead: &[Taken], reason: &str) {
 async fn three_attempts_then_the_dead_letter_queue(
     name: &str,
     spec: impl FnOnce(QueueSpec) -> QueueSpec,
-    source: impl FnOnce(LapinSource) -> LapinSource,
+    source: impl FnOnce(LapinQueue) -> LapinQueue,
     mount: impl FnOnce(MountOptions) -> MountOptions,
 ) {
     let broker = broker().await;
@@ -216,9 +217,10 @@ async fn three_attempts_then_the_dead_letter_queue(
 
     let seen = Seen::<u32>::default();
     let spec = spec(QueueSpec::new(queue.as_str()).dead_letter_exchange(dlx.as_str()));
+    broker.declare_queue(&spec).await.unwrap();
     let running = App::new(name)
         .with_state(seen.clone())
-        .mount(source(broker.queue(spec)), always_fail, |m| {
+        .mount(source(broker.queue(&queue)), always_fail, |m| {
             mount(m).max_attempts(3)
         })
         .start()
@@ -227,12 +229,12 @@ async fn three_attempts_then_the_dead_letter_queue(
     publish_one(&broker, &queue, 7).await;
 
     wait_for("the message in the dead-letter queue", || async {
-        broker.ready_count(&dlq).await.unwrap() == 1
+        ready(&broker, &dlq).await == 1
     })
     .await;
     running.shutdown().await.unwrap();
     assert_eq!(seen.all(), vec![1, 2, 3], "three attempts, counted");
-    assert_eq!(broker.ready_count(&queue).await.unwrap(), 0);
+    assert_eq!(ready(&broker, &queue).await, 0);
     assert_dead_letter(&take_all(&dlq).await, "cannot handle this");
     cleanup(&broker, &[&queue, &dlq], &[&dlx]).await;
 }
@@ -267,7 +269,7 @@ async fn max_attempts_ends_in_the_dead_letter_queue_on_retry_after_without_a_del
     three_attempts_then_the_dead_letter_queue(
         "classic-no-delay",
         |spec| spec,
-        LapinSource::without_delay_queue,
+        LapinQueue::without_delay_queue,
         |m| {
             m.workers(1)
                 .retry_after(Backoff::fixed(Duration::from_millis(50)))
@@ -280,7 +282,7 @@ async fn max_attempts_ends_in_the_dead_letter_queue_on_retry_after_without_a_del
 async fn max_attempts_ends_in_the_dead_letter_queue_when_workers_retry_on_a_quorum_queue() {
     three_attempts_then_the_dead_letter_queue(
         "quorum-retry",
-        QueueSpec::quorum,
+        RabbitQueueSpec::quorum,
         |source| source,
         |m| m.workers(1).retry(),
     )
@@ -313,7 +315,7 @@ async fn retry_later_then_reject(
 
 /// A message that went through the delay queue and is then rejected carries the
 /// handler's reason to the dead-letter queue, not the delay queue's `expired`; here the
-/// dead-letter exchange is the default one, with a routing key.
+/// dead-letter queue is the portable one (the default exchange, with a routing key).
 #[tokio::test]
 async fn a_dead_letter_carries_the_handlers_reason_after_a_retry_after() {
     let broker = broker().await;
@@ -324,12 +326,13 @@ async fn a_dead_letter_carries_the_handlers_reason_after_a_retry_after() {
         .await
         .unwrap();
     let seen = Seen::<u32>::default();
-    let spec = QueueSpec::new(queue.as_str())
-        .dead_letter_exchange("")
-        .dead_letter_routing_key(dlq.as_str());
+    broker
+        .declare_queue(&QueueSpec::new(queue.as_str()).dead_letter_queue(dlq.as_str(), 10))
+        .await
+        .unwrap();
     let running = App::new("reject-reason")
         .with_state(seen.clone())
-        .mount(broker.queue(spec), retry_later_then_reject, |m| {
+        .mount(broker.queue(&queue), retry_later_then_reject, |m| {
             m.workers(1)
         })
         .start()
@@ -337,13 +340,13 @@ async fn a_dead_letter_carries_the_handlers_reason_after_a_retry_after() {
         .unwrap();
     publish_one(&broker, &queue, 7).await;
     wait_for("the message in the dead-letter queue", || async {
-        broker.ready_count(&dlq).await.unwrap() == 1
+        ready(&broker, &dlq).await == 1
     })
     .await;
     running.shutdown().await.unwrap();
     assert_eq!(seen.all(), vec![1, 2]);
     assert_dead_letter(&take_all(&dlq).await, "rejected by the handler");
-    assert_eq!(broker.ready_count(&queue).await.unwrap(), 0);
+    assert_eq!(ready(&broker, &queue).await, 0);
     cleanup(&broker, &[&queue, &dlq], &[]).await;
 }
 
@@ -406,7 +409,7 @@ async fn acks_keep_flowing_while_a_retry_waits_for_its_confirm() {
         unacked_count(&queue) == 1
     })
     .await;
-    assert_eq!(publishing.ready_count(&queue).await.unwrap(), 0);
+    assert_eq!(ready(&publishing, &queue).await, 0);
 
     proxy.release_confirms();
     wait_until(
@@ -420,6 +423,6 @@ async fn acks_keep_flowing_while_a_retry_waits_for_its_confirm() {
     let mut expected = vec![(0, 1), (0, 2)];
     expected.extend((1..=20).map(|id| (id, 1)));
     assert_eq!(all, expected, "each handled once, 0 twice");
-    assert_eq!(publishing.ready_count(&queue).await.unwrap(), 0);
+    assert_eq!(ready(&publishing, &queue).await, 0);
     cleanup(&publishing, &[&queue], &[]).await;
 }

@@ -13,7 +13,7 @@ use conveyor_lapin::{LapinBroker, LapinError};
 
 use common::{
     DEADLINE, Seen, cleanup, close_connections_named, connections_named, init_tracing,
-    publish_confirmed, record, unique, wait_until,
+    publish_confirmed, ready, record, unique, wait_until,
 };
 
 /// Where `scripts/services/rabbitmq.sh` puts the CA that signed the broker's certificate.
@@ -74,8 +74,7 @@ async fn amqps_with_the_private_ca_round_trips_a_message() {
         .await
         .unwrap();
 
-    let publisher = broker.publisher().await.unwrap();
-    publisher
+    broker
         .publish(&queue, Message::json(&7u32).unwrap())
         .await
         .unwrap();
@@ -86,7 +85,7 @@ async fn amqps_with_the_private_ca_round_trips_a_message() {
     assert_eq!(seen.all(), [7]);
 
     running.shutdown().await.unwrap();
-    assert_eq!(broker.ready_count(&queue).await.unwrap(), 0);
+    assert_eq!(ready(&broker, &queue).await, 0);
     cleanup(&broker, &[&queue], &[]).await;
     broker.close().await.unwrap();
 }

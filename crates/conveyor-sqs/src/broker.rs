@@ -8,11 +8,13 @@ use std::time::Duration;
 use aws_config::{BehaviorVersion, Region};
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::config::{Credentials, timeout::TimeoutConfig};
+use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_sqs::operation::create_queue::CreateQueueError;
 use aws_sdk_sqs::types::QueueAttributeName;
 use conveyor::Error;
 
 use crate::error::SqsError;
-use crate::queue::{DeadLetterTarget, QueueInfo, QueueSpec};
+use crate::queue::{DeadLetterTarget, QueueInfo};
 use crate::subscriber::SqsQueue;
 
 /// How the transport polls, hides and settles messages.
@@ -159,12 +161,12 @@ impl SqsBrokerBuilder {
     pub async fn build(self) -> Result<SqsBroker, Error> {
         let settings = self.settings;
         if settings.wait_time > Duration::from_secs(20) {
-            return Err(config("wait_time is at most 20 s"));
+            return Err(Error::config("wait_time is at most 20 s"));
         }
         if settings.visibility_timeout < Duration::from_secs(1)
             || settings.visibility_timeout > crate::settle::MAX_VISIBILITY
         {
-            return Err(config("visibility_timeout is between 1 s and 12 h"));
+            return Err(Error::config("visibility_timeout is between 1 s and 12 h"));
         }
         let mut loader = aws_config::defaults(BehaviorVersion::latest());
         if let Some(region) = self.region {
@@ -188,10 +190,6 @@ impl SqsBrokerBuilder {
             .build();
         Ok(SqsBroker::from_parts(Client::from_conf(config), settings))
     }
-}
-
-fn config(message: &str) -> Error {
-    transport(SqsError::Config(message.to_string()))
 }
 
 impl SqsBroker {
@@ -224,130 +222,119 @@ impl SqsBroker {
         &self.inner.settings
     }
 
-    /// The queue `name_or_url` as a source to mount a handler on. It is resolved (and
-    /// must exist) when the app starts.
+    /// The queue `name_or_url` as a source to mount a handler on (also
+    /// [`Broker::queue`](conveyor::Broker::queue)). It is resolved when the app starts: a
+    /// queue named that does not exist is created plainly (FIFO if the name ends in
+    /// `.fifo`, every other attribute SQS's default); one given by URL must exist. A queue
+    /// that exists keeps its attributes: declare it with
+    /// [`Broker::declare_queue`](conveyor::Broker::declare_queue) to set them.
     pub fn queue(&self, name_or_url: impl Into<String>) -> SqsQueue {
         SqsQueue::new(self.clone(), name_or_url.into())
     }
 
-    /// Creates the queue if it does not exist (SQS's `CreateQueue` is idempotent for the
-    /// same attributes), with its dead-letter queue and redrive policy; returns its URL.
-    pub async fn declare_queue(&self, spec: QueueSpec) -> Result<String, Error> {
-        self.create(&spec).await.map_err(transport)
-    }
-
-    async fn create(&self, spec: &QueueSpec) -> Result<String, SqsError> {
-        let mut request = self.inner.client.create_queue().queue_name(&spec.name);
-        if spec.is_fifo() {
-            request = request.attributes(QueueAttributeName::FifoQueue, "true");
-            if spec.content_based_deduplication {
-                request = request.attributes(QueueAttributeName::ContentBasedDeduplication, "true");
-            }
-        }
-        if let Some(timeout) = spec.visibility_timeout {
-            request = request.attributes(
-                QueueAttributeName::VisibilityTimeout,
-                timeout.as_secs().to_string(),
-            );
-        }
-        if let Some((dlq, max_receive_count)) = &spec.dead_letter {
-            let dlq_spec = QueueSpec::new(dlq.clone());
-            let dlq_url = Box::pin(self.create(&dlq_spec)).await?;
-            let arn = self.queue_arn(&dlq_url).await?;
-            let policy = format!(
-                r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"{max_receive_count}"}}"#
-            );
-            request = request.attributes(QueueAttributeName::RedrivePolicy, policy);
-        }
-        for (name, value) in &spec.attributes {
-            request = request.attributes(name.clone(), value);
-        }
-        let created = request
-            .send()
+    /// The URL of the queue `name_or_url`, for calls Conveyor does not make: looked up
+    /// once (with the attributes the transport reads) and cached.
+    ///
+    /// ```no_run
+    /// # async fn run(broker: conveyor_sqs::SqsBroker) -> Result<(), conveyor::Error> {
+    /// let url = broker.queue_url("orders").await?;
+    /// broker.client().purge_queue().queue_url(url).send().await.ok();
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn queue_url(&self, name_or_url: &str) -> Result<String, Error> {
+        self.resolve(name_or_url)
             .await
-            .map_err(|e| SqsError::call("CreateQueue", &spec.name, e))?;
-        let url = created
-            .queue_url()
-            .ok_or_else(|| SqsError::NoSuchQueue(spec.name.clone()))?
-            .to_string();
-        self.forget(&spec.name);
-        Ok(url)
+            .map(|queue| queue.url.clone())
+            .map_err(transport)
     }
 
-    async fn queue_arn(&self, url: &str) -> Result<String, SqsError> {
-        let attributes = self
+    /// The queue's URL: from the cache, as given, or from `GetQueueUrl` (not cached alone:
+    /// [`resolve`](Self::resolve) caches the URL with the attributes).
+    pub(crate) async fn url(&self, name_or_url: &str) -> Result<String, SqsError> {
+        if let Some(known) = self.cached(name_or_url) {
+            return Ok(known.url.clone());
+        }
+        if is_url(name_or_url) {
+            return Ok(name_or_url.to_string());
+        }
+        let found = self
             .inner
             .client
-            .get_queue_attributes()
-            .queue_url(url)
-            .attribute_names(QueueAttributeName::QueueArn)
+            .get_queue_url()
+            .queue_name(name_or_url)
             .send()
             .await
-            .map_err(|e| SqsError::call("GetQueueAttributes", url, e))?;
-        attributes
-            .attributes()
-            .and_then(|a| a.get(&QueueAttributeName::QueueArn))
-            .cloned()
-            .ok_or_else(|| SqsError::NoSuchQueue(url.to_string()))
+            .map_err(|e| SqsError::from_sdk("GetQueueUrl", name_or_url, e))?;
+        found
+            .queue_url()
+            .map(str::to_string)
+            .ok_or_else(|| SqsError::Unexpected {
+                call: "GetQueueUrl",
+                queue: name_or_url.to_string(),
+                detail: "no queue URL".into(),
+            })
     }
 
-    /// Deletes the queue `name_or_url` (tests clean up with it).
-    pub async fn delete_queue(&self, name_or_url: &str) -> Result<(), Error> {
-        let queue = self.resolve(name_or_url).await.map_err(transport)?;
-        self.inner
+    /// `CreateQueue` for `name` with `attributes`. SQS answers with the queue's URL when it
+    /// made it, and when a queue of that name exists whose attributes match those given;
+    /// with an error when they do not: that is [`Created::Differs`].
+    pub(crate) async fn create(
+        &self,
+        name: &str,
+        attributes: &[(QueueAttributeName, String)],
+    ) -> Result<Created, SqsError> {
+        let request = self
+            .inner
             .client
-            .delete_queue()
-            .queue_url(&queue.url)
-            .send()
-            .await
-            .map_err(|e| transport(SqsError::call("DeleteQueue", name_or_url, e)))?;
-        self.forget(name_or_url);
-        Ok(())
+            .create_queue()
+            .queue_name(name)
+            .set_attributes(
+                Some(attributes.iter().cloned().collect())
+                    .filter(|a: &HashMap<_, _>| !a.is_empty()),
+            );
+        let created = match request.send().await {
+            Ok(created) => created,
+            Err(e) if already_exists(&e) => return Ok(Created::Differs),
+            Err(e) => return Err(SqsError::call("CreateQueue", name, e)),
+        };
+        match created.queue_url() {
+            Some(_) => Ok(Created::Matches),
+            None => Err(SqsError::Unexpected {
+                call: "CreateQueue",
+                queue: name.to_string(),
+                detail: "no queue URL".into(),
+            }),
+        }
     }
 
-    fn forget(&self, name_or_url: &str) {
+    /// Forgets what the cache holds of the queue `name_or_url` (under its name, its URL or
+    /// a redrive policy's ARN), so that the next use looks it up again.
+    pub(crate) fn forget(&self, name_or_url: &str) {
         self.inner
             .queues
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .remove(name_or_url);
+            .retain(|key, info| {
+                key != name_or_url && info.url != name_or_url && info.name != name_or_url
+            });
     }
 
-    /// The queue's URL and attributes, looked up once and cached.
-    pub(crate) async fn resolve(&self, name_or_url: &str) -> Result<Arc<QueueInfo>, SqsError> {
-        if let Some(known) = self
-            .inner
+    fn cached(&self, name_or_url: &str) -> Option<Arc<QueueInfo>> {
+        self.inner
             .queues
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .get(name_or_url)
-        {
-            return Ok(known.clone());
+            .cloned()
+    }
+
+    /// The queue's URL and attributes, looked up once and cached.
+    pub(crate) async fn resolve(&self, name_or_url: &str) -> Result<Arc<QueueInfo>, SqsError> {
+        if let Some(known) = self.cached(name_or_url) {
+            return Ok(known);
         }
-        let url = if name_or_url.starts_with("http://") || name_or_url.starts_with("https://") {
-            name_or_url.to_string()
-        } else {
-            let found = self
-                .inner
-                .client
-                .get_queue_url()
-                .queue_name(name_or_url)
-                .send()
-                .await
-                .map_err(|e| {
-                    if e.as_service_error()
-                        .is_some_and(|s| s.is_queue_does_not_exist())
-                    {
-                        SqsError::NoSuchQueue(name_or_url.to_string())
-                    } else {
-                        SqsError::call("GetQueueUrl", name_or_url, e)
-                    }
-                })?;
-            found
-                .queue_url()
-                .ok_or_else(|| SqsError::NoSuchQueue(name_or_url.to_string()))?
-                .to_string()
-        };
+        let url = self.url(name_or_url).await?;
         let attributes = self
             .inner
             .client
@@ -356,7 +343,7 @@ impl SqsBroker {
             .attribute_names(QueueAttributeName::All)
             .send()
             .await
-            .map_err(|e| SqsError::call("GetQueueAttributes", name_or_url, e))?;
+            .map_err(|e| SqsError::from_sdk("GetQueueAttributes", name_or_url, e))?;
         let info = Arc::new(QueueInfo::from_attributes(
             url,
             attributes.attributes().unwrap_or(&HashMap::new()),
@@ -375,14 +362,8 @@ impl SqsBroker {
         &self,
         target: &DeadLetterTarget,
     ) -> Result<Arc<QueueInfo>, SqsError> {
-        if let Some(known) = self
-            .inner
-            .queues
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get(&target.arn)
-        {
-            return Ok(known.clone());
+        if let Some(known) = self.cached(&target.arn) {
+            return Ok(known);
         }
         let found = self
             .inner
@@ -392,18 +373,12 @@ impl SqsBroker {
             .queue_owner_aws_account_id(&target.account)
             .send()
             .await
-            .map_err(|e| {
-                if e.as_service_error()
-                    .is_some_and(|s| s.is_queue_does_not_exist())
-                {
-                    SqsError::NoSuchQueue(target.arn.clone())
-                } else {
-                    SqsError::call("GetQueueUrl", &target.name, e)
-                }
-            })?;
-        let url = found
-            .queue_url()
-            .ok_or_else(|| SqsError::NoSuchQueue(target.arn.clone()))?;
+            .map_err(|e| SqsError::from_sdk("GetQueueUrl", &target.arn, e))?;
+        let url = found.queue_url().ok_or_else(|| SqsError::Unexpected {
+            call: "GetQueueUrl",
+            queue: target.name.clone(),
+            detail: "no queue URL".into(),
+        })?;
         let info = self.resolve(url).await?;
         self.inner
             .queues
@@ -412,6 +387,36 @@ impl SqsBroker {
             .insert(target.arn.clone(), info.clone());
         Ok(info)
     }
+}
+
+/// What [`SqsBroker::create`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Created {
+    /// The queue is new, or exists with the attributes given.
+    Matches,
+    /// A queue of that name exists with other values for the attributes given.
+    Differs,
+}
+
+/// Whether `CreateQueue` failed because a queue of that name exists with other attributes
+/// (`QueueAlreadyExists` in SQS's query-compatible code, `QueueNameExists` in its model).
+fn already_exists<R>(error: &SdkError<CreateQueueError, R>) -> bool {
+    error.as_service_error().is_some_and(|e| {
+        e.is_queue_name_exists()
+            || matches!(
+                e.code(),
+                Some(
+                    "QueueAlreadyExists"
+                        | "QueueNameExists"
+                        | "AWS.SimpleQueueService.QueueNameExists"
+                )
+            )
+    })
+}
+
+/// Whether `name_or_url` is a queue URL rather than a name.
+pub(crate) fn is_url(name_or_url: &str) -> bool {
+    name_or_url.starts_with("http://") || name_or_url.starts_with("https://")
 }
 
 pub(crate) fn transport(error: SqsError) -> Error {
@@ -429,10 +434,73 @@ impl fmt::Debug for SqsBroker {
     }
 }
 
-/// SQS speaks HTTP: there is no connection to close, so an app that owns this broker
-/// (`App::broker`) has nothing to wait for.
-impl conveyor::Broker for SqsBroker {
-    async fn close(&self) -> Result<(), Error> {
-        Ok(())
+#[cfg(test)]
+mod tests {
+    use aws_sdk_sqs::config::http::HttpResponse;
+    use aws_sdk_sqs::error::DisplayErrorContext;
+
+    use super::*;
+    use crate::error::no_such_queue;
+    use crate::testing::answering_once;
+
+    /// What the SDK makes of a `CreateQueue` that SQS refuses with `headers` and `body`.
+    async fn create_answered(
+        headers: &str,
+        body: &str,
+    ) -> SdkError<CreateQueueError, HttpResponse> {
+        let (client, server) = answering_once("400 Bad Request", headers, body).await;
+        let error = client
+            .create_queue()
+            .queue_name("q")
+            .send()
+            .await
+            .expect_err("the answer is an error");
+        server.await.unwrap();
+        error
+    }
+
+    #[tokio::test]
+    async fn a_queue_existing_with_other_attributes_is_told_in_every_spelling() {
+        // AWS: the query-compatible code in a header, the model's name in the body.
+        let aws = create_answered(
+            "x-amzn-query-error: QueueAlreadyExists;Sender\r\n",
+            r#"{"__type":"com.amazonaws.sqs#QueueNameExists","message":"exists"}"#,
+        )
+        .await;
+        assert!(already_exists(&aws), "{}", DisplayErrorContext(&aws));
+        // An emulator: the body alone, in either name.
+        for name in ["QueueNameExists", "QueueAlreadyExists"] {
+            let body = format!(r#"{{"__type":"com.amazonaws.sqs#{name}","message":"exists"}}"#);
+            let error = create_answered("", &body).await;
+            assert!(already_exists(&error), "{}", DisplayErrorContext(&error));
+        }
+        let other = create_answered(
+            "x-amzn-query-error: InvalidAttributeValue;Sender\r\n",
+            r#"{"__type":"com.amazonaws.sqs#InvalidAttributeValue","message":"bad"}"#,
+        )
+        .await;
+        assert!(!already_exists(&other));
+    }
+
+    #[tokio::test]
+    async fn a_missing_queue_is_told_in_every_spelling() {
+        for (headers, name) in [
+            (
+                "x-amzn-query-error: AWS.SimpleQueueService.NonExistentQueue;Sender\r\n",
+                "QueueDoesNotExist",
+            ),
+            ("", "QueueDoesNotExist"),
+        ] {
+            let body = format!(r#"{{"__type":"com.amazonaws.sqs#{name}","message":"gone"}}"#);
+            let (client, server) = answering_once("400 Bad Request", headers, &body).await;
+            let error = client
+                .get_queue_url()
+                .queue_name("q")
+                .send()
+                .await
+                .expect_err("the answer is an error");
+            server.await.unwrap();
+            assert!(no_such_queue(&error), "{}", DisplayErrorContext(&error));
+        }
     }
 }

@@ -1,25 +1,40 @@
 //! The SQS transport's errors.
 
+use std::fmt;
+
 use aws_sdk_sqs::config::http::HttpResponse;
-use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
+use conveyor::BoxError;
 
 /// What can go wrong talking to SQS, each naming the queue it concerns.
+///
+/// An SDK error stays whole, as the [`source`](std::error::Error::source) of
+/// [`SqsError::Call`], so it can be downcast (to `SdkError<CreateQueueError, HttpResponse>`,
+/// say); `Display` shows this error alone, and [`conveyor::Error`]'s `Display` shows it with
+/// its causes.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SqsError {
     /// An SQS call failed; `call` names the API operation.
-    #[error("SQS {call} on `{queue}` failed: {message}")]
+    #[error("SQS {call} on `{queue}` failed")]
     Call {
         /// The API operation (`ReceiveMessage`, `DeleteMessageBatch`, ...).
         call: &'static str,
         /// The queue name or URL.
         queue: String,
-        /// The SDK's error with its context (never credentials).
-        message: String,
+        /// The SDK's error (an `SdkError`), which carries no credentials.
+        #[source]
+        source: BoxError,
     },
     /// The queue does not exist.
-    #[error("SQS queue `{0}` does not exist")]
-    NoSuchQueue(String),
+    #[error("SQS queue `{queue}` does not exist")]
+    NoSuchQueue {
+        /// The queue name, URL or ARN.
+        queue: String,
+        /// SQS's answer that said so, where one did.
+        #[source]
+        source: Option<BoxError>,
+    },
     /// A message cannot be sent as it is; the text says why.
     #[error("cannot send to `{queue}`: {reason}")]
     InvalidMessage {
@@ -42,23 +57,87 @@ pub enum SqsError {
         /// The first failure's code and message.
         first: String,
     },
-    /// The broker's settings cannot work; the text says why.
+    /// SQS answered a call successfully but not as its API says it does (an attribute
+    /// missing or not a number): the text says what was wrong.
+    #[error("SQS {call} on `{queue}` answered unexpectedly: {detail}")]
+    Unexpected {
+        /// The API operation.
+        call: &'static str,
+        /// The queue.
+        queue: String,
+        /// What was missing or malformed.
+        detail: String,
+    },
+    /// A queue's settings cannot work with this transport; the text says why.
     #[error("invalid SQS configuration: {0}")]
     Config(String),
 }
 
 impl SqsError {
-    /// An SDK error from `call` on `queue`, with the SDK's full context.
+    /// The SDK error from `call` on `queue`: [`SqsError::NoSuchQueue`] where SQS answered
+    /// that the queue does not exist, [`SqsError::Call`] otherwise; either keeps it whole.
+    pub(crate) fn from_sdk<E, R>(call: &'static str, queue: &str, error: SdkError<E, R>) -> Self
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+        R: fmt::Debug + Send + Sync + 'static,
+    {
+        if no_such_queue(&error) {
+            SqsError::NoSuchQueue {
+                queue: queue.to_string(),
+                source: Some(Box::new(error)),
+            }
+        } else {
+            SqsError::call(call, queue, error)
+        }
+    }
+
+    /// An SDK error from `call` on `queue`, kept whole as the source.
     pub(crate) fn call<E, R>(call: &'static str, queue: &str, error: SdkError<E, R>) -> Self
     where
-        E: std::error::Error + 'static,
-        R: std::fmt::Debug,
+        E: std::error::Error + Send + Sync + 'static,
+        R: fmt::Debug + Send + Sync + 'static,
     {
         SqsError::Call {
             call,
             queue: queue.to_string(),
-            message: DisplayErrorContext(&error).to_string(),
+            source: Box::new(error),
         }
+    }
+}
+
+/// Shows an error and its causes on one line, joined by `: `, skipping a cause whose text
+/// the one before it already ends with: what the transport's own logs print, since an
+/// [`SqsError::Call`] shows its SDK error only as its source.
+pub(crate) struct Report<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
+
+impl fmt::Display for Report<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut shown = self.0.to_string();
+        f.write_str(&shown)?;
+        let mut next = self.0.source();
+        while let Some(cause) = next {
+            let text = cause.to_string();
+            if !shown.ends_with(&text) {
+                write!(f, ": {text}")?;
+            }
+            shown = text;
+            next = cause.source();
+        }
+        Ok(())
+    }
+}
+
+/// Whether SQS answered that the queue does not exist, in either spelling of the code.
+pub(crate) fn no_such_queue<E, R>(error: &SdkError<E, R>) -> bool
+where
+    E: ProvideErrorMetadata,
+{
+    match error {
+        SdkError::ServiceError(context) => matches!(
+            context.err().code(),
+            Some("AWS.SimpleQueueService.NonExistentQueue" | "QueueDoesNotExist")
+        ),
+        _ => false,
     }
 }
 
@@ -134,12 +213,10 @@ fn permanent(code: Option<&str>) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use aws_sdk_sqs::config::retry::RetryConfig;
-    use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::TcpListener;
+    use aws_sdk_sqs::error::DisplayErrorContext;
 
     use super::*;
+    use crate::testing::answering_once;
 
     #[test]
     fn a_missing_queue_refused_access_and_refused_credentials_cannot_heal() {
@@ -187,43 +264,8 @@ mod tests {
     /// What `cannot_heal` says of the SDK's error for a `ReceiveMessage` that SQS answers
     /// with `status`, `headers` and `body`: the SDK parses the code as it does from SQS.
     async fn receive_answered(status: &str, headers: &str, body: &str) -> bool {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let endpoint = format!("http://{}", listener.local_addr().unwrap());
-        let response = format!(
-            "HTTP/1.1 {status}\r\ncontent-type: application/x-amz-json-1.0\r\n{headers}content-length: {}\r\nconnection: close\r\n\r\n{body}",
-            body.len()
-        );
-        let server = tokio::spawn(async move {
-            let (mut stream, _) = listener.accept().await.unwrap();
-            // The whole request, headers and body, before answering.
-            let mut request = Vec::new();
-            let mut buffer = [0u8; 4096];
-            loop {
-                let read = stream.read(&mut buffer).await.unwrap();
-                assert!(read > 0, "the request ended early");
-                request.extend_from_slice(&buffer[..read]);
-                let text = String::from_utf8_lossy(&request).to_ascii_lowercase();
-                if let Some(end) = text.find("\r\n\r\n") {
-                    let length: usize = text[..end]
-                        .lines()
-                        .find_map(|line| line.strip_prefix("content-length:"))
-                        .map_or(0, |n| n.trim().parse().unwrap());
-                    if request.len() >= end + 4 + length {
-                        break;
-                    }
-                }
-            }
-            stream.write_all(response.as_bytes()).await.unwrap();
-            stream.shutdown().await.unwrap();
-        });
-        let config = aws_sdk_sqs::Config::builder()
-            .behavior_version(BehaviorVersion::latest())
-            .endpoint_url(endpoint)
-            .region(Region::new("us-east-1"))
-            .credentials_provider(Credentials::new("test", "test", None, None, "test"))
-            .retry_config(RetryConfig::disabled())
-            .build();
-        let error = aws_sdk_sqs::Client::from_conf(config)
+        let (client, server) = answering_once(status, headers, body).await;
+        let error = client
             .receive_message()
             .queue_url("http://127.0.0.1/123456789012/q")
             .send()

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use crate::attributes::{self, Outgoing};
 use crate::calls::{Calls, Failed};
-use crate::error::SqsError;
+use crate::error::{Report, SqsError};
 use crate::inflight::{InFlight, Op, Rejected};
 use crate::publisher::{chunk_lengths, unique_id};
 use crate::queue::{DeadLetter, QueueInfo};
@@ -198,7 +198,7 @@ impl<C: Calls> Keeper<C> {
             let failed = match self.calls.change_visibility(&self.queue, &entries).await {
                 Ok(failed) => failed,
                 Err(error) => {
-                    tracing::warn!(queue = self.queue.name, %error, "cannot renew visibility; trying again next tick");
+                    tracing::warn!(queue = self.queue.name, error = %Report(&error), "cannot renew visibility; trying again next tick");
                     continue;
                 }
             };
@@ -244,7 +244,7 @@ impl<C: Calls> Keeper<C> {
                         queue = queue.name,
                         reason = rejected.reason,
                         attempt = rejected.attempt,
-                        %error,
+                        error = %Report(&error),
                         "rejected, but the dead-letter queue cannot be reached: the message is visible again"
                     );
                     hides.push((receipt, 0));
@@ -262,7 +262,7 @@ impl<C: Calls> Keeper<C> {
                         dead_letter_queue = dead_letter_queue.name,
                         reason = rejected.reason,
                         attempt = rejected.attempt,
-                        %error,
+                        error = %Report(&error),
                         "rejected, but the message cannot go to the dead-letter queue: it is visible again"
                     );
                     hides.push((receipt, 0));
@@ -558,7 +558,10 @@ mod tests {
         ) -> Result<Arc<QueueInfo>, SqsError> {
             self.dead_letter_queue
                 .clone()
-                .ok_or_else(|| SqsError::NoSuchQueue(target.arn.clone()))
+                .ok_or_else(|| SqsError::NoSuchQueue {
+                    queue: target.arn.clone(),
+                    source: None,
+                })
         }
     }
 

@@ -1,8 +1,42 @@
 //! Amazon SQS transport for Conveyor.
 //!
 //! Mount handlers on [`SqsBroker::queue`]; publish with the broker, which implements
-//! [`conveyor::Publisher`].
+//! [`conveyor::Publisher`]; declare, measure, empty and delete queues with it too, through
+//! [`conveyor::Broker`], the API every transport shares.
 //!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! use conveyor::{Broker, QueueSpec};
+//! use conveyor_sqs::{SqsBroker, SqsQueueSpec};
+//!
+//! # async fn run() -> Result<(), conveyor::Error> {
+//! let broker = SqsBroker::builder().build().await?;
+//! broker.declare_queue(&QueueSpec::new("orders-dead.fifo")).await?;
+//! broker
+//!     .declare_queue(
+//!         &QueueSpec::new("orders.fifo")
+//!             .dead_letter_queue("orders-dead.fifo", 5)
+//!             .visibility_timeout(Duration::from_secs(60))
+//!             .content_based_deduplication(),
+//!     )
+//!     .await?;
+//! let depth = broker.queue_depth("orders.fifo").await?;
+//! println!("{} ready, {:?} in flight", depth.ready, depth.in_flight);
+//! for dead in broker.take_dead_letters("orders-dead.fifo", 100).await? {
+//!     println!("{:?}: {:?}", dead.partition_key, dead.reason);
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! - **Queues** are declared from the portable [`conveyor::QueueSpec`] (FIFO by a `.fifo`
+//!   name, a redrive policy from its dead-letter queue, `VisibilityTimeout` and
+//!   `DelaySeconds` rounded up to whole seconds), with SQS's own attributes from the
+//!   [`SqsQueueSpec`] extension trait; a spec outside SQS's limits is
+//!   [`conveyor::Error::Config`] before any call. A queue that exists with other values
+//!   gets the spec's attributes set on it. A queue mounted by a name that does not exist is
+//!   created plainly when the app starts.
 //! - **One pump per subscription**, long-polling (20 s by default), at most one receive
 //!   ahead of the handlers: it receives once the dispatcher has taken every message of the
 //!   last receive, asking for ten (SQS's maximum) for every mount, sequential included;
@@ -59,6 +93,7 @@
 //! `benches/sqs.rs`).
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+mod admin;
 mod attributes;
 mod broker;
 mod calls;
@@ -69,10 +104,13 @@ mod publisher;
 mod pump;
 mod queue;
 mod settle;
+mod spec;
 mod subscriber;
+#[cfg(test)]
+mod testing;
 
 pub use attributes::{BODY_ENCODING_ATTRIBUTE, PARTITION_KEY_HEADER};
 pub use broker::{SqsBroker, SqsBrokerBuilder};
 pub use error::SqsError;
-pub use queue::QueueSpec;
+pub use spec::SqsQueueSpec;
 pub use subscriber::{SqsQueue, SqsSubscriber};

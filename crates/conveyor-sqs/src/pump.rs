@@ -11,7 +11,7 @@ use tokio::sync::{Notify, watch};
 
 use crate::attributes;
 use crate::broker::Settings;
-use crate::error::{SqsError, cannot_heal};
+use crate::error::{Report, SqsError, cannot_heal};
 use crate::inflight::InFlight;
 use crate::queue::QueueInfo;
 use crate::settle::Settler;
@@ -203,7 +203,7 @@ impl Pump {
                     error,
                     for_good: true,
                 }) => {
-                    tracing::error!(queue = self.queue.name, %error, "receive failed and cannot succeed by trying again; the subscription ends");
+                    tracing::error!(queue = self.queue.name, error = %Report(&error), "receive failed and cannot succeed by trying again; the subscription ends");
                     self.handover.fail(Error::Subscribe {
                         queue: self.queue.name.clone(),
                         source: Box::new(error),
@@ -211,7 +211,7 @@ impl Pump {
                     return;
                 }
                 Err(Failure { error, .. }) => {
-                    tracing::warn!(queue = self.queue.name, %error, retry_in = ?pause, "receive failed");
+                    tracing::warn!(queue = self.queue.name, error = %Report(&error), retry_in = ?pause, "receive failed");
                     tokio::select! {
                         biased;
                         () = stopped(&mut self.stop) => return,

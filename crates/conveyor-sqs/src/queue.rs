@@ -1,7 +1,6 @@
-//! Queues: what the transport learns about one when it resolves it, and how to declare one.
+//! Queues: what the transport learns about one when it resolves it.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use aws_sdk_sqs::types::QueueAttributeName;
 
@@ -12,6 +11,8 @@ pub(crate) struct QueueInfo {
     pub(crate) name: String,
     /// The queue's URL, for API calls.
     pub(crate) url: String,
+    /// The queue's ARN, which a redrive policy names its dead-letter queue by.
+    pub(crate) arn: Option<String>,
     /// Whether it is a FIFO queue.
     pub(crate) fifo: bool,
     /// Whether SQS deduplicates its messages by content.
@@ -85,6 +86,7 @@ impl QueueInfo {
             dead_letter: attributes
                 .get(&QueueAttributeName::RedrivePolicy)
                 .map_or(DeadLetter::None, |policy| DeadLetter::from_policy(policy)),
+            arn: attributes.get(&QueueAttributeName::QueueArn).cloned(),
             max_message_size: attributes
                 .get(&QueueAttributeName::MaximumMessageSize)
                 .and_then(|v| v.parse().ok())
@@ -100,80 +102,12 @@ impl QueueInfo {
         QueueInfo {
             name: name.into(),
             url: format!("http://127.0.0.1:4566/123456789012/{name}"),
+            arn: Some(format!("arn:aws:sqs:us-east-1:123456789012:{name}")),
             fifo: name.ends_with(".fifo"),
             content_based_deduplication: false,
             dead_letter: DeadLetter::None,
             max_message_size: 1024,
         }
-    }
-}
-
-/// A queue to create (or check) with [`SqsBroker::declare_queue`](crate::SqsBroker::declare_queue).
-///
-/// ```
-/// use std::time::Duration;
-/// use conveyor_sqs::QueueSpec;
-///
-/// let orders = QueueSpec::new("orders.fifo")
-///     .content_based_deduplication()
-///     .visibility_timeout(Duration::from_secs(60))
-///     .dead_letter_queue("orders-dead.fifo", 5);
-/// assert!(orders.is_fifo());
-/// ```
-#[derive(Clone, Debug)]
-pub struct QueueSpec {
-    pub(crate) name: String,
-    pub(crate) content_based_deduplication: bool,
-    pub(crate) visibility_timeout: Option<Duration>,
-    pub(crate) dead_letter: Option<(String, u32)>,
-    pub(crate) attributes: Vec<(QueueAttributeName, String)>,
-}
-
-impl QueueSpec {
-    /// A queue named `name`; a name ending in `.fifo` makes a FIFO queue.
-    pub fn new(name: impl Into<String>) -> Self {
-        QueueSpec {
-            name: name.into(),
-            content_based_deduplication: false,
-            visibility_timeout: None,
-            dead_letter: None,
-            attributes: Vec::new(),
-        }
-    }
-
-    /// The queue's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// Whether this is a FIFO queue.
-    pub fn is_fifo(&self) -> bool {
-        self.name.ends_with(".fifo")
-    }
-
-    /// FIFO only: SQS deduplicates by a hash of the body, so publishers need no ids.
-    pub fn content_based_deduplication(mut self) -> Self {
-        self.content_based_deduplication = true;
-        self
-    }
-
-    /// The queue's default visibility timeout.
-    pub fn visibility_timeout(mut self, timeout: Duration) -> Self {
-        self.visibility_timeout = Some(timeout);
-        self
-    }
-
-    /// A redrive policy: a message received more than `max_receive_count` times moves to
-    /// `queue`, which is created (of the same kind) if it does not exist.
-    pub fn dead_letter_queue(mut self, queue: impl Into<String>, max_receive_count: u32) -> Self {
-        self.dead_letter = Some((queue.into(), max_receive_count));
-        self
-    }
-
-    /// Any other queue attribute, as SQS spells it.
-    pub fn attribute(mut self, name: QueueAttributeName, value: impl Into<String>) -> Self {
-        self.attributes.push((name, value.into()));
-        self
     }
 }
 

@@ -12,7 +12,7 @@ use conveyor::{Settle, Settled, Settlement};
 use tokio::sync::watch;
 
 use crate::calls::{Calls, Failed};
-use crate::error::SqsError;
+use crate::error::{Report, SqsError};
 use crate::inflight::{InFlight, Op, Rejected};
 use crate::queue::QueueInfo;
 
@@ -187,7 +187,7 @@ pub(crate) async fn with_retries<T: Send, B: BatchCall<T>>(
                     }
                 }
             }
-            Err(error) => reasons.fill(Some(error.to_string())),
+            Err(error) => reasons.fill(Some(Report(&error).to_string())),
         }
         let mut failed = Vec::new();
         for (entry, reason) in batch.into_iter().zip(reasons) {

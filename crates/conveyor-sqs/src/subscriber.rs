@@ -3,15 +3,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use aws_sdk_sqs::types::QueueAttributeName;
 use conveyor::{Delivery, Error, Source, SubscribeSettings, Subscriber};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::broker::SqsBroker;
+use crate::broker::{Created, SqsBroker, is_url};
+use crate::error::{Report, SqsError};
 use crate::inflight::InFlight;
 use crate::keeper::Keeper;
 use crate::pump::{Handover, Next, Pump};
-use crate::queue::DeadLetter;
+use crate::queue::{DeadLetter, QueueInfo};
 use crate::settle::{BATCH_LIMIT, Settler};
 
 /// An SQS queue to mount a handler on, from [`SqsBroker::queue`].
@@ -50,6 +52,35 @@ impl SqsQueue {
     }
 }
 
+impl SqsQueue {
+    /// The queue, created plainly if it is named and missing: as the core's `Broker::queue`
+    /// promises, so that a service runs on a fresh account as it does in process. Only a
+    /// missing queue is created; one that exists keeps its attributes.
+    async fn resolve(&self) -> Result<Arc<QueueInfo>, SqsError> {
+        match self.broker.resolve(&self.name).await {
+            Err(SqsError::NoSuchQueue { .. }) if !is_url(&self.name) => {
+                let fifo = self.name.ends_with(".fifo");
+                let attributes = if fifo {
+                    vec![(QueueAttributeName::FifoQueue, "true".to_string())]
+                } else {
+                    Vec::new()
+                };
+                // `Differs`: someone made it meanwhile, with attributes of their own,
+                // which it keeps.
+                if self.broker.create(&self.name, &attributes).await? == Created::Matches {
+                    tracing::info!(
+                        queue = self.name,
+                        fifo,
+                        "the queue did not exist; created it"
+                    );
+                }
+                self.broker.resolve(&self.name).await
+            }
+            resolved => resolved,
+        }
+    }
+}
+
 impl Source for SqsQueue {
     type Subscriber = SqsSubscriber;
 
@@ -57,8 +88,8 @@ impl Source for SqsQueue {
         &self.name
     }
 
-    /// Resolves the queue (it must exist) and its dead-letter queue, then starts its pump
-    /// and keeper.
+    /// Resolves the queue (creating it plainly if it is named and missing) and its
+    /// dead-letter queue, then starts its pump and keeper.
     async fn subscribe(self, settings: SubscribeSettings) -> Result<SqsSubscriber, Error> {
         if !(1..=BATCH_LIMIT).contains(&self.receive_batch) {
             return Err(Error::config(format!(
@@ -66,20 +97,16 @@ impl Source for SqsQueue {
                 self.receive_batch, self.name
             )));
         }
-        let queue = self
-            .broker
-            .resolve(&self.name)
-            .await
-            .map_err(|e| Error::Subscribe {
-                queue: self.name.clone(),
-                source: Box::new(e),
-            })?;
+        let queue = self.resolve().await.map_err(|e| Error::Subscribe {
+            queue: self.name.clone(),
+            source: Box::new(e),
+        })?;
         let dead_letter_queue = match &queue.dead_letter {
             DeadLetter::None => None,
             DeadLetter::Target(target) => match self.broker.resolve_dead_letter(target).await {
                 Ok(resolved) => Some(resolved),
                 Err(error) => {
-                    tracing::warn!(queue = queue.name, dead_letter_queue = target.arn, %error, "cannot resolve the dead-letter queue; trying again at the first reject");
+                    tracing::warn!(queue = queue.name, dead_letter_queue = target.arn, error = %Report(&error), "cannot resolve the dead-letter queue; trying again at the first reject");
                     None
                 }
             },

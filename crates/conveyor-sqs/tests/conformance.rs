@@ -1,105 +1,37 @@
 //! The conformance suite on SQS: standard and FIFO queues on the moto emulator at
-//! 127.0.0.1:4566.
+//! 127.0.0.1:4566, declared, read and emptied through the portable `Broker` API.
 
 mod common;
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::Duration;
+use conveyor_conformance::{Fixture, VISIBILITY};
+use conveyor_sqs::SqsBroker;
 
-use aws_sdk_sqs::types::QueueAttributeName;
-use conveyor_conformance::{DeadLetter, Fixture, QueueSpec, TestQueue, collect_dead_letters};
-use conveyor_sqs::{SqsBroker, SqsQueue};
-
-/// Queues on the emulator; FIFO queues when `fifo`. Received messages stay hidden for two
-/// minutes, longer than any scenario waits, so only a release makes them ready again.
+/// Queues on the emulator; FIFO queues when `fifo`.
 struct Sqs {
     broker: SqsBroker,
     fifo: bool,
-    dead: Mutex<HashMap<String, Vec<DeadLetter>>>,
 }
 
 impl Sqs {
     async fn new(fifo: bool) -> Self {
+        // A received message stays hidden as long as the suite's queues say, longer than
+        // any scenario waits, so only a release makes it ready again.
         Sqs {
-            broker: common::broker_at(common::ENDPOINT, Duration::from_secs(120)).await,
+            broker: common::broker_at(common::ENDPOINT, VISIBILITY).await,
             fifo,
-            dead: Mutex::default(),
         }
     }
 }
 
 impl Fixture for Sqs {
-    type Source = SqsQueue;
-    type Publisher = SqsBroker;
+    type Broker = SqsBroker;
 
-    async fn declare(&self, spec: QueueSpec) -> TestQueue {
-        let name = common::unique("conformance", self.fifo);
-        let mut queue = conveyor_sqs::QueueSpec::new(name.as_str());
-        let dead_letter_queue = spec
-            .dead_letter
-            .then(|| common::unique("conformance-dead", self.fifo));
-        if let Some(dlq) = &dead_letter_queue {
-            // High enough that the mount's max_attempts acts first.
-            queue = queue.dead_letter_queue(dlq.as_str(), 10);
-        }
-        common::declare(&self.broker, queue).await;
-        TestQueue {
-            name,
-            dead_letter_queue,
-        }
+    fn broker(&self) -> &SqsBroker {
+        &self.broker
     }
 
-    fn source(&self, queue: &TestQueue) -> SqsQueue {
-        self.broker.queue(queue.name.as_str())
-    }
-
-    fn publisher(&self) -> SqsBroker {
-        self.broker.clone()
-    }
-
-    async fn ready(&self, queue: &TestQueue) -> usize {
-        let url = self
-            .broker
-            .client()
-            .get_queue_url()
-            .queue_name(&queue.name)
-            .send()
-            .await
-            .expect("the queue's url");
-        let attributes = self
-            .broker
-            .client()
-            .get_queue_attributes()
-            .queue_url(url.queue_url().unwrap_or_default())
-            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-            .send()
-            .await
-            .expect("the queue's attributes");
-        attributes
-            .attributes()
-            .and_then(|a| a.get(&QueueAttributeName::ApproximateNumberOfMessages))
-            .and_then(|n| n.parse().ok())
-            .expect("a message count")
-    }
-
-    async fn dead_letters(&self, queue: &TestQueue) -> Vec<DeadLetter> {
-        let Some(dlq) = &queue.dead_letter_queue else {
-            return Vec::new();
-        };
-        let mut found = Vec::new();
-        let source = self.broker.queue(dlq.as_str());
-        collect_dead_letters(source, Duration::from_millis(1500), &mut found).await;
-        let mut dead = self.dead.lock().unwrap();
-        let all = dead.entry(queue.name.clone()).or_default();
-        all.extend(found);
-        all.clone()
-    }
-
-    async fn delete(&self, queue: TestQueue) {
-        let mut names = vec![queue.name.as_str()];
-        names.extend(queue.dead_letter_queue.as_deref());
-        common::delete(&self.broker, &names).await;
+    fn unique_name(&self, stem: &str) -> String {
+        common::unique(&format!("conformance-{stem}"), self.fifo)
     }
 
     /// moto 5's ReceiveMessage can hand one message to two concurrent long polls.

@@ -7,14 +7,13 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aws_sdk_sqs::types::QueueAttributeName;
 use common::proxy::Proxy;
 use common::{ENDPOINT, broker, broker_at, declare, delete, eventually, unique};
 use conveyor::{
-    App, Backoff, Batch, DeliveryInfo, Error, Headers, Json, Message, Outcome, PartitionKey,
-    Publisher, REJECT_REASON_HEADER, State,
+    App, Backoff, Batch, Broker, DeliveryInfo, Error, Headers, Json, Message, Outcome,
+    PartitionKey, Publisher, QueueSpec, REJECT_REASON_HEADER, State,
 };
-use conveyor_sqs::{QueueSpec, SqsBroker};
+use conveyor_sqs::{SqsBroker, SqsQueueSpec};
 use tokio::time::Instant;
 
 /// Everything a handler saw, shared with the test.
@@ -241,28 +240,14 @@ async fn a_handler_running_three_visibility_timeouts_is_the_only_one_to_see_its_
 }
 
 /// How many of the queue's messages are received and not yet deleted.
-async fn hidden(broker: &SqsBroker, queue: &str) -> Option<u32> {
+async fn hidden(broker: &SqsBroker, queue: &str) -> Option<u64> {
     depth(broker, queue).await.map(|(_, hidden)| hidden)
 }
 
 /// How many of the queue's messages are visible, and how many received and not deleted.
-async fn depth(broker: &SqsBroker, queue: &str) -> Option<(u32, u32)> {
-    let url = short_url(broker, queue).await;
-    let attributes = broker
-        .client()
-        .get_queue_attributes()
-        .queue_url(url)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
-        .send()
-        .await
-        .ok()?;
-    let attributes = attributes.attributes()?;
-    let count = |name| attributes.get(&name)?.parse().ok();
-    Some((
-        count(QueueAttributeName::ApproximateNumberOfMessages)?,
-        count(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)?,
-    ))
+async fn depth(broker: &SqsBroker, queue: &str) -> Option<(u64, u64)> {
+    let depth = broker.queue_depth(queue).await.ok()?;
+    Some((depth.ready, depth.in_flight?))
 }
 
 async fn short_url(broker: &SqsBroker, queue: &str) -> String {
@@ -510,7 +495,7 @@ async fn dead_letters(
 /// dead-letter queue at once, with its reason, payload and headers, and was handled once.
 async fn a_reject_goes_to_the_dead_letter_queue_at_once(fifo: bool) {
     let broker = broker().await;
-    let dlq = unique("dead", fifo);
+    let dlq = declare(&broker, QueueSpec::new(unique("dead", fifo))).await;
     let mut spec = QueueSpec::new(unique("reject", fifo)).dead_letter_queue(&dlq, 5);
     if fifo {
         spec = spec.content_based_deduplication();

@@ -12,8 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{declare, eventually, unique};
-use conveyor::{App, Json, Message, Publisher, State};
-use conveyor_sqs::QueueSpec;
+use conveyor::{App, Broker, Json, Message, Publisher, QueueSpec, State};
 
 /// A moto server of this test's own, killed when dropped.
 struct Emulator {
@@ -88,7 +87,7 @@ async fn the_pump_backs_off_while_the_emulator_is_stopped_and_resumes_without_lo
         Duration::from_secs(20),
         || async {
             broker
-                .declare_queue(QueueSpec::new(name.clone()))
+                .declare_queue(&QueueSpec::new(name.clone()))
                 .await
                 .is_ok()
         },

@@ -233,6 +233,11 @@ impl fmt::Debug for App {
 
 fn validate(queue: &str, options: &MountOptions, batch_handler: bool) -> Result<(), Error> {
     let bad = |what: String| Err(Error::config(format!("mount on `{queue}`: {what}")));
+    if options.keyed_without_workers() {
+        return bad(
+            "by_key() spreads keys over workers; ask for them with workers(n).by_key() (a mount without workers already keeps every key's order)".into(),
+        );
+    }
     match options.dispatch() {
         Dispatch::Workers(0) | Dispatch::Lanes(0) => {
             return bad("workers(0) can run nothing; use at least 1".into());

@@ -2,28 +2,77 @@
 
 use std::ops::Deref;
 
+use crate::delivery::Delivery;
 use crate::error::BoxError;
+use crate::extract::DeliveryInfo;
+use crate::headers::Headers;
 use crate::message::PartitionKey;
 use crate::outcome::Outcome;
 
-/// The decoded payloads of one batch, in the order received, never empty.
+/// The decoded payloads of one batch, in the order received, never empty, with what a
+/// single handler's extractors would see of each: its [`DeliveryInfo`], headers and
+/// partition key.
 ///
 /// A delivery whose payload cannot be decoded is rejected on its own and left out, so a
 /// batch handler sees only payloads it can use.
+///
+/// ```
+/// use conveyor::{Batch, Json, Outcome};
+///
+/// // Retries the elements seen for the first time, acks the others.
+/// async fn import(batch: Batch<Json<u64>>) -> Vec<Outcome> {
+///     (0..batch.len())
+///         .map(|i| match batch.info(i) {
+///             Some(info) if info.attempt == 1 => Outcome::Retry,
+///             _ => Outcome::Ack,
+///         })
+///         .collect()
+/// }
+/// ```
 #[derive(Debug)]
 pub struct Batch<P> {
     items: Vec<P>,
-    keys: Vec<Option<PartitionKey>>,
+    metadata: Vec<Metadata>,
+}
+
+/// What a batch keeps of each element's delivery; all of it is reference-counted, so
+/// keeping it costs no copy.
+#[derive(Debug)]
+pub(crate) struct Metadata {
+    info: DeliveryInfo,
+    headers: Headers,
+    key: Option<PartitionKey>,
+}
+
+impl Metadata {
+    pub(crate) fn of(delivery: &Delivery) -> Self {
+        Metadata {
+            info: DeliveryInfo::of(delivery),
+            headers: delivery.headers().clone(),
+            key: delivery.partition_key().cloned(),
+        }
+    }
 }
 
 impl<P> Batch<P> {
-    pub(crate) fn new(items: Vec<P>, keys: Vec<Option<PartitionKey>>) -> Self {
-        Batch { items, keys }
+    pub(crate) fn new(items: Vec<P>, metadata: Vec<Metadata>) -> Self {
+        Batch { items, metadata }
     }
 
     /// The partition key of element `index`, if its message has one.
     pub fn partition_key(&self, index: usize) -> Option<&PartitionKey> {
-        self.keys.get(index).and_then(Option::as_ref)
+        self.metadata.get(index).and_then(|m| m.key.as_ref())
+    }
+
+    /// The delivery information of element `index` (queue, receive count, attempt), as
+    /// the [`DeliveryInfo`] extractor gives a single handler.
+    pub fn info(&self, index: usize) -> Option<&DeliveryInfo> {
+        self.metadata.get(index).map(|m| &m.info)
+    }
+
+    /// The headers of element `index`.
+    pub fn headers(&self, index: usize) -> Option<&Headers> {
+        self.metadata.get(index).map(|m| &m.headers)
     }
 
     /// The payloads, owned.

@@ -8,12 +8,17 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// Everything that can go wrong in Conveyor itself, each variant naming what failed and where.
 ///
 /// Transports wrap their broker's errors in [`Error::Transport`], [`Error::Subscribe`] or
-/// [`Error::Publish`], keeping the broker error as the `source`.
+/// [`Error::Publish`], keeping the broker error as the `source`, so it can be downcast.
+///
+/// `Display` tells the whole story on one line, the causes included ("cannot publish to
+/// `q`: 24 message attributes; SQS carries at most 10"), so a log line with `%error`
+/// or a `{error}` shows why. (A reporter that walks [`source`](std::error::Error::source)
+/// itself, as `anyhow`'s `{:#}` does, therefore shows the causes twice.)
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A subscription could not start (queue missing, broker unreachable, bad settings).
-    #[error("cannot subscribe to queue `{queue}`")]
+    #[error("cannot subscribe to queue `{queue}`: {}", Chain(source.as_ref()))]
     Subscribe {
         /// The queue the subscription was for.
         queue: String,
@@ -22,7 +27,7 @@ pub enum Error {
         source: BoxError,
     },
     /// A message could not be published.
-    #[error("cannot publish to `{destination}`")]
+    #[error("cannot publish to `{destination}`: {}", Chain(source.as_ref()))]
     Publish {
         /// The queue, exchange or topic the message was for.
         destination: String,
@@ -31,7 +36,7 @@ pub enum Error {
         source: BoxError,
     },
     /// A payload could not be encoded before publishing.
-    #[error("cannot encode payload as {format}")]
+    #[error("cannot encode payload as {format}: {}", Chain(source.as_ref()))]
     Encode {
         /// The format that was asked for (`json`, ...).
         format: &'static str,
@@ -40,7 +45,7 @@ pub enum Error {
         source: BoxError,
     },
     /// A broker connection or channel failed outside a subscribe or publish call.
-    #[error("transport `{transport}` failed")]
+    #[error("transport `{transport}` failed: {}", Chain(source.as_ref()))]
     Transport {
         /// Which transport (`memory`, `rabbitmq`, `sqs`).
         transport: &'static str,
@@ -88,5 +93,69 @@ impl Error {
     }
 }
 
+/// Shows an error and its causes, joined by `: `, skipping a cause whose text the one
+/// before it already ends with (an error that quotes its own source).
+struct Chain<'a>(&'a (dyn std::error::Error + 'static));
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut shown = self.0.to_string();
+        f.write_str(&shown)?;
+        let mut next = self.0.source();
+        while let Some(cause) = next {
+            let text = cause.to_string();
+            if !shown.ends_with(&text) {
+                write!(f, ": {text}")?;
+            }
+            shown = text;
+            next = cause.source();
+        }
+        Ok(())
+    }
+}
+
 /// A `Result` whose error is Conveyor's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("connection refused")]
+    struct Refused;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot connect")]
+    struct Connect(#[source] Refused);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("io: connection refused")]
+    struct Quoting(#[source] Refused);
+
+    #[test]
+    fn display_shows_every_cause_and_source_keeps_the_first() {
+        let error = Error::Publish {
+            destination: "q".into(),
+            source: Box::new(Connect(Refused)),
+        };
+        assert_eq!(
+            error.to_string(),
+            "cannot publish to `q`: cannot connect: connection refused"
+        );
+        let source = std::error::Error::source(&error).expect("a source");
+        assert!(source.downcast_ref::<Connect>().is_some());
+    }
+
+    #[test]
+    fn a_cause_its_error_already_quotes_is_not_repeated() {
+        let error = Error::Transport {
+            transport: "rabbitmq",
+            source: Box::new(Quoting(Refused)),
+        };
+        assert_eq!(
+            error.to_string(),
+            "transport `rabbitmq` failed: io: connection refused"
+        );
+    }
+}

@@ -114,15 +114,21 @@ pub struct DeliveryInfo {
     pub lane: Option<usize>,
 }
 
-impl FromDelivery for DeliveryInfo {
-    fn from_delivery(delivery: &Delivery, _: &Context) -> Result<Self, Rejection> {
-        Ok(DeliveryInfo {
+impl DeliveryInfo {
+    pub(crate) fn of(delivery: &Delivery) -> Self {
+        DeliveryInfo {
             queue: delivery.queue_name().clone(),
             receive_count: delivery.receive_count(),
             redelivered: delivery.redelivered(),
             attempt: delivery.attempt(),
             lane: delivery.lane(),
-        })
+        }
+    }
+}
+
+impl FromDelivery for DeliveryInfo {
+    fn from_delivery(delivery: &Delivery, _: &Context) -> Result<Self, Rejection> {
+        Ok(DeliveryInfo::of(delivery))
     }
 }
 

@@ -49,7 +49,8 @@ use crate::transport::Subscriber;
     note = "a batch handler takes `Batch<P>` first, then `FromContext` arguments (`State<T>`), and returns `()`, an `Outcome`, a `Vec<Outcome>` or a `Result` of one"
 )]
 pub trait Handler<Args>: Clone + Send + Sync + 'static {
-    /// The dispatch engine's view of the handler.
+    /// The dispatch engine's view of the handler (sealed: it cannot be named outside
+    /// Conveyor).
     #[doc(hidden)]
     type Endpoint: Endpoint;
 
@@ -58,30 +59,47 @@ pub trait Handler<Args>: Clone + Send + Sync + 'static {
     fn into_endpoint(self) -> Self::Endpoint;
 }
 
-/// Marks a handler that takes one delivery at a time; `A` lists its argument types.
-#[doc(hidden)]
-pub struct Single<A>(PhantomData<fn() -> A>);
+/// The dispatch engine's side of a handler: public in name, because [`Handler`] mentions
+/// it, but in a private module, so no one outside the crate can name or implement it.
+mod sealed {
+    use super::*;
 
-/// Marks a handler that takes a batch; `A` lists its argument types.
-#[doc(hidden)]
-pub struct Batched<A>(PhantomData<fn() -> A>);
+    /// Marks a handler that takes one delivery at a time; `A` lists its argument types.
+    pub struct Single<A>(PhantomData<fn() -> A>);
 
-/// How the dispatch engine runs a mounted handler. Not for implementing by hand.
-#[doc(hidden)]
-pub trait Endpoint: Send + Sync + Sized + 'static {
-    /// Whether this is a batch handler.
-    const BATCH: bool;
+    /// Marks a handler that takes a batch; `A` lists its argument types.
+    pub struct Batched<A>(PhantomData<fn() -> A>);
 
-    /// Checks once at startup that every extractor can work (state present, ...).
-    fn check(&self, cx: &Context) -> Result<(), Error>;
+    /// How the dispatch engine runs a mounted handler. Not for implementing by hand.
+    pub trait Endpoint: Send + Sync + Sized + 'static {
+        /// Whether this is a batch handler.
+        const BATCH: bool;
 
-    /// Runs the mount until shutdown or until the subscription ends.
-    fn drive<S: Subscriber>(
-        self: Arc<Self>,
-        subscriber: S,
-        run: Run,
-    ) -> impl Future<Output = Result<(), Error>> + Send;
+        /// Checks once at startup that every extractor can work (state present, ...).
+        fn check(&self, cx: &Context) -> Result<(), Error>;
+
+        /// Runs the mount until shutdown or until the subscription ends.
+        fn drive<S: Subscriber>(
+            self: Arc<Self>,
+            subscriber: S,
+            run: Run,
+        ) -> impl Future<Output = Result<(), Error>> + Send;
+    }
+
+    /// A single-delivery handler function, ready for the dispatch engine.
+    pub struct OneFn<F, A> {
+        pub(crate) f: F,
+        pub(crate) _args: PhantomData<fn() -> A>,
+    }
+
+    /// A batch handler function, ready for the dispatch engine.
+    pub struct BatchFn<F, A> {
+        pub(crate) f: F,
+        pub(crate) _args: PhantomData<fn() -> A>,
+    }
 }
+
+pub(crate) use sealed::{BatchFn, Batched, Endpoint, OneFn, Single};
 
 /// Why a handler could not be called for a delivery.
 #[derive(Debug, thiserror::Error)]
@@ -109,20 +127,6 @@ pub(crate) trait CallBatch: Send + Sync + 'static {
 
     fn call(&self, batch: Batch<Self::Payload>, cx: &Context) -> Result<Self::Future, Rejection>;
     fn check_extractors(cx: &Context) -> Result<(), Error>;
-}
-
-/// A single-delivery handler function, ready for the dispatch engine.
-#[doc(hidden)]
-pub struct OneFn<F, A> {
-    f: F,
-    _args: PhantomData<fn() -> A>,
-}
-
-/// A batch handler function, ready for the dispatch engine.
-#[doc(hidden)]
-pub struct BatchFn<F, A> {
-    f: F,
-    _args: PhantomData<fn() -> A>,
 }
 
 impl<F, A> Handler<Single<A>> for F

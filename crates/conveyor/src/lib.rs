@@ -39,6 +39,7 @@
 //! ```
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+mod admin;
 mod app;
 mod batch;
 mod delivery;
@@ -57,6 +58,7 @@ mod state;
 pub mod testing;
 mod transport;
 
+pub use admin::{DeadLetter, DeadLetterPolicy, QueueDepth, QueueSpec};
 pub use app::{App, DEFAULT_SHUTDOWN_TIMEOUT, RunningApp, shutdown_signal};
 pub use batch::{Batch, BatchOutcome, IntoBatchOutcome};
 pub use bytes::Bytes;
@@ -65,7 +67,7 @@ pub use error::{BoxError, Error, Result};
 pub use extract::{Context, DeliveryInfo, FromContext, FromDelivery, Rejection, State};
 pub use handler::Handler;
 pub use headers::{HeaderName, Headers};
-pub use memory::{MemoryBroker, QueueOptions};
+pub use memory::{MemoryBroker, MemoryQueue, MemorySubscriber};
 pub use message::{Message, MessageParts, PartitionKey};
 pub use mount::{DEFAULT_BATCH_SIZE, Dispatch, MountOptions};
 pub use outcome::{IntoOutcome, Outcome, REJECT_REASON_HEADER, Settlement};

@@ -32,6 +32,8 @@ pub enum Dispatch {
 #[derive(Clone, Debug)]
 pub struct MountOptions {
     dispatch: Dispatch,
+    /// `by_key()` was asked for: lanes once there are workers, a startup error without.
+    keyed: bool,
     batch_size: Option<usize>,
     prefetch: Option<u16>,
     policy: FailurePolicy,
@@ -41,6 +43,7 @@ impl Default for MountOptions {
     fn default() -> Self {
         MountOptions {
             dispatch: Dispatch::Sequential,
+            keyed: false,
             batch_size: None,
             prefetch: None,
             policy: FailurePolicy::default(),
@@ -59,23 +62,33 @@ impl MountOptions {
     /// the subscription reads nothing further. A retry goes back to the broker. Follow
     /// with [`by_key`](Self::by_key) for ordered lanes.
     pub fn workers(mut self, n: usize) -> Self {
-        self.dispatch = Dispatch::Workers(n);
+        self.dispatch = if self.keyed {
+            Dispatch::Lanes(n)
+        } else {
+            Dispatch::Workers(n)
+        };
         self
     }
 
     /// Turns `workers(n)` into `n` ordered lanes keyed by the partition key: one key never
     /// spreads over two lanes, a lane runs its deliveries one at a time in arrival order,
-    /// and deliveries without a key rotate over the lanes. Alone, it means one lane.
+    /// and deliveries without a key rotate over the lanes. Without `workers(n)` it is a
+    /// startup error: a sequential mount already keeps every key's order.
     ///
     /// A lane retries a failed delivery in place, after its backoff, before it runs the
     /// next one, so each key keeps its order across retries; meanwhile the lane's other
     /// keys wait.
     pub fn by_key(mut self) -> Self {
-        self.dispatch = match self.dispatch {
-            Dispatch::Workers(n) | Dispatch::Lanes(n) => Dispatch::Lanes(n),
-            Dispatch::Sequential => Dispatch::Lanes(1),
-        };
+        self.keyed = true;
+        if let Dispatch::Workers(n) = self.dispatch {
+            self.dispatch = Dispatch::Lanes(n);
+        }
         self
+    }
+
+    /// Whether `by_key()` was asked for without `workers(n)`.
+    pub(crate) fn keyed_without_workers(&self) -> bool {
+        self.keyed && self.dispatch == Dispatch::Sequential
     }
 
     /// The most deliveries a batch handler gets at once (default

@@ -18,7 +18,7 @@
 //! test.publish_json("numbers", &0u64).await?;
 //! test.settled().await?;
 //! assert_eq!(test.acked("numbers").len(), 1);
-//! assert_eq!(test.dead_lettered("numbers")[0].reason, "zero");
+//! assert_eq!(test.rejected("numbers")[0].reason, "zero");
 //! test.stop().await
 //! # }
 //! ```
@@ -29,7 +29,7 @@ use serde::Serialize;
 
 use crate::app::{App, RunningApp};
 use crate::error::Error;
-use crate::memory::{DeadLetter, MemoryBroker, RecordedMessage};
+use crate::memory::{MemoryBroker, RecordedMessage, Rejected};
 use crate::message::Message;
 use crate::transport::Publisher;
 
@@ -121,8 +121,8 @@ impl TestApp {
     }
 
     /// Messages rejected from `queue`, with their reasons.
-    pub fn dead_lettered(&self, queue: &str) -> Vec<DeadLetter> {
-        self.broker.dead_lettered(queue)
+    pub fn rejected(&self, queue: &str) -> Vec<Rejected> {
+        self.broker.rejected(queue)
     }
 
     /// Shuts the app down gracefully and returns its result.

@@ -10,6 +10,7 @@ use std::future::Future;
 
 use serde::Serialize;
 
+use crate::admin::{DeadLetter, QueueDepth, QueueSpec};
 use crate::delivery::Delivery;
 use crate::error::Error;
 use crate::message::Message;
@@ -148,10 +149,73 @@ pub trait Publisher: Send + Sync {
     }
 }
 
-/// A broker connection the app owns: given with [`App::broker`](crate::App::broker), it
-/// is closed once every mount has stopped and settled its deliveries, so that nothing
-/// the handlers published or acked is cut off.
-pub trait Broker: Send + Sync + 'static {
+/// A broker: publishes, opens queues to mount handlers on, declares and inspects queues.
+///
+/// Every transport's broker implements it the same way, so code written against
+/// `B: Broker` runs on any of them: only the line that makes the broker changes.
+///
+/// ```
+/// use conveyor::{App, Broker, Json, MemoryBroker, Message, Publisher, QueueSpec};
+///
+/// async fn place(Json(order): Json<u64>) {
+///     println!("order {order}");
+/// }
+///
+/// /// The service, on whichever broker it is given.
+/// async fn serve<B: Broker>(broker: B) -> Result<(), conveyor::Error> {
+///     broker.declare_queue(&QueueSpec::new("orders-dead")).await?;
+///     broker
+///         .declare_queue(&QueueSpec::new("orders").dead_letter_queue("orders-dead", 5))
+///         .await?;
+///     broker.publish("orders", Message::json(&7u64)?).await?;
+///     let depth = broker.queue_depth("orders").await?;
+///     assert_eq!(depth.ready, 1);
+///     App::new("orders")
+///         .mount(broker.queue("orders"), place, |m| m)
+///         .run_until(async {})
+///         .await
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), conveyor::Error> {
+/// serve(MemoryBroker::new()).await
+/// # }
+/// ```
+///
+/// Given to the app with [`App::broker`](crate::App::broker), a broker is closed once
+/// every mount has stopped and settled its deliveries, so that nothing the handlers
+/// published or acked is cut off.
+pub trait Broker: Publisher + Clone + Send + Sync + 'static {
+    /// The queue source this broker opens.
+    type Queue: Source;
+
+    /// The queue `name` as a source to mount a handler on. Subscribing checks that the
+    /// queue exists and declares it, plainly, only where it is missing: a queue declared
+    /// with its own settings keeps them.
+    fn queue(&self, name: &str) -> Self::Queue;
+
+    /// Declares a queue. Declaring a queue that exists with the same settings succeeds;
+    /// with other settings it is an error on brokers that cannot change them
+    /// (RabbitMQ), and changes them where the broker can (SQS, in-process).
+    fn declare_queue(&self, spec: &QueueSpec) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Deletes the queue `name` and what it holds. Deleting a queue that does not exist
+    /// succeeds.
+    fn delete_queue(&self, name: &str) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// How many messages the queue `name` holds, as far as the broker tells.
+    fn queue_depth(&self, name: &str) -> impl Future<Output = Result<QueueDepth, Error>> + Send;
+
+    /// Takes up to `max` messages ready in the queue `dead_letter_queue` out of it, in
+    /// the order the broker gives them, without waiting for more. Meant for the
+    /// dead-letter queue of a [`QueueSpec`], whose messages carry the reason they were
+    /// rejected; works on any queue.
+    fn take_dead_letters(
+        &self,
+        dead_letter_queue: &str,
+        max: usize,
+    ) -> impl Future<Output = Result<Vec<DeadLetter>, Error>> + Send;
+
     /// Closes the broker's connections. Called once, at the end of the app's shutdown.
     fn close(&self) -> impl Future<Output = Result<(), Error>> + Send;
 }

@@ -296,3 +296,66 @@ async fn a_batch_takes_only_what_is_already_there() {
     assert_eq!(*seen.0.lock().unwrap(), vec![1, 1, 1]);
     test.stop().await.unwrap();
 }
+
+/// One element as a batch handler saw it: (payload, attempt, `source` header, key).
+type Element = (u64, u32, String, String);
+
+#[derive(Clone, Default)]
+struct Elements(Arc<Mutex<Vec<Element>>>);
+
+/// Retries each element the first time it sees it, from what the batch tells of it.
+async fn retry_each_once(
+    batch: Batch<Json<u64>>,
+    State(seen): State<Elements>,
+) -> Vec<conveyor::Outcome> {
+    let mut outcomes = Vec::new();
+    for (i, Json(n)) in batch.iter().enumerate() {
+        let attempt = batch.info(i).map_or(0, |info| info.attempt);
+        let source = batch
+            .headers(i)
+            .and_then(|h| h.get_str("source"))
+            .unwrap_or_default()
+            .to_string();
+        let key = batch
+            .partition_key(i)
+            .map(|k| k.to_string())
+            .unwrap_or_default();
+        seen.0.lock().unwrap().push((*n, attempt, source, key));
+        outcomes.push(if attempt == 1 {
+            conveyor::Outcome::Retry
+        } else {
+            conveyor::Outcome::Ack
+        });
+    }
+    outcomes
+}
+
+#[tokio::test]
+async fn a_batch_handler_sees_each_elements_attempt_headers_and_key() {
+    let broker = MemoryBroker::new();
+    for n in 0..3u64 {
+        let message = Message::json(&n)
+            .unwrap()
+            .header("source", format!("s{n}"))
+            .partition_key(format!("k{n}"));
+        conveyor::Publisher::publish(&broker, "metrics", message)
+            .await
+            .unwrap();
+    }
+    let seen = Elements::default();
+    let app = App::new("per-element").with_state(seen.clone()).mount(
+        broker.queue("metrics"),
+        retry_each_once,
+        |m| m.batch(3),
+    );
+    let test = TestApp::start(app, &broker).await.unwrap();
+    test.settled().await.unwrap();
+    test.stop().await.unwrap();
+    let mut seen = seen.0.lock().unwrap().clone();
+    seen.sort();
+    let expected: Vec<_> = (0..3u64)
+        .flat_map(|n| [1, 2].map(|attempt| (n, attempt, format!("s{n}"), format!("k{n}"))))
+        .collect();
+    assert_eq!(seen, expected);
+    assert_eq!(broker.stats("metrics").acked, 3);
+}

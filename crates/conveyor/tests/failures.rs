@@ -36,7 +36,7 @@ async fn an_undecodable_payload_is_dead_lettered_and_the_service_keeps_running()
         .await
         .unwrap();
     test.settled().await.unwrap();
-    let dead = test.dead_lettered("orders");
+    let dead = test.rejected("orders");
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].message.payload.as_ref(), b"{not json");
     assert!(
@@ -67,7 +67,7 @@ async fn a_handler_panic_is_caught_and_the_message_dead_lettered() {
         test.publish_json("numbers", &n).await.unwrap();
     }
     test.settled().await.unwrap();
-    let dead = test.dead_lettered("numbers");
+    let dead = test.rejected("numbers");
     assert_eq!(dead.len(), 2);
     assert!(
         dead[0].reason.contains("handler panicked: boom"),
@@ -95,7 +95,7 @@ async fn a_panic_in_a_lane_leaves_the_lane_running() {
     }
     test.settled().await.unwrap();
     assert_eq!(*seen.0.lock().unwrap(), vec![1, 2, 3]);
-    assert_eq!(test.dead_lettered("numbers").len(), 2);
+    assert_eq!(test.rejected("numbers").len(), 2);
     test.stop().await.unwrap();
 }
 
@@ -179,7 +179,7 @@ async fn a_message_is_rejected_when_its_attempts_run_out() {
     test.publish_json("jobs", &1u64).await.unwrap();
     test.settled().await.unwrap();
     assert_eq!(log.0.lock().unwrap().len(), 2);
-    let dead = test.dead_lettered("jobs");
+    let dead = test.rejected("jobs");
     assert_eq!(dead.len(), 1);
     assert_eq!(
         dead[0].reason,
@@ -216,6 +216,8 @@ async fn impossible_mount_settings_fail_startup() {
     for configure in [
         (|m: conveyor::MountOptions| m.workers(0)) as fn(_) -> _,
         |m| m.batch(5),
+        // Keys spread over workers; without them this would silently be one lane.
+        |m| m.by_key(),
     ] {
         let error = App::new("bad")
             .mount(broker.queue("jobs"), any, configure)
@@ -224,6 +226,12 @@ async fn impossible_mount_settings_fail_startup() {
             .unwrap_err();
         assert!(matches!(error, Error::Config(_)), "{error}");
     }
+}
+
+#[test]
+fn by_key_before_workers_still_makes_lanes() {
+    let options = conveyor::MountOptions::default().by_key().workers(3);
+    assert_eq!(options.dispatch(), conveyor::Dispatch::Lanes(3));
 }
 
 /// A source whose queue does not exist, or whose subscription ends after one delivery.
@@ -266,7 +274,10 @@ async fn a_subscription_that_cannot_start_fails_startup() {
         .run_until(std::future::pending())
         .await
         .unwrap_err();
-    assert_eq!(error.to_string(), "cannot subscribe to queue `scripted`");
+    assert_eq!(
+        error.to_string(),
+        "cannot subscribe to queue `scripted`: no such queue"
+    );
 }
 
 #[tokio::test]

@@ -57,7 +57,7 @@ async fn a_panic_while_decoding_goes_to_the_failure_policy_and_the_lanes_keep_ru
     let mut handled = seen.all();
     handled.sort();
     assert_eq!(handled, ["a", "b", "c", "d"]);
-    let dead = test.dead_lettered("q");
+    let dead = test.rejected("q");
     assert_eq!(dead.len(), 3);
     assert!(
         dead[0].reason.contains("the decoder blew up"),
@@ -106,7 +106,7 @@ async fn a_panic_in_an_extractor_goes_to_the_failure_policy_and_no_worker_is_los
     let mut handled = seen.all();
     handled.sort();
     assert_eq!(handled, ["10", "11", "12", "13"]);
-    assert_eq!(test.dead_lettered("q").len(), 4);
+    assert_eq!(test.rejected("q").len(), 4);
     test.stop().await.unwrap();
 }
 
@@ -436,7 +436,7 @@ async fn a_panic_converting_a_batch_outcome_goes_to_the_failure_policy() {
         test.publish_json("q", &n).await.unwrap();
     }
     test.settled().await.unwrap();
-    let dead = test.dead_lettered("q");
+    let dead = test.rejected("q");
     assert_eq!(dead.len(), 3);
     assert!(
         dead[0].reason.contains("the outcome blew up"),

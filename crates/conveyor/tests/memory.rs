@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use conveyor::testing::TestApp;
 use conveyor::{
-    App, Json, MemoryBroker, Message, Outcome, PartitionKey, Publisher, QueueOptions, Settlement,
-    Source, State, SubscribeSettings, Subscriber,
+    App, Broker, Json, MemoryBroker, Message, Outcome, PartitionKey, Publisher, QueueSpec,
+    Settlement, Source, State, SubscribeSettings, Subscriber,
 };
 
 /// For one group: how many of its messages run right now, the most at once, the order.
@@ -119,7 +119,10 @@ async fn always_retry(Json(_n): Json<u64>, State(count): State<Arc<AtomicUsize>>
 #[tokio::test]
 async fn a_message_received_more_than_the_max_receive_count_is_dead_lettered() {
     let broker = MemoryBroker::new();
-    broker.declare_queue("jobs", QueueOptions::new().dead_letter_queue("jobs.dlq", 3));
+    broker
+        .declare_queue(&QueueSpec::new("jobs").dead_letter_queue("jobs.dlq", 3))
+        .await
+        .unwrap();
     let attempts = Arc::new(AtomicUsize::new(0));
     let app = App::new("redrive").with_state(attempts.clone()).mount(
         broker.queue("jobs"),
@@ -131,7 +134,7 @@ async fn a_message_received_more_than_the_max_receive_count_is_dead_lettered() {
     test.publish_json("jobs", &1u64).await.unwrap();
     test.settled().await.unwrap();
     assert_eq!(attempts.load(Ordering::SeqCst), 3);
-    let dead = test.dead_lettered("jobs");
+    let dead = test.rejected("jobs");
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].dead_letter_queue.as_deref(), Some("jobs.dlq"));
     assert!(
@@ -146,10 +149,10 @@ async fn a_message_received_more_than_the_max_receive_count_is_dead_lettered() {
 #[tokio::test]
 async fn a_rejected_message_carries_its_reason_into_the_dead_letter_queue() {
     let broker = MemoryBroker::new();
-    broker.declare_queue(
-        "jobs",
-        QueueOptions::new().dead_letter_queue("jobs.dlq", 10),
-    );
+    broker
+        .declare_queue(&QueueSpec::new("jobs").dead_letter_queue("jobs.dlq", 10))
+        .await
+        .unwrap();
     broker.publish("jobs", Message::new("x")).await.unwrap();
     let mut subscriber = broker
         .queue("jobs")

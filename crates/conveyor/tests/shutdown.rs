@@ -4,7 +4,10 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use conveyor::{App, Json, MemoryBroker, MountOptions, Publisher, State};
+use conveyor::{
+    App, DeadLetter, Json, MemoryBroker, MemoryQueue, Message, MountOptions, Publisher, QueueDepth,
+    QueueSpec, State,
+};
 use tokio::sync::Semaphore;
 
 /// Handlers that wait for the test to let them finish, noting who started and finished.
@@ -149,11 +152,43 @@ async fn sequential_shutdown_releases_nothing_it_has_not_received() {
     assert_eq!(stats.ready as u64 + stats.acked, 3);
 }
 
-/// A broker that notes when it is closed, next to what the handler noted.
+/// An in-process broker that notes when it is closed, next to what the handler noted.
 #[derive(Clone, Default)]
-struct Events(Arc<Mutex<Vec<&'static str>>>);
+struct Events(Arc<Mutex<Vec<&'static str>>>, MemoryBroker);
+
+impl Publisher for Events {
+    async fn publish(&self, destination: &str, message: Message) -> Result<(), conveyor::Error> {
+        self.1.publish(destination, message).await
+    }
+}
 
 impl conveyor::Broker for Events {
+    type Queue = MemoryQueue;
+
+    fn queue(&self, name: &str) -> MemoryQueue {
+        self.1.queue(name)
+    }
+
+    async fn declare_queue(&self, spec: &QueueSpec) -> Result<(), conveyor::Error> {
+        conveyor::Broker::declare_queue(&self.1, spec).await
+    }
+
+    async fn delete_queue(&self, name: &str) -> Result<(), conveyor::Error> {
+        conveyor::Broker::delete_queue(&self.1, name).await
+    }
+
+    async fn queue_depth(&self, name: &str) -> Result<QueueDepth, conveyor::Error> {
+        self.1.queue_depth(name).await
+    }
+
+    async fn take_dead_letters(
+        &self,
+        queue: &str,
+        max: usize,
+    ) -> Result<Vec<DeadLetter>, conveyor::Error> {
+        self.1.take_dead_letters(queue, max).await
+    }
+
     async fn close(&self) -> Result<(), conveyor::Error> {
         self.0.lock().unwrap().push("broker closed");
         Ok(())

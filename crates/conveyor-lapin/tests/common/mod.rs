@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use conveyor::{Json, Message, Publisher, State};
-use conveyor_lapin::{Binding, ExchangeSpec, ExchangeType, LapinBroker, LapinPublisher, QueueSpec};
+use conveyor::{Json, Message, Publisher, QueueSpec, State};
+use conveyor_lapin::{Binding, ExchangeSpec, ExchangeType, LapinBroker, LapinPublisher};
 
 /// The broker the live tests use.
 pub const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
@@ -101,15 +101,31 @@ pub async fn declare_bound_queue(
         .unwrap();
 }
 
-/// Publishes `n` as JSON to `queue` on a new publisher of `broker`.
+/// Publishes `n` as JSON to `queue` through `broker`.
 pub async fn publish_one(broker: &LapinBroker, queue: &str, n: u32) {
-    broker
-        .publisher()
-        .await
-        .unwrap()
-        .publish_json(queue, &n)
-        .await
-        .unwrap();
+    broker.publish_json(queue, &n).await.unwrap();
+}
+
+/// How many messages are ready in `queue`.
+pub async fn ready(broker: &LapinBroker, queue: &str) -> u64 {
+    broker.queue_depth(queue).await.unwrap().ready
+}
+
+/// The arguments the server holds for `queue`, as `rabbitmqctl list_queues` prints them
+/// (`[{"x-queue-type","quorum"},...]`).
+pub fn queue_arguments(queue: &str) -> String {
+    let listing = Command::new("rabbitmqctl")
+        .args(["-q", "-s", "list_queues", "name", "arguments"])
+        .output()
+        .expect("rabbitmqctl");
+    assert!(listing.status.success(), "rabbitmqctl list_queues failed");
+    String::from_utf8_lossy(&listing.stdout)
+        .lines()
+        .find_map(|line| {
+            let (name, arguments) = line.split_once('\t')?;
+            (name == queue).then(|| arguments.to_string())
+        })
+        .unwrap_or_else(|| panic!("no queue {queue} on the broker"))
 }
 
 /// Publishes `message` to `queue`, retrying until the broker confirms it (a publish cut
@@ -248,11 +264,10 @@ pub async fn take_all(queue: &str) -> Vec<Taken> {
     taken
 }
 
-/// Deletes the named queues and exchanges.
+/// Deletes the named queues (with their delay queues) and exchanges.
 pub async fn cleanup(broker: &LapinBroker, queues: &[&str], exchanges: &[&str]) {
     for queue in queues {
         let _ = broker.delete_queue(queue).await;
-        let _ = broker.delete_queue(&format!("{queue}.delay")).await;
     }
     for exchange in exchanges {
         let _ = broker.delete_exchange(exchange).await;

@@ -9,7 +9,8 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use conveyor_sqs::{QueueSpec, SqsBroker};
+use conveyor::{Broker, QueueSpec};
+use conveyor_sqs::SqsBroker;
 
 /// Where `scripts/services/sqs.sh` starts the emulator.
 pub const ENDPOINT: &str = "http://127.0.0.1:4566";
@@ -43,11 +44,12 @@ pub fn unique(name: &str, fifo: bool) -> String {
     format!("t-{name}-{}-{nanos:x}-{n}{suffix}", std::process::id())
 }
 
-/// Creates a queue and returns its name; `delete` removes it again.
+/// Declares a queue and returns its name; `delete` removes it again.
 pub async fn declare(broker: &SqsBroker, spec: QueueSpec) -> String {
-    let name = spec.name().to_string();
-    broker.declare_queue(spec).await.expect("queue created");
-    name
+    if let Err(error) = broker.declare_queue(&spec).await {
+        panic!("cannot declare `{}`: {error}", spec.name());
+    }
+    spec.name().to_string()
 }
 
 /// Deletes the queues a test made.

@@ -7,7 +7,7 @@ use futures_util::FutureExt;
 
 use super::settle::{Failure, REJECTED_BY_HANDLER, settle_failed};
 use super::{End, RetryPause, Run, StopOnDrain, finish};
-use crate::batch::{Batch, BatchOutcome, IntoBatchOutcome};
+use crate::batch::{Batch, BatchOutcome, IntoBatchOutcome, Metadata};
 use crate::delivery::Delivery;
 use crate::error::Error;
 use crate::handler::CallBatch;
@@ -66,7 +66,7 @@ pub(super) async fn drive<H: CallBatch, S: Subscriber>(
 /// on the rest, and settles each by its outcome.
 async fn handle_batch<H: CallBatch>(handler: &H, gathered: &mut Vec<Delivery>, run: &Run) {
     let mut payloads = Vec::with_capacity(gathered.len());
-    let mut keys = Vec::with_capacity(gathered.len());
+    let mut metadata = Vec::with_capacity(gathered.len());
     let mut deliveries = Vec::with_capacity(gathered.len());
     for delivery in gathered.drain(..) {
         // Decoding runs user code (`FromPayload`, serde): a panic there fails this one.
@@ -76,7 +76,7 @@ async fn handle_batch<H: CallBatch>(handler: &H, gathered: &mut Vec<Delivery>, r
         match decoded {
             Ok(Ok(payload)) => {
                 payloads.push(payload);
-                keys.push(delivery.partition_key().cloned());
+                metadata.push(Metadata::of(&delivery));
                 deliveries.push(delivery);
             }
             Ok(Err(error)) => {
@@ -92,7 +92,7 @@ async fn handle_batch<H: CallBatch>(handler: &H, gathered: &mut Vec<Delivery>, r
         return;
     }
     let called = catch_unwind(AssertUnwindSafe(|| {
-        handler.call(Batch::new(payloads, keys), &run.cx)
+        handler.call(Batch::new(payloads, metadata), &run.cx)
     }));
     let future = match called {
         Ok(Ok(future)) => future,

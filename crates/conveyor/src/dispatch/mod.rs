@@ -36,13 +36,20 @@ pub use lanes::lane_for_key;
 pub use settle::MAX_IN_PLACE_HOLD;
 pub(crate) use settle::{Retries, handle_one};
 
-/// Everything a running mount needs besides its handler and subscriber.
-#[derive(Clone, Debug)]
-#[doc(hidden)]
-pub struct Run {
-    pub(crate) cx: Context,
-    pub(crate) options: MountOptions,
-    pub(crate) shutdown: Shutdown,
+pub(crate) use run::Run;
+
+/// Public in name, because the sealed `Endpoint` trait mentions it, but in a private
+/// module, so no one outside the crate can name it.
+mod run {
+    use super::{Context, MountOptions, Shutdown};
+
+    /// Everything a running mount needs besides its handler and subscriber.
+    #[derive(Clone, Debug)]
+    pub struct Run {
+        pub(crate) cx: Context,
+        pub(crate) options: MountOptions,
+        pub(crate) shutdown: Shutdown,
+    }
 }
 
 /// Where the app is in its life, as the mounts see it.

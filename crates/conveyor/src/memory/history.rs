@@ -35,7 +35,7 @@ impl RecordedMessage {
 /// dead-letter queue.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
-pub struct DeadLetter {
+pub struct Rejected {
     /// The message as it was rejected.
     pub message: RecordedMessage,
     /// Why it was rejected.
@@ -48,7 +48,7 @@ pub struct DeadLetter {
 struct Log {
     published: HashMap<String, Vec<RecordedMessage>>,
     acked: HashMap<String, Vec<RecordedMessage>>,
-    dead_lettered: HashMap<String, Vec<DeadLetter>>,
+    rejected: HashMap<String, Vec<Rejected>>,
 }
 
 /// The broker's history: off by default, so a long-running local service keeps nothing.
@@ -96,14 +96,14 @@ impl History {
         }
     }
 
-    /// Dead letters are always counted in stats; their contents only while recording.
-    pub(super) fn record_dead_letter(&self, queue: &str, dead_letter: DeadLetter) {
+    /// Rejects are always counted in stats; their contents only while recording.
+    pub(super) fn record_rejected(&self, queue: &str, rejected: Rejected) {
         if self.is_recording() {
             self.with_log(|log| {
-                log.dead_lettered
+                log.rejected
                     .entry(queue.to_string())
                     .or_default()
-                    .push(dead_letter)
+                    .push(rejected)
             });
         }
     }
@@ -116,7 +116,7 @@ impl History {
         self.with_log(|log| log.acked.get(queue).cloned().unwrap_or_default())
     }
 
-    pub(super) fn dead_lettered(&self, queue: &str) -> Vec<DeadLetter> {
-        self.with_log(|log| log.dead_lettered.get(queue).cloned().unwrap_or_default())
+    pub(super) fn rejected(&self, queue: &str) -> Vec<Rejected> {
+        self.with_log(|log| log.rejected.get(queue).cloned().unwrap_or_default())
     }
 }

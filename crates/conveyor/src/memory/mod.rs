@@ -10,14 +10,14 @@
 //! received more often than that, as SQS's redrive policy does.
 //!
 //! ```
-//! use conveyor::{MemoryBroker, Message, Publisher, QueueOptions};
+//! use conveyor::{Broker, MemoryBroker, Message, Publisher, QueueSpec};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), conveyor::Error> {
 //! let broker = MemoryBroker::new();
-//! broker.declare_queue("orders", QueueOptions::new().dead_letter_queue("orders.dlq", 3));
+//! broker.declare_queue(&QueueSpec::new("orders").dead_letter_queue("orders.dlq", 3)).await?;
 //! broker.publish("orders", Message::new("hello").partition_key("alice")).await?;
-//! assert_eq!(broker.stats("orders").ready, 1);
+//! assert_eq!(broker.queue_depth("orders").await?.ready, 1);
 //! # Ok(())
 //! # }
 //! ```
@@ -34,9 +34,10 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-pub use history::{DeadLetter, RecordedMessage};
+pub use history::{RecordedMessage, Rejected};
 pub use subscriber::MemorySubscriber;
 
+use crate::admin::{DeadLetter, QueueDepth, QueueSpec};
 use crate::error::Error;
 use crate::message::{Message, PartitionKey};
 use crate::transport::{Broker, Publisher, Source, SubscribeSettings};
@@ -48,29 +49,25 @@ pub const PARTITION_KEY_HEADER: &str = "x-partition-key";
 
 pub use crate::outcome::REJECT_REASON_HEADER;
 
-/// Settings of one in-process queue.
+/// Settings of one in-process queue, from its [`QueueSpec`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct QueueOptions {
+pub(crate) struct QueueOptions {
     /// Where rejected messages go; `None` discards them.
-    pub dead_letter_queue: Option<String>,
+    dead_letter_queue: Option<String>,
     /// With a dead-letter queue: a message received more often than this is
     /// dead-lettered instead of delivered again.
-    pub max_receive_count: Option<u32>,
+    max_receive_count: Option<u32>,
+    /// How long a message published without a delay of its own waits.
+    delay: Option<Duration>,
 }
 
-impl QueueOptions {
-    /// No dead-letter queue.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Rejected messages, and messages received more than `max_receive_count` times, go
-    /// to `queue`.
-    pub fn dead_letter_queue(mut self, queue: impl Into<String>, max_receive_count: u32) -> Self {
-        self.dead_letter_queue = Some(queue.into());
-        self.max_receive_count = Some(max_receive_count);
-        self
+impl From<&QueueSpec> for QueueOptions {
+    fn from(spec: &QueueSpec) -> Self {
+        QueueOptions {
+            dead_letter_queue: spec.dead_letter().map(|policy| policy.queue.clone()),
+            max_receive_count: spec.dead_letter().map(|policy| policy.max_receive_count),
+            delay: spec.delivery_delay(),
+        }
     }
 }
 
@@ -153,19 +150,14 @@ impl MemoryBroker {
         }
     }
 
-    /// Creates the queue `name` with `options`, or changes an existing queue's options.
-    pub fn declare_queue(&self, name: &str, options: QueueOptions) {
-        self.inner.queue(name).set_options(options);
-    }
-
     /// Counts for the queue `name` (all zero for a queue never used).
     pub fn stats(&self, name: &str) -> QueueStats {
         self.inner.queue(name).stats()
     }
 
-    /// Starts or stops keeping copies of what is published, acked and dead-lettered, for
+    /// Starts or stops keeping copies of what is published, acked and rejected, for
     /// [`published`](Self::published), [`acked`](Self::acked) and
-    /// [`dead_lettered`](Self::dead_lettered). Off by default.
+    /// [`rejected`](Self::rejected). Off by default.
     pub fn record_history(&self, on: bool) {
         self.inner.history.set_recording(on);
     }
@@ -180,9 +172,10 @@ impl MemoryBroker {
         self.inner.history.acked(queue)
     }
 
-    /// Messages rejected from `queue` while recording, in reject order.
-    pub fn dead_lettered(&self, queue: &str) -> Vec<DeadLetter> {
-        self.inner.history.dead_lettered(queue)
+    /// Messages rejected from `queue` while recording, in reject order: those
+    /// dead-lettered and those discarded.
+    pub fn rejected(&self, queue: &str) -> Vec<Rejected> {
+        self.inner.history.rejected(queue)
     }
 
     /// Whether every consumed queue has nothing ready or due and no queue has anything in
@@ -278,6 +271,52 @@ impl Publisher for MemoryBroker {
 }
 
 impl Broker for MemoryBroker {
+    type Queue = MemoryQueue;
+
+    fn queue(&self, name: &str) -> MemoryQueue {
+        MemoryBroker::queue(self, name)
+    }
+
+    /// Creates the queue, or changes an existing queue's settings. The visibility
+    /// timeout is moot here: a delivery stays held until it is settled or its
+    /// subscription ends.
+    async fn declare_queue(&self, spec: &QueueSpec) -> Result<(), Error> {
+        self.inner.queue(spec.name()).set_options(spec.into());
+        Ok(())
+    }
+
+    /// Forgets the queue and what it holds. Subscriptions still open on it keep reading
+    /// the forgotten queue; a publish to the name makes a new one.
+    async fn delete_queue(&self, name: &str) -> Result<(), Error> {
+        self.inner
+            .queues
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(name);
+        self.inner.changed.notify_waiters();
+        Ok(())
+    }
+
+    async fn queue_depth(&self, name: &str) -> Result<QueueDepth, Error> {
+        let stats = self.stats(name);
+        let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        Ok(QueueDepth::new(count(stats.ready))
+            .in_flight(count(stats.in_flight))
+            .delayed(count(stats.delayed)))
+    }
+
+    async fn take_dead_letters(
+        &self,
+        dead_letter_queue: &str,
+        max: usize,
+    ) -> Result<Vec<DeadLetter>, Error> {
+        let taken = self.inner.queue(dead_letter_queue).take_ready(max);
+        Ok(taken
+            .into_iter()
+            .map(|stored| DeadLetter::new(stored.payload, stored.headers, stored.key))
+            .collect())
+    }
+
     /// Nothing to close: the queues live as long as a handle does.
     async fn close(&self) -> Result<(), Error> {
         Ok(())

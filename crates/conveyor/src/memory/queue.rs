@@ -9,7 +9,7 @@ use bytes::Bytes;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::history::{DeadLetter, RecordedMessage};
+use super::history::{RecordedMessage, Rejected};
 use super::{BrokerInner, QueueOptions, QueueStats, REJECT_REASON_HEADER};
 use crate::delivery::{Delivery, Settle, Settled};
 use crate::headers::Headers;
@@ -149,12 +149,28 @@ impl Queue {
         {
             let mut state = self.lock();
             state.stats.published += 1;
-            match delay {
+            // A message's own delay overrides the queue's, as on SQS.
+            match delay.or(state.options.delay) {
                 Some(delay) if !delay.is_zero() => state.delay(stored, delay, false),
                 _ => state.arrive(stored),
             }
         }
         self.changed();
+    }
+
+    /// Removes up to `max` ready messages (delayed ones that fell due included), in
+    /// queue order, whatever their group.
+    pub(super) fn take_ready(&self, max: usize) -> Vec<Stored> {
+        let taken: Vec<Stored> = {
+            let mut state = self.lock();
+            state.promote_due(Instant::now(), self.fifo);
+            let n = max.min(state.ready.len());
+            state.ready.drain(..n).collect()
+        };
+        if !taken.is_empty() {
+            self.broker_changed();
+        }
+        taken
     }
 
     /// Takes the next available message as a delivery, if there is one.
@@ -224,9 +240,9 @@ impl Queue {
             return;
         };
         if broker.history.is_recording() {
-            broker.history.record_dead_letter(
+            broker.history.record_rejected(
                 &self.name,
-                DeadLetter {
+                Rejected {
                     message: stored.record(),
                     reason: reason.to_string(),
                     dead_letter_queue: dead_letter_queue.clone(),

@@ -1,0 +1,137 @@
+//! A queue to mount a handler on, by name, and how its subscription consumes it.
+
+use conveyor::{Source, SubscribeSettings};
+
+use crate::broker::LapinBroker;
+use crate::spec::delay_queue_of;
+use crate::subscriber::LapinSubscriber;
+
+/// A RabbitMQ queue to mount a handler on, by name: from [`LapinBroker::queue`] (or
+/// [`conveyor::Broker::queue`]).
+///
+/// Subscribing checks that the queue exists, with a passive declare that leaves its
+/// settings alone, so a queue declared with arguments (quorum, dead-lettering, single
+/// active consumer) keeps them. A missing queue is declared: as this broker declared it
+/// before, else durable with no arguments (in [passive](Self::passive) mode, it is an
+/// error). A queue this broker declared itself with
+/// [`declare_queue`](LapinBroker::declare_queue) is known by its declaration: a reject
+/// then goes to its dead-letter queue with the reason, and one the broker drops by itself
+/// (exclusive, auto-delete, transient) is declared again on the subscription's channel,
+/// so recovering the connection brings it back. Then the subscription sets its prefetch
+/// window and starts a consumer with manual acks.
+///
+/// Retry-after goes through a delay queue, `<queue>.delay` unless named otherwise: the
+/// message is republished there with a per-message TTL of the delay and its attempt
+/// count, and the delay queue dead-letters it back to this queue when the TTL runs out.
+/// Subscribing declares the delay queue (with the same arguments every time, so declaring
+/// it again changes nothing); in passive mode there is none unless one is named with
+/// [`delay_queue`](Self::delay_queue). Without one, retry-after is a retry: the message
+/// goes back to the tail of this queue at once. Per-message TTLs expire at the head of
+/// the queue only, so a short delay waits behind a longer one published before it.
+///
+/// ```no_run
+/// use conveyor::{App, Broker, QueueSpec};
+/// use conveyor_lapin::{LapinBroker, RabbitQueueSpec};
+///
+/// async fn handle(conveyor::Json(n): conveyor::Json<u64>) {}
+///
+/// # async fn f() -> Result<(), conveyor::Error> {
+/// let broker = LapinBroker::connect("amqp://guest:guest@127.0.0.1:5672/%2f").await?;
+/// broker.declare_queue(&QueueSpec::new("numbers").quorum()).await?;
+/// App::new("numbers")
+///     .mount(broker.queue("numbers").prefetch(64), handle, |m| m.workers(4))
+///     .run()
+///     .await
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct LapinQueue {
+    pub(crate) broker: LapinBroker,
+    pub(crate) name: String,
+    pub(crate) prefetch: Option<u16>,
+    pub(crate) delay_queue: Option<String>,
+    /// Whether the delay queue was named with [`LapinQueue::delay_queue`] (so it is
+    /// declared even in passive mode).
+    pub(crate) delay_queue_named: bool,
+    pub(crate) consumer_tag: Option<String>,
+    pub(crate) passive: bool,
+}
+
+impl LapinQueue {
+    pub(crate) fn new(broker: LapinBroker, name: &str) -> Self {
+        LapinQueue {
+            broker,
+            name: name.to_string(),
+            prefetch: None,
+            delay_queue: Some(delay_queue_of(name)),
+            delay_queue_named: false,
+            consumer_tag: None,
+            passive: false,
+        }
+    }
+
+    /// The queue's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The prefetch window for this queue's subscriptions, over the broker's default (a
+    /// mount's own `prefetch(..)` still wins).
+    pub fn prefetch(mut self, window: u16) -> Self {
+        self.prefetch = Some(window);
+        self
+    }
+
+    /// Uses `queue` as this queue's delay queue for retry-after (declared when the
+    /// subscription starts, passive mode included).
+    pub fn delay_queue(mut self, queue: impl Into<String>) -> Self {
+        self.delay_queue = Some(queue.into());
+        self.delay_queue_named = true;
+        self
+    }
+
+    /// No delay queue: retry-after puts the message back at once (republished with its
+    /// attempt count, as a retry).
+    pub fn without_delay_queue(mut self) -> Self {
+        self.delay_queue = None;
+        self.delay_queue_named = false;
+        self
+    }
+
+    /// The consumer tag (default: `conveyor.<process id>.<n>`, unique in the process).
+    pub fn consumer_tag(mut self, tag: impl Into<String>) -> Self {
+        self.consumer_tag = Some(tag.into());
+        self
+    }
+
+    /// Declares nothing, for topology owned elsewhere: subscribing fails with an error
+    /// naming the queue when it does not exist, and retry-after has no delay queue
+    /// unless one is named with [`delay_queue`](Self::delay_queue).
+    pub fn passive(mut self) -> Self {
+        self.passive = true;
+        self
+    }
+
+    /// The delay queue's name, if retry-after uses one.
+    pub fn delay_queue_name(&self) -> Option<&str> {
+        self.delay_queue.as_deref()
+    }
+}
+
+impl Source for LapinQueue {
+    type Subscriber = LapinSubscriber;
+
+    fn queue_name(&self) -> &str {
+        &self.name
+    }
+
+    async fn subscribe(
+        self,
+        settings: SubscribeSettings,
+    ) -> Result<LapinSubscriber, conveyor::Error> {
+        let queue = self.name.clone();
+        LapinSubscriber::open(self, settings)
+            .await
+            .map_err(|e| e.into_subscribe(&queue))
+    }
+}

@@ -1,0 +1,103 @@
+//! The README's service, on the broker its first argument names: `memory` (the default),
+//! `rabbitmq` (127.0.0.1:5672) or `sqs` (the emulator on 127.0.0.1:4566).
+//!
+//! Run with `cargo run --example service -- rabbitmq`. `serve` is the same code on every
+//! broker; only the line in `main` that makes the broker differs. It declares its queues,
+//! publishes three orders, handles them on two lanes keyed by customer, and exits once
+//! the three are placed.
+
+use std::future::Future;
+
+use conveyor::{App, Broker, Json, MemoryBroker, Message, PartitionKey, QueueSpec, State};
+use conveyor_lapin::LapinBroker;
+use conveyor_sqs::SqsBroker;
+use tokio::sync::mpsc;
+
+#[derive(serde::Deserialize, serde::Serialize)]
+struct Order {
+    id: u64,
+    item: String,
+}
+
+/// Where placed orders go: a channel `main` reads to know when to stop.
+#[derive(Clone)]
+struct Db(mpsc::UnboundedSender<u64>);
+
+async fn place(
+    Json(order): Json<Order>,
+    key: PartitionKey,
+    State(db): State<Db>,
+) -> Result<(), std::io::Error> {
+    println!("{key}: order {} for {}", order.id, order.item);
+    db.0.send(order.id).map_err(std::io::Error::other)
+}
+
+/// The service, on any broker: declares its queues, publishes three orders, and serves
+/// until `shutdown`.
+async fn serve<B: Broker>(
+    broker: B,
+    db: Db,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), conveyor::Error> {
+    broker
+        .declare_queue(&QueueSpec::new("orders-dead.fifo"))
+        .await?;
+    let orders = QueueSpec::new("orders.fifo").dead_letter_queue("orders-dead.fifo", 5);
+    broker.declare_queue(&orders).await?;
+    for (id, customer) in [(1, "alice"), (2, "bob"), (3, "alice")] {
+        let order = Order {
+            id,
+            item: "tea".into(),
+        };
+        broker
+            .publish(
+                "orders.fifo",
+                Message::json(&order)?.partition_key(customer),
+            )
+            .await?;
+    }
+    App::new("orders")
+        .broker(broker.clone())
+        .with_state(db)
+        .mount(broker.queue("orders.fifo"), place, |m| {
+            m.workers(2).by_key()
+        })
+        .run_until(shutdown)
+        .await
+}
+
+/// Serves until three orders are placed, on queues emptied first (by deleting them, so a
+/// second run starts afresh). The app closes the broker as it stops.
+async fn serve_three<B: Broker>(broker: B) -> Result<(), conveyor::Error> {
+    broker.delete_queue("orders.fifo").await?;
+    broker.delete_queue("orders-dead.fifo").await?;
+    let (db, mut placed) = mpsc::unbounded_channel();
+    let three_placed = async move {
+        for _ in 0..3 {
+            placed.recv().await;
+        }
+    };
+    serve(broker, Db(db), three_placed).await
+}
+
+#[tokio::main]
+async fn main() -> Result<(), conveyor::Error> {
+    match std::env::args().nth(1).as_deref().unwrap_or("memory") {
+        "memory" => serve_three(MemoryBroker::new()).await,
+        "rabbitmq" => {
+            serve_three(LapinBroker::connect("amqp://guest:guest@127.0.0.1:5672/%2f").await?).await
+        }
+        "sqs" => {
+            let broker = SqsBroker::builder()
+                .endpoint("http://127.0.0.1:4566")
+                .region("us-east-1")
+                .static_credentials("test", "test")
+                .build()
+                .await?;
+            serve_three(broker).await
+        }
+        other => Err(conveyor::Error::config(format!(
+            "unknown broker `{other}`: name memory, rabbitmq or sqs"
+        ))),
+    }
+}
