@@ -8,7 +8,9 @@ use conveyor::{DeadLetter, Error, QueueDepth, QueueSpec};
 use crate::attributes;
 use crate::broker::{Created, SqsBroker, transport};
 use crate::calls::Calls;
-use crate::error::{Report, SqsError, no_such_queue};
+use conveyor::Report;
+
+use crate::error::{SqsError, no_such_queue};
 use crate::queue::QueueInfo;
 use crate::settle::{BATCH_LIMIT, Delete, with_retries};
 use crate::spec::Declaration;

@@ -105,28 +105,6 @@ impl SqsError {
     }
 }
 
-/// Shows an error and its causes on one line, joined by `: `, skipping a cause whose text
-/// the one before it already ends with: what the transport's own logs print, since an
-/// [`SqsError::Call`] shows its SDK error only as its source.
-pub(crate) struct Report<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
-
-impl fmt::Display for Report<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut shown = self.0.to_string();
-        f.write_str(&shown)?;
-        let mut next = self.0.source();
-        while let Some(cause) = next {
-            let text = cause.to_string();
-            if !shown.ends_with(&text) {
-                write!(f, ": {text}")?;
-            }
-            shown = text;
-            next = cause.source();
-        }
-        Ok(())
-    }
-}
-
 /// Whether SQS answered that the queue does not exist, in either spelling of the code.
 pub(crate) fn no_such_queue<E, R>(error: &SdkError<E, R>) -> bool
 where

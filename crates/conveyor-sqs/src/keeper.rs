@@ -16,7 +16,9 @@ use tokio::time::Instant;
 
 use crate::attributes::{self, Outgoing};
 use crate::calls::{Calls, Failed};
-use crate::error::{Report, SqsError};
+use conveyor::Report;
+
+use crate::error::SqsError;
 use crate::inflight::{InFlight, Op, Rejected};
 use crate::publisher::{chunk_lengths, unique_id};
 use crate::queue::{DeadLetter, QueueInfo};

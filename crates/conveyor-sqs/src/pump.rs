@@ -11,7 +11,9 @@ use tokio::sync::{Notify, watch};
 
 use crate::attributes;
 use crate::broker::Settings;
-use crate::error::{Report, SqsError, cannot_heal};
+use conveyor::Report;
+
+use crate::error::{SqsError, cannot_heal};
 use crate::inflight::InFlight;
 use crate::queue::QueueInfo;
 use crate::settle::Settler;

@@ -12,7 +12,9 @@ use conveyor::{Settle, Settled, Settlement};
 use tokio::sync::watch;
 
 use crate::calls::{Calls, Failed};
-use crate::error::{Report, SqsError};
+use conveyor::Report;
+
+use crate::error::SqsError;
 use crate::inflight::{InFlight, Op, Rejected};
 use crate::queue::QueueInfo;
 

@@ -9,7 +9,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::broker::{Created, SqsBroker, is_url};
-use crate::error::{Report, SqsError};
+use conveyor::Report;
+
+use crate::error::SqsError;
 use crate::inflight::InFlight;
 use crate::keeper::Keeper;
 use crate::pump::{Handover, Next, Pump};

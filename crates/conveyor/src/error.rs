@@ -18,7 +18,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 #[non_exhaustive]
 pub enum Error {
     /// A subscription could not start (queue missing, broker unreachable, bad settings).
-    #[error("cannot subscribe to queue `{queue}`: {}", Chain(source.as_ref()))]
+    #[error("cannot subscribe to queue `{queue}`: {}", Report(source.as_ref()))]
     Subscribe {
         /// The queue the subscription was for.
         queue: String,
@@ -27,7 +27,7 @@ pub enum Error {
         source: BoxError,
     },
     /// A message could not be published.
-    #[error("cannot publish to `{destination}`: {}", Chain(source.as_ref()))]
+    #[error("cannot publish to `{destination}`: {}", Report(source.as_ref()))]
     Publish {
         /// The queue, exchange or topic the message was for.
         destination: String,
@@ -36,7 +36,7 @@ pub enum Error {
         source: BoxError,
     },
     /// A payload could not be encoded before publishing.
-    #[error("cannot encode payload as {format}: {}", Chain(source.as_ref()))]
+    #[error("cannot encode payload as {format}: {}", Report(source.as_ref()))]
     Encode {
         /// The format that was asked for (`json`, ...).
         format: &'static str,
@@ -45,7 +45,7 @@ pub enum Error {
         source: BoxError,
     },
     /// A broker connection or channel failed outside a subscribe or publish call.
-    #[error("transport `{transport}` failed: {}", Chain(source.as_ref()))]
+    #[error("transport `{transport}` failed: {}", Report(source.as_ref()))]
     Transport {
         /// Which transport (`memory`, `rabbitmq`, `sqs`).
         transport: &'static str,
@@ -93,11 +93,20 @@ impl Error {
     }
 }
 
-/// Shows an error and its causes, joined by `: `, skipping a cause whose text the one
-/// before it already ends with (an error that quotes its own source).
-struct Chain<'a>(&'a (dyn std::error::Error + 'static));
+/// Shows an error and its causes on one line, joined by `: `, skipping a cause whose
+/// text the one before it already ends with (an error that quotes its own source). For
+/// logging any error whole: `tracing::warn!(error = %Report(&error), ...)`.
+///
+/// ```
+/// use conveyor::Report;
+///
+/// let io = std::io::Error::other("refused");
+/// let error = conveyor::Error::Transport { transport: "x", source: Box::new(io) };
+/// assert_eq!(Report(&error).to_string(), "transport `x` failed: refused");
+/// ```
+pub struct Report<'a>(pub &'a (dyn std::error::Error + 'static));
 
-impl fmt::Display for Chain<'_> {
+impl fmt::Display for Report<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut shown = self.0.to_string();
         f.write_str(&shown)?;

@@ -63,7 +63,7 @@ pub use app::{App, DEFAULT_SHUTDOWN_TIMEOUT, RunningApp, shutdown_signal};
 pub use batch::{Batch, BatchOutcome, IntoBatchOutcome};
 pub use bytes::Bytes;
 pub use delivery::{Delivery, Settle, Settled};
-pub use error::{BoxError, Error, Result};
+pub use error::{BoxError, Error, Report, Result};
 pub use extract::{Context, DeliveryInfo, FromContext, FromDelivery, Rejection, State};
 pub use handler::Handler;
 pub use headers::{HeaderName, Headers};
