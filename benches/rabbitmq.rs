@@ -116,8 +116,7 @@ async fn conveyor_run(broker: &LapinBroker, queue: &str, n: u64, lanes: bool) ->
     let start = Instant::now();
     let running = App::new("bench")
         .with_state(counter.clone())
-        .mount(broker.queue(queue), handle, move |m| {
-            let m = m.prefetch(PREFETCH);
+        .mount(broker.queue(queue).prefetch(PREFETCH), handle, move |m| {
             if lanes { m.workers(4).by_key() } else { m }
         })
         .start()

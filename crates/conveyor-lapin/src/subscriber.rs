@@ -165,21 +165,17 @@ impl LapinSubscriber {
         let delay_queue = delay_queue.filter(|_| !passive || delay_queue_named);
         let routes = open_routes(&broker, &queue, known.as_deref(), delay_queue).await?;
 
-        let window = settings
-            .prefetch
-            .or(prefetch)
+        let window = prefetch
             .or(broker.inner.prefetch)
             .unwrap_or_else(|| default_prefetch(&settings));
-        if settings.concurrent && window == 1 {
+        if usize::from(window) < settings.max_in_flight {
+            // Workers and lanes then take turns, and batches never fill.
             tracing::warn!(
                 queue = %queue,
-                "prefetch 1 with workers or lanes: the broker sends one message at a time, so they take turns; raise the prefetch"
+                prefetch = window,
+                mount_holds = settings.max_in_flight,
+                "the prefetch window is smaller than what the mount can hold, so it waits for the broker; raise the prefetch"
             );
-        }
-        if let Some(size) = settings.batch_size
-            && usize::from(window) < size
-        {
-            tracing::warn!(queue = %queue, prefetch = window, batch = size, "prefetch is below the batch size: batches can never fill");
         }
         channel
             .basic_qos(window, BasicQosOptions::default())

@@ -131,9 +131,11 @@ async fn max_concurrency(prefetch: u16) -> usize {
     publisher.publish_batch(&queue, messages).await.unwrap();
     let running = App::new("prefetch")
         .with_state(c.clone())
-        .mount(broker.queue(queue.as_str()), slow, move |m| {
-            m.workers(4).by_key().prefetch(prefetch)
-        })
+        .mount(
+            broker.queue(queue.as_str()).prefetch(prefetch),
+            slow,
+            move |m| m.workers(4).by_key(),
+        )
         .start()
         .await
         .unwrap();
@@ -168,9 +170,11 @@ async fn a_batch_takes_what_has_arrived_up_to_its_size() {
 
     let running = App::new("batch")
         .with_state(seen.clone())
-        .mount(broker.queue(queue.as_str()), record_batch, |m| {
-            m.batch(10).prefetch(50)
-        })
+        .mount(
+            broker.queue(queue.as_str()).prefetch(50),
+            record_batch,
+            |m| m.batch(10),
+        )
         .start()
         .await
         .unwrap();

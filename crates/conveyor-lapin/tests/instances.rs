@@ -178,8 +178,8 @@ async fn draining_hands_the_prefetch_window_back_while_a_handler_runs() {
         .with_state(started.clone())
         .with_state(gate.clone())
         .with_state(seen.clone())
-        .mount(broker.queue(queue.as_str()), gated, |m| {
-            m.workers(1).prefetch(16)
+        .mount(broker.queue(queue.as_str()).prefetch(16), gated, |m| {
+            m.workers(1)
         })
         .start()
         .await

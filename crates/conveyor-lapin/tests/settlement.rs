@@ -138,9 +138,11 @@ async fn retry_after_waits_in_the_delay_queue_and_counts_attempts() {
         // A window of one: a message waiting out its delay must not hold the slot.
         // (Workers hand retries back to the broker; a sequential mount would retry in
         // place.)
-        .mount(broker.queue(queue.as_str()), retry_twice_later, |m| {
-            m.workers(1).prefetch(1)
-        })
+        .mount(
+            broker.queue(queue.as_str()).prefetch(1),
+            retry_twice_later,
+            |m| m.workers(1),
+        )
         .start()
         .await
         .unwrap();
@@ -382,9 +384,11 @@ async fn acks_keep_flowing_while_a_retry_waits_for_its_confirm() {
     let seen = Seen::<(u32, u32)>::default();
     let running = App::new("slow-confirm")
         .with_state(seen.clone())
-        .mount(broker.queue(queue.as_str()), retry_the_first_once, |m| {
-            m.workers(2).prefetch(4)
-        })
+        .mount(
+            broker.queue(queue.as_str()).prefetch(4),
+            retry_the_first_once,
+            |m| m.workers(2),
+        )
         .start()
         .await
         .unwrap();

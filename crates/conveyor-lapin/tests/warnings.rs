@@ -1,5 +1,6 @@
-//! What the transport warns about, and the confirm timeout: a prefetch window of 1 makes
-//! workers and lanes take turns, and a publish whose confirm does not come in time fails.
+//! What the transport warns about, and the confirm timeout: a prefetch window smaller
+//! than what the mount can hold makes workers and lanes take turns, and a publish whose
+//! confirm does not come in time fails.
 
 mod common;
 
@@ -51,17 +52,25 @@ fn logs() -> Logs {
 
 async fn ignore(Json(_n): Json<u64>) {}
 
+async fn count_batch(_batch: conveyor::Batch<Json<u64>>) {}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lanes_with_a_prefetch_of_one_log_a_warning_and_sequential_mounts_do_not() {
+async fn lanes_or_a_batch_wider_than_the_prefetch_log_a_warning_and_sequential_mounts_do_not() {
     let logs = logs();
     let broker = LapinBroker::connect(URL).await.unwrap();
     let lanes = unique("warn-lanes");
+    let batches = unique("warn-batches");
     let sequential = unique("warn-sequential");
     let running = App::new("warnings")
-        .mount(broker.queue(lanes.as_str()), ignore, |m| {
-            m.workers(2).by_key().prefetch(1)
+        .mount(broker.queue(lanes.as_str()).prefetch(1), ignore, |m| {
+            m.workers(2).by_key()
         })
-        .mount(broker.queue(sequential.as_str()), ignore, |m| m.prefetch(1))
+        .mount(
+            broker.queue(batches.as_str()).prefetch(4),
+            count_batch,
+            |m| m.batch(10),
+        )
+        .mount(broker.queue(sequential.as_str()).prefetch(1), ignore, |m| m)
         .start()
         .await
         .unwrap();
@@ -69,12 +78,16 @@ async fn lanes_with_a_prefetch_of_one_log_a_warning_and_sequential_mounts_do_not
     let warnings: Vec<String> = logs
         .text()
         .lines()
-        .filter(|line| line.contains("prefetch 1 with workers or lanes"))
+        .filter(|line| line.contains("the prefetch window is smaller than what the mount can hold"))
         .map(str::to_string)
         .collect();
-    assert_eq!(warnings.len(), 1, "{warnings:?}");
-    assert!(warnings[0].contains(&lanes), "{warnings:?}");
-    cleanup(&broker, &[&lanes, &sequential], &[]).await;
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    assert!(warnings.iter().any(|w| w.contains(&lanes)), "{warnings:?}");
+    assert!(
+        warnings.iter().any(|w| w.contains(&batches)),
+        "{warnings:?}"
+    );
+    cleanup(&broker, &[&lanes, &batches, &sequential], &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -137,8 +137,6 @@ impl App {
         let checked = endpoint.clone();
         let mut settings = SubscribeSettings::new(options.max_in_flight());
         settings.batch_size = options.batch_size();
-        settings.prefetch = options.prefetch_window();
-        settings.concurrent = options.dispatch() != Dispatch::Sequential;
         self.mounts.push(Mount {
             queue: source.queue_name().to_string(),
             batch_handler: <H::Endpoint as Endpoint>::BATCH,

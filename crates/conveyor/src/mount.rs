@@ -35,7 +35,6 @@ pub struct MountOptions {
     /// `by_key()` was asked for: lanes once there are workers, a startup error without.
     keyed: bool,
     batch_size: Option<usize>,
-    prefetch: Option<u16>,
     policy: FailurePolicy,
 }
 
@@ -45,7 +44,6 @@ impl Default for MountOptions {
             dispatch: Dispatch::Sequential,
             keyed: false,
             batch_size: None,
-            prefetch: None,
             policy: FailurePolicy::default(),
         }
     }
@@ -98,13 +96,6 @@ impl MountOptions {
         self
     }
 
-    /// The read-ahead window to ask the broker for (RabbitMQ `basic.qos`). Transports
-    /// without such a window ignore it.
-    pub fn prefetch(mut self, window: u16) -> Self {
-        self.prefetch = Some(window);
-        self
-    }
-
     /// On handler error, puts the delivery back on the queue at once.
     pub fn retry(mut self) -> Self {
         self.policy.on_error = OnError::Retry;
@@ -146,11 +137,6 @@ impl MountOptions {
     /// The batch size set with [`batch`](Self::batch).
     pub fn batch_size(&self) -> Option<usize> {
         self.batch_size
-    }
-
-    /// The window set with [`prefetch`](Self::prefetch).
-    pub fn prefetch_window(&self) -> Option<u16> {
-        self.prefetch
     }
 
     /// The failure policy.

@@ -25,11 +25,6 @@ pub struct SubscribeSettings {
     pub max_in_flight: usize,
     /// The batch size of a batch mount, `None` for a single-delivery handler.
     pub batch_size: Option<usize>,
-    /// A read-ahead window the mount asked for explicitly (RabbitMQ `basic.qos`).
-    pub prefetch: Option<u16>,
-    /// Whether the mount runs several deliveries at once (workers or lanes), so a
-    /// transport can warn when its window makes that impossible.
-    pub concurrent: bool,
 }
 
 impl SubscribeSettings {
@@ -38,8 +33,6 @@ impl SubscribeSettings {
         SubscribeSettings {
             max_in_flight,
             batch_size: None,
-            prefetch: None,
-            concurrent: max_in_flight > 1,
         }
     }
 }
