@@ -1,9 +1,10 @@
 //! The scenarios' handler and what it writes down: every run of every job.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use conveyor::support;
 use conveyor::{DeliveryInfo, Json, Outcome, PartitionKey, State};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
@@ -103,10 +104,7 @@ impl Journal {
     }
 
     fn runs_locked(&self) -> MutexGuard<'_, Vec<Run>> {
-        self.inner
-            .runs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        support::lock(&self.inner.runs)
     }
 
     /// Every run so far, in the order they ended.

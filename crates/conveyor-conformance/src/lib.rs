@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use std::sync::{Arc, Mutex};
 
-use conveyor::{Broker, DeadLetter, QueueSpec};
+use conveyor::{Broker, DeadLetter, QueueSpec, support};
 
 pub use journal::Journal;
 
@@ -176,10 +176,7 @@ pub trait Queues: Fixture {
                 Ok(taken) => taken,
                 Err(error) => panic!("cannot read the dead-letter queue `{dlq}`: {error}"),
             };
-            let mut all = queue
-                .taken
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut all = support::lock(&queue.taken);
             all.extend(taken);
             all.clone()
         }

@@ -1,9 +1,10 @@
 //! The scenarios: each proves one guarantee of the transport contract on a live broker.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use conveyor::support;
 use conveyor::{
     App, Backoff, Batch, Bytes, Context, DecodeError, Delivery, FromDelivery, FromPayload, Headers,
     Json, Message, MountOptions, Publisher, Rejection, RunningApp, State,
@@ -111,10 +112,7 @@ fn fixed(ms: u64) -> Backoff {
 struct Captured(Arc<Mutex<Vec<(Bytes, Headers)>>>);
 
 async fn capture(payload: Bytes, headers: Headers, State(seen): State<Captured>) {
-    seen.0
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .push((payload, headers));
+    support::lock(&seen.0).push((payload, headers));
 }
 
 /// The payload arrives byte for byte, and so do text and binary headers.
@@ -137,15 +135,11 @@ pub async fn round_trip_keeps_payload_and_headers<F: Fixture>(fixture: &F) {
         .await
         .unwrap_or_else(|error| panic!("the app does not start: {error}"));
     eventually("the message to arrive", || async {
-        !seen
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_empty()
+        !support::lock(&seen.0).is_empty()
     })
     .await;
     stop(app).await;
-    let (got, headers) = seen.0.lock().unwrap_or_else(PoisonError::into_inner)[0].clone();
+    let (got, headers) = support::lock(&seen.0)[0].clone();
     assert_eq!(got, payload);
     assert_eq!(headers.get_str("x-trace"), Some("abc-123"));
     assert_eq!(headers.get("x-binary"), Some(&binary));
@@ -361,11 +355,7 @@ pub async fn retry_after_comes_no_sooner_than_its_delay<F: Fixture>(fixture: &F)
 struct Sizes(Arc<Mutex<Vec<usize>>>);
 
 async fn sizes(batch: Batch<Json<Job>>, State(sizes): State<Sizes>) {
-    sizes
-        .0
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .push(batch.len());
+    support::lock(&sizes.0).push(batch.len());
 }
 
 /// Batch handlers get between one and `size` messages, and every message once.
@@ -380,20 +370,10 @@ pub async fn batches_are_never_empty_and_never_larger_than_their_size<F: Fixture
         .start()
         .await
         .unwrap_or_else(|error| panic!("the app does not start: {error}"));
-    let total = || {
-        seen.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .sum::<usize>()
-    };
+    let total = || support::lock(&seen.0).iter().sum::<usize>();
     eventually("every job in some batch", || async { total() >= JOBS }).await;
     stop(app).await;
-    let sizes = seen
-        .0
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone();
+    let sizes = support::lock(&seen.0).clone();
     assert!(sizes.iter().all(|&n| (1..=4).contains(&n)), "{sizes:?}");
     assert_eq!(total(), JOBS);
     fixture.delete(queue).await;

@@ -55,6 +55,7 @@ mod outcome;
 mod payload;
 mod policy;
 mod state;
+pub mod support;
 pub mod testing;
 mod transport;
 

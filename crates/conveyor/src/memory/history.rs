@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 
 use crate::headers::Headers;
 use crate::message::PartitionKey;
+use crate::support;
 
 /// A copy of a message as the broker held it.
 #[derive(Clone, Debug)]
@@ -68,10 +69,7 @@ impl History {
     }
 
     fn with_log<T>(&self, f: impl FnOnce(&mut Log) -> T) -> T {
-        f(&mut self
-            .log
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()))
+        f(&mut support::lock(&self.log))
     }
 
     pub(super) fn record_published(&self, queue: &str, message: RecordedMessage) {

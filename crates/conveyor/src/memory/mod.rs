@@ -40,6 +40,7 @@ pub use subscriber::MemorySubscriber;
 use crate::admin::{DeadLetter, QueueDepth, QueueSpec};
 use crate::error::Error;
 use crate::message::{Message, PartitionKey};
+use crate::support;
 use crate::transport::{Broker, Publisher, Source, SubscribeSettings};
 use history::History;
 use queue::{Queue, Stored};
@@ -110,10 +111,7 @@ pub(crate) struct BrokerInner {
 
 impl BrokerInner {
     fn queue(self: &Arc<Self>, name: &str) -> Arc<Queue> {
-        let mut queues = self
-            .queues
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut queues = support::lock(&self.queues);
         queues
             .entry(name.to_string())
             .or_insert_with(|| {
@@ -127,10 +125,7 @@ impl BrokerInner {
     }
 
     fn all_queues(&self) -> Vec<Arc<Queue>> {
-        let queues = self
-            .queues
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let queues = support::lock(&self.queues);
         queues.values().cloned().collect()
     }
 }
@@ -184,11 +179,7 @@ impl MemoryBroker {
         let now = Instant::now();
         // Under the map's lock (a queue locks its own state inside it, never the other way
         // round), so checking allocates nothing.
-        let queues = self
-            .inner
-            .queues
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let queues = support::lock(&self.inner.queues);
         queues.values().all(|queue| queue.is_idle(now, delayed))
     }
 
@@ -205,17 +196,9 @@ impl MemoryBroker {
     }
 
     async fn wait_for(&self, delayed: bool) {
-        loop {
-            let changed = self.inner.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            if self.is_idle(delayed) {
-                return;
-            }
-            // Every step towards idle notifies: a take, a settle, and a delayed message
-            // falling due, which its waiting subscriber then takes.
-            changed.await;
-        }
+        // Every step towards idle notifies: a take, a settle, and a delayed message
+        // falling due, which its waiting subscriber then takes.
+        support::wait_for(&self.inner.changed, || self.is_idle(delayed).then_some(())).await;
     }
 
     fn store(&self, destination: &str, message: Message) -> (Arc<Queue>, Stored, Option<Duration>) {
@@ -288,11 +271,7 @@ impl Broker for MemoryBroker {
     /// Forgets the queue and what it holds. Subscriptions still open on it keep reading
     /// the forgotten queue; a publish to the name makes a new one.
     async fn delete_queue(&self, name: &str) -> Result<(), Error> {
-        self.inner
-            .queues
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .remove(name);
+        support::lock(&self.inner.queues).remove(name);
         self.inner.changed.notify_waiters();
         Ok(())
     }

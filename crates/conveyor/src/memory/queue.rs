@@ -15,6 +15,7 @@ use crate::delivery::{Delivery, Settle, Settled};
 use crate::headers::Headers;
 use crate::message::PartitionKey;
 use crate::outcome::Settlement;
+use crate::support;
 
 /// A message at rest in a queue.
 #[derive(Clone, Debug)]
@@ -97,11 +98,7 @@ impl Queue {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding this lock cannot leave the state half-changed in a way
-        // that matters more than stopping the whole broker would, so poison is ignored.
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        support::lock(&self.state)
     }
 
     pub(super) fn set_options(&self, options: QueueOptions) {
