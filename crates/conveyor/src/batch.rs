@@ -104,24 +104,41 @@ impl<'a, P> IntoIterator for &'a Batch<P> {
     }
 }
 
-/// What a batch handler decided: one outcome for the whole batch, or one per element.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum BatchOutcome {
-    /// The same outcome for every element.
-    All(Outcome),
-    /// One outcome per element, in the batch's order.
-    Each(Vec<Outcome>),
+pub(crate) use sealed::BatchOutcome;
+
+/// Public in name, because [`IntoBatchOutcome`] mentions them, but in a private module:
+/// a batch handler speaks the one outcome vocabulary, [`Outcome`], for the whole batch or
+/// per element, and nothing outside the crate can name or add to these.
+mod sealed {
+    use super::Outcome;
+
+    /// What a batch handler decided: one outcome for the whole batch, or one per element.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub enum BatchOutcome {
+        /// The same outcome for every element.
+        All(Outcome),
+        /// One outcome per element, in the batch's order.
+        Each(Vec<Outcome>),
+    }
+
+    /// Seals [`IntoBatchOutcome`](super::IntoBatchOutcome).
+    pub trait Sealed {}
 }
 
-/// Turns what a batch handler returns into a [`BatchOutcome`], or an error that the
-/// mount's failure policy applies to every element.
-///
-/// Implemented for `()`, [`Outcome`], `Vec<Outcome>`, [`BatchOutcome`] and `Result`s of
-/// them. A `Vec` whose length differs from the batch's counts as an error.
-pub trait IntoBatchOutcome {
+/// What a batch handler may return: `()` (ack all), an [`Outcome`] for the whole batch,
+/// a `Vec<Outcome>` with one per element in the batch's order, or a `Result` of one of
+/// them, whose `Err` the mount's failure policy applies to every element. A `Vec` whose
+/// length differs from the batch's counts as an error. Sealed: these are the shapes.
+pub trait IntoBatchOutcome: sealed::Sealed {
     /// The outcome, or the handler's error.
+    #[doc(hidden)]
     fn into_batch_outcome(self) -> Result<BatchOutcome, BoxError>;
 }
+
+impl sealed::Sealed for () {}
+impl sealed::Sealed for Outcome {}
+impl sealed::Sealed for Vec<Outcome> {}
+impl<T: IntoBatchOutcome, E: Into<BoxError>> sealed::Sealed for Result<T, E> {}
 
 impl IntoBatchOutcome for () {
     fn into_batch_outcome(self) -> Result<BatchOutcome, BoxError> {
@@ -138,12 +155,6 @@ impl IntoBatchOutcome for Outcome {
 impl IntoBatchOutcome for Vec<Outcome> {
     fn into_batch_outcome(self) -> Result<BatchOutcome, BoxError> {
         Ok(BatchOutcome::Each(self))
-    }
-}
-
-impl IntoBatchOutcome for BatchOutcome {
-    fn into_batch_outcome(self) -> Result<BatchOutcome, BoxError> {
-        Ok(self)
     }
 }
 

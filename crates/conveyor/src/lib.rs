@@ -61,7 +61,7 @@ mod transport;
 
 pub use admin::{DeadLetter, DeadLetterPolicy, QueueDepth, QueueSpec};
 pub use app::{App, DEFAULT_SHUTDOWN_TIMEOUT, RunningApp, shutdown_signal};
-pub use batch::{Batch, BatchOutcome, IntoBatchOutcome};
+pub use batch::{Batch, IntoBatchOutcome};
 pub use bytes::Bytes;
 pub use delivery::{Delivery, Settle, Settled};
 pub use error::{BoxError, Error, Report, Result};

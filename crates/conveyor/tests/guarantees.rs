@@ -412,40 +412,6 @@ async fn a_retry_longer_than_the_in_place_hold_goes_back_to_the_broker() {
     test.stop().await.unwrap();
 }
 
-/// A batch outcome whose conversion panics.
-struct Explosive;
-
-impl conveyor::IntoBatchOutcome for Explosive {
-    fn into_batch_outcome(self) -> Result<conveyor::BatchOutcome, conveyor::BoxError> {
-        panic!("the outcome blew up")
-    }
-}
-
-async fn explosive(_batch: Batch<Json<u64>>) -> Explosive {
-    Explosive
-}
-
-#[tokio::test]
-async fn a_panic_converting_a_batch_outcome_goes_to_the_failure_policy() {
-    let broker = MemoryBroker::new();
-    let app = App::new("explosive").mount(broker.queue("q"), explosive, |m| {
-        m.batch(2).reject_on_error()
-    });
-    let test = TestApp::start(app, &broker).await.unwrap();
-    for n in 0..3u64 {
-        test.publish_json("q", &n).await.unwrap();
-    }
-    test.settled().await.unwrap();
-    let dead = test.rejected("q");
-    assert_eq!(dead.len(), 3);
-    assert!(
-        dead[0].reason.contains("the outcome blew up"),
-        "{}",
-        dead[0].reason
-    );
-    test.stop().await.unwrap();
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_retry_that_falls_due_goes_back_to_its_place() {
     let broker = MemoryBroker::new();

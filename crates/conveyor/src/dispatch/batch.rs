@@ -112,7 +112,7 @@ async fn handle_batch<H: CallBatch>(handler: &H, gathered: &mut Vec<Delivery>, r
             return;
         }
     };
-    // `into_batch_outcome` is user code too (a custom `IntoBatchOutcome`).
+    // Polling the handler's future runs user code: a panic there fails the batch.
     let finished = AssertUnwindSafe(async { future.await.into_batch_outcome() });
     let failure = match finished.catch_unwind().await {
         Ok(outcome) => match outcome {
