@@ -309,6 +309,16 @@ impl Declaration {
     /// `x-dead-letter-exchange` argument and the `x-dead-letter-routing-key` (else the
     /// queue's own name). `None` without that argument: dead-lettering, if any, then
     /// comes from a policy this crate cannot see.
+    /// The consumer timeout the declaration sets (`x-consumer-timeout`), if any.
+    pub(crate) fn consumer_timeout(&self) -> Option<std::time::Duration> {
+        match self.arguments.get("x-consumer-timeout")? {
+            ArgumentValue::Int(millis) => u64::try_from(*millis)
+                .ok()
+                .map(std::time::Duration::from_millis),
+            _ => None,
+        }
+    }
+
     pub(crate) fn dead_letter_target(&self) -> Option<(&str, &str)> {
         let ArgumentValue::Str(exchange) = self.arguments.get("x-dead-letter-exchange")? else {
             return None;
@@ -438,6 +448,16 @@ mod tests {
         );
         let text = refused(QueueSpec::new("q").visibility_timeout(Duration::ZERO));
         assert!(text.contains("visibility timeout"), "{text}");
+    }
+
+    #[test]
+    fn the_consumer_timeout_bounds_what_a_subscription_can_hold() {
+        let declaration = declared(QueueSpec::new("q").visibility_timeout(Duration::from_secs(90)));
+        assert_eq!(
+            declaration.consumer_timeout(),
+            Some(Duration::from_secs(90))
+        );
+        assert_eq!(declared(QueueSpec::new("q")).consumer_timeout(), None);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use conveyor::{Bytes, Delivery, Settle, SubscribeSettings, Subscriber};
 use futures_util::{FutureExt, StreamExt};
@@ -53,6 +54,8 @@ pub struct LapinSubscriber {
     receiving: bool,
     /// Whether the broker has confirmed the consumer's cancellation.
     cancelled: bool,
+    /// The queue's consumer timeout, where this broker declared one.
+    consumer_timeout: Option<Duration>,
 }
 
 /// The window a mount gets when neither it nor its queue nor its broker names one:
@@ -221,6 +224,7 @@ impl LapinSubscriber {
             stashed: None,
             receiving: true,
             cancelled: false,
+            consumer_timeout: known.as_deref().and_then(Declaration::consumer_timeout),
         })
     }
 
@@ -300,6 +304,14 @@ impl LapinSubscriber {
 }
 
 impl Subscriber for LapinSubscriber {
+    /// The queue's consumer timeout (its spec's `visibility_timeout`), past which
+    /// RabbitMQ 3.12+ closes the channel, so that retries in place stay well within it.
+    /// A queue declared elsewhere gets the core's own cap, below RabbitMQ's default of
+    /// 30 minutes.
+    fn max_hold(&self) -> Option<Duration> {
+        self.consumer_timeout
+    }
+
     async fn recv(&mut self) -> Option<Result<Delivery, conveyor::Error>> {
         if !self.receiving {
             return None;

@@ -197,6 +197,7 @@ impl App {
                 cx,
                 options,
                 shutdown: shutdown.clone(),
+                max_hold: crate::dispatch::MAX_IN_PLACE_HOLD,
             };
             tasks.push(start(run).await?);
         }

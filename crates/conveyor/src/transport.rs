@@ -7,6 +7,7 @@
 //! about any broker.
 
 use std::future::Future;
+use std::time::Duration;
 
 use serde::Serialize;
 
@@ -85,6 +86,17 @@ pub trait Subscriber: Send + 'static {
                 Err(e) => Some(Err(e)),
             }
         }
+    }
+
+    /// The longest this subscription can keep a delivery unsettled before the broker
+    /// takes it back on its own (RabbitMQ's consumer timeout, which then closes the
+    /// channel); `None` where a delivery can be held as long as needed (a transport that
+    /// renews its hold, or whose broker never takes one back). A mount retrying in place
+    /// holds a delivery at most half of it, and at most
+    /// [`MAX_IN_PLACE_HOLD`](crate::dispatch::MAX_IN_PLACE_HOLD); a retry that would
+    /// hold it longer goes back to the broker.
+    fn max_hold(&self) -> Option<Duration> {
+        None
     }
 
     /// Stops receiving, at once: makes no new receive, releases what a receive already

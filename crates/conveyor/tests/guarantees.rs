@@ -472,3 +472,84 @@ async fn a_handler_cancelled_after_retries_in_place_keeps_their_count() {
     assert_eq!(seen.all(), ["3"]);
     test.stop().await.unwrap();
 }
+
+/// An in-process queue whose subscriptions say the broker takes a delivery back after
+/// ten minutes, as a RabbitMQ queue with a consumer timeout does.
+struct HeldTenMinutes(conveyor::MemoryQueue);
+
+struct HeldTenMinutesSubscriber(conveyor::MemorySubscriber);
+
+impl conveyor::Source for HeldTenMinutes {
+    type Subscriber = HeldTenMinutesSubscriber;
+
+    fn queue_name(&self) -> &str {
+        self.0.queue_name()
+    }
+
+    async fn subscribe(
+        self,
+        settings: SubscribeSettings,
+    ) -> Result<HeldTenMinutesSubscriber, conveyor::Error> {
+        Ok(HeldTenMinutesSubscriber(self.0.subscribe(settings).await?))
+    }
+}
+
+impl Subscriber for HeldTenMinutesSubscriber {
+    async fn recv(&mut self) -> Option<Result<conveyor::Delivery, conveyor::Error>> {
+        self.0.recv().await
+    }
+
+    fn max_hold(&self) -> Option<Duration> {
+        Some(Duration::from_secs(10 * 60))
+    }
+
+    async fn stop_receiving(&mut self) {
+        self.0.stop_receiving().await;
+    }
+
+    async fn close(self) {
+        self.0.close().await;
+    }
+}
+
+async fn retry_in_six_minutes(
+    Json(_n): Json<u64>,
+    info: DeliveryInfo,
+    State(runs): State<Arc<AtomicUsize>>,
+) -> Outcome {
+    runs.fetch_add(1, Ordering::SeqCst);
+    if info.attempt == 1 {
+        Outcome::RetryAfter(Duration::from_secs(6 * 60))
+    } else {
+        Outcome::Ack
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_longer_than_half_what_the_subscription_can_hold_goes_back_to_the_broker() {
+    // Six minutes is within the in-place hold, but more than half of the ten the
+    // subscription can hold a delivery.
+    assert!(Duration::from_secs(6 * 60) < conveyor::dispatch::MAX_IN_PLACE_HOLD);
+    let broker = MemoryBroker::new();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = App::new("bounded-hold").with_state(runs.clone()).mount(
+        HeldTenMinutes(broker.queue("q")),
+        retry_in_six_minutes,
+        |m| m,
+    );
+    let test = TestApp::start(app, &broker)
+        .await
+        .unwrap()
+        .with_deadline(Duration::from_secs(3600));
+    test.publish_json("q", &1u64).await.unwrap();
+    test.settled().await.unwrap();
+    let stats = broker.stats("q");
+    assert_eq!(
+        (stats.in_flight, stats.delayed),
+        (0, 1),
+        "waiting on the queue"
+    );
+    test.drained().await.unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    test.stop().await.unwrap();
+}

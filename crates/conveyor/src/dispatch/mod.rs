@@ -49,6 +49,8 @@ mod run {
         pub(crate) cx: Context,
         pub(crate) options: MountOptions,
         pub(crate) shutdown: Shutdown,
+        /// The longest a retry in place may hold a delivery (see `Run::bounded_by`).
+        pub(crate) max_hold: std::time::Duration,
     }
 }
 
@@ -96,10 +98,22 @@ pub(crate) async fn drive_one<H: CallOne, S: Subscriber>(
     subscriber: S,
     run: Run,
 ) -> Result<(), Error> {
+    let run = run.bounded_by(&subscriber);
     match run.options.dispatch() {
         Dispatch::Sequential => sequential::drive(handler, subscriber, run).await,
         Dispatch::Workers(n) => workers::drive(handler, subscriber, run, n).await,
         Dispatch::Lanes(n) => lanes::drive(handler, subscriber, run, n).await,
+    }
+}
+
+impl Run {
+    /// Caps the in-place hold by what the subscription can hold: half of it, which leaves
+    /// the other half for the handler's own runs.
+    fn bounded_by<S: Subscriber>(mut self, subscriber: &S) -> Run {
+        if let Some(limit) = subscriber.max_hold() {
+            self.max_hold = self.max_hold.min(limit / 2);
+        }
+        self
     }
 }
 

@@ -61,7 +61,9 @@ enum Fate {
 /// The longest a mount holds a delivery to retry it in place, counted from its first
 /// failure: well below RabbitMQ's default `consumer_timeout` (30 min), past which the
 /// broker closes the channel, and SQS's 12 hours. A retry that would hold it longer goes
-/// back to the broker, which keeps the delay but not the key's order.
+/// back to the broker, which keeps the delay but not the key's order. A subscription that
+/// can hold a delivery for less ([`Subscriber::max_hold`](crate::Subscriber::max_hold))
+/// lowers it to half of that.
 pub const MAX_IN_PLACE_HOLD: Duration = Duration::from_secs(15 * 60);
 
 async fn run_and_settle<H: CallOne>(
@@ -83,7 +85,7 @@ async fn run_and_settle<H: CallOne>(
             None => Settlement::Retry,
         };
         let held = first_failure.get_or_insert_with(Instant::now).elapsed();
-        let too_long = held.saturating_add(delay.unwrap_or_default()) > MAX_IN_PLACE_HOLD;
+        let too_long = held.saturating_add(delay.unwrap_or_default()) > run.max_hold;
         // Draining: hand the delivery back (with its attempt count) rather than keep the
         // shutdown waiting for its retries.
         if retries == Retries::ToBroker || too_long || run.shutdown.is_requested() {
