@@ -10,7 +10,7 @@ use crate::broker::{Created, SqsBroker, transport};
 use crate::calls::Calls;
 use conveyor::Report;
 
-use crate::error::{SqsError, no_such_queue};
+use crate::error::{SqsError, no_such_queue, shown};
 use crate::queue::QueueInfo;
 use crate::settle::{BATCH_LIMIT, Delete, with_retries};
 use crate::spec::Declaration;
@@ -160,7 +160,9 @@ impl SqsBroker {
             Ok(info) => info,
             Err(SqsError::NoSuchQueue { .. }) => {
                 return Err(Error::config(format!(
-                    "the dead-letter queue `{dead_letter_queue}` of SQS queue `{queue}` does not exist: declare it first"
+                    "the dead-letter queue `{}` of SQS queue `{}` does not exist: declare it first",
+                    shown(dead_letter_queue),
+                    shown(queue)
                 )));
             }
             Err(error) => return Err(transport(error)),

@@ -13,7 +13,7 @@ use aws_sdk_sqs::types::{
 };
 use conveyor::{Bytes, Headers, MessageParts, PartitionKey, REJECT_REASON_HEADER};
 
-use crate::error::SqsError;
+use crate::error::{SqsError, shown};
 
 /// The header that holds a delivery's FIFO message group, which is also its partition
 /// key. Standard queues have no groups, so their deliveries have no key.
@@ -33,45 +33,60 @@ pub(crate) struct Outgoing {
     pub(crate) size: usize,
 }
 
-/// Maps a message's body and headers onto SQS, refusing what SQS would refuse.
-pub(crate) fn encode(queue: &str, parts: &MessageParts) -> Result<Outgoing, SqsError> {
+/// Maps a message's body and headers onto SQS, refusing what SQS would refuse and what
+/// would not come back as it was sent.
+///
+/// On a FIFO queue (`fifo`) a [`PARTITION_KEY_HEADER`] header must hold the message's
+/// partition key: that travels as the message group, and a delivery gets it back in that
+/// header. A standard queue has no groups: there the header is an ordinary attribute.
+/// A header named like the `content-type` or `correlation-id` attribute the message's
+/// properties travel in must hold the same value.
+pub(crate) fn encode(queue: &str, fifo: bool, parts: &MessageParts) -> Result<Outgoing, SqsError> {
+    let group = parts.partition_key.as_ref().map(PartitionKey::as_str);
     let mut attributes = Attributes::new(queue);
-    for (name, value) in parts.headers.iter() {
-        if !name.eq_ignore_ascii_case(PARTITION_KEY_HEADER) {
-            attributes.add(name, value)?;
-        }
-    }
+    attributes.add_headers(&parts.headers, fifo.then_some(group))?;
     if let Some(content_type) = &parts.content_type {
-        attributes.add("content-type", content_type.as_bytes())?;
+        attributes.add_property(
+            CONTENT_TYPE_ATTRIBUTE,
+            "content type",
+            content_type.as_bytes(),
+        )?;
     }
     if let Some(id) = &parts.correlation_id {
-        attributes.add("correlation-id", id.as_bytes())?;
+        attributes.add_property(CORRELATION_ID_ATTRIBUTE, "correlation id", id.as_bytes())?;
     }
     attributes.finish(&parts.payload)
 }
 
 /// A rejected message on its way to a dead-letter queue: its payload and headers as
 /// received, and `reason` in the [`REJECT_REASON_HEADER`] attribute (replacing one an
-/// earlier rejection left).
+/// earlier rejection left; an empty reason is left out, since SQS takes no empty value).
+/// `group` is the message group on a FIFO dead-letter queue, `None` on a standard one.
 pub(crate) fn encode_dead_letter(
     queue: &str,
+    group: Option<&str>,
     payload: &[u8],
     headers: &Headers,
     reason: Option<&str>,
 ) -> Result<Outgoing, SqsError> {
     let mut attributes = Attributes::new(queue);
-    for (name, value) in headers.iter() {
-        if !name.eq_ignore_ascii_case(PARTITION_KEY_HEADER)
-            && !name.eq_ignore_ascii_case(REJECT_REASON_HEADER)
-        {
-            attributes.add(name, value)?;
-        }
-    }
-    if let Some(reason) = reason {
+    let mut kept = headers.clone();
+    kept.remove(REJECT_REASON_HEADER);
+    attributes.add_headers(&kept, group.map(Some))?;
+    if let Some(reason) = reason.filter(|reason| !reason.is_empty()) {
         attributes.add(REJECT_REASON_HEADER, reason.as_bytes())?;
     }
     attributes.finish(payload)
 }
+
+/// The attribute a message's content type travels in.
+const CONTENT_TYPE_ATTRIBUTE: &str = "content-type";
+
+/// The attribute a message's correlation id travels in.
+const CORRELATION_ID_ATTRIBUTE: &str = "correlation-id";
+
+/// The longest message attribute name SQS takes, in characters.
+const MAX_ATTRIBUTE_NAME_CHARS: usize = 256;
 
 /// Message attributes being gathered for one message, with the size SQS counts.
 struct Attributes<'q> {
@@ -96,9 +111,62 @@ impl<'q> Attributes<'q> {
         }
     }
 
+    /// Every header as an attribute. `fifo_group` is `Some(group)` on a FIFO queue: there
+    /// a [`PARTITION_KEY_HEADER`] header is the group's own and travels as the group, so
+    /// it must hold it; on a standard queue (`None`) it is an ordinary attribute.
+    fn add_headers(
+        &mut self,
+        headers: &Headers,
+        fifo_group: Option<Option<&str>>,
+    ) -> Result<(), SqsError> {
+        for (name, value) in headers.iter() {
+            match fifo_group {
+                Some(group) if name.eq_ignore_ascii_case(PARTITION_KEY_HEADER) => {
+                    if group.map(str::as_bytes) != Some(value.as_ref()) {
+                        return Err(self.invalid(format!(
+                            "header `{}` is not the partition key: on a FIFO queue the message group is the partition key, which a delivery carries in that header; set `partition_key` rather than the header",
+                            shown(name)
+                        )));
+                    }
+                }
+                _ => self.add(name, value)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// A message property that travels as the attribute `name`: a header of that name
+    /// (in any case) holding the same value already carries it; one holding another value
+    /// is refused, since only one of them could come back.
+    fn add_property(&mut self, name: &str, what: &str, value: &[u8]) -> Result<(), SqsError> {
+        let header = self
+            .map
+            .iter()
+            .find(|(known, _)| known.eq_ignore_ascii_case(name));
+        match header {
+            None => self.add(name, value),
+            Some((_, attribute)) if attribute_bytes(attribute) == Some(value) => Ok(()),
+            Some((known, _)) => Err(self.invalid(format!(
+                "header `{}` differs from the message's {what}, which travels as the attribute `{name}`: only one of them could come back; drop the header or give it the same value",
+                shown(known)
+            ))),
+        }
+    }
+
     /// Adds `value` as a `String` attribute where SQS takes it as text, else `Binary`.
     fn add(&mut self, name: &str, value: &[u8]) -> Result<(), SqsError> {
         check_attribute_name(name).map_err(|reason| self.invalid(reason))?;
+        if value.is_empty() {
+            return Err(self.invalid(format!(
+                "header `{}` is empty, and SQS takes no empty attribute value",
+                shown(name)
+            )));
+        }
+        self.insert(name, value)
+    }
+
+    /// Adds an attribute whose name is known to be valid.
+    fn insert(&mut self, name: &str, value: &[u8]) -> Result<(), SqsError> {
         let (data_type, attribute) = match std::str::from_utf8(value) {
             Ok(text) if !text.is_empty() && text.chars().all(sqs_allows) => (
                 "String",
@@ -115,8 +183,12 @@ impl<'q> Attributes<'q> {
         };
         let attribute = attribute
             .build()
-            .map_err(|e| self.invalid(format!("header `{name}`: {e}")))?;
-        self.size += name.len() + data_type.len() + value.len();
+            .map_err(|e| self.invalid(format!("header `{}`: {e}", shown(name))))?;
+        self.size = self
+            .size
+            .saturating_add(name.len())
+            .saturating_add(data_type.len())
+            .saturating_add(value.len());
         self.map.insert(name.to_string(), attribute);
         Ok(())
     }
@@ -127,7 +199,7 @@ impl<'q> Attributes<'q> {
         let body = match std::str::from_utf8(payload) {
             Ok(text) if text.chars().all(sqs_allows) && !text.is_empty() => text.to_string(),
             _ => {
-                self.add(BODY_ENCODING_ATTRIBUTE, b"base64")?;
+                self.insert(BODY_ENCODING_ATTRIBUTE, b"base64")?;
                 aws_smithy_types::base64::encode(payload)
             }
         };
@@ -138,10 +210,19 @@ impl<'q> Attributes<'q> {
             )));
         }
         Ok(Outgoing {
-            size: self.size + body.len(),
+            size: self.size.saturating_add(body.len()),
             body,
             attributes: self.map,
         })
+    }
+}
+
+/// The bytes an attribute carries, as [`decode`] hands them over.
+fn attribute_bytes(attribute: &MessageAttributeValue) -> Option<&[u8]> {
+    match (attribute.binary_value(), attribute.string_value()) {
+        (Some(binary), _) => Some(binary.as_ref()),
+        (None, Some(text)) => Some(text.as_bytes()),
+        (None, None) => None,
     }
 }
 
@@ -154,11 +235,7 @@ pub(crate) fn decode(message: &SqsMessage) -> (Bytes, Headers, Option<PartitionK
             base64 = value.string_value() == Some("base64");
             continue;
         }
-        let bytes = match (value.binary_value(), value.string_value()) {
-            (Some(binary), _) => Bytes::copy_from_slice(binary.as_ref()),
-            (None, Some(text)) => Bytes::copy_from_slice(text.as_bytes()),
-            (None, None) => Bytes::new(),
-        };
+        let bytes = attribute_bytes(value).map_or_else(Bytes::new, Bytes::copy_from_slice);
         headers.insert(name.clone(), bytes);
     }
     let body = message.body().unwrap_or_default();
@@ -188,26 +265,40 @@ fn sqs_allows(c: char) -> bool {
     matches!(c, '\u{9}' | '\u{A}' | '\u{D}' | '\u{20}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}' | '\u{10000}'..='\u{10FFFF}')
 }
 
-/// SQS's rules for message attribute names.
+/// SQS's rules for message attribute names, and the name this transport keeps for
+/// itself ([`BODY_ENCODING_ATTRIBUTE`], which a receive takes out of the headers).
 fn check_attribute_name(name: &str) -> Result<(), String> {
-    let lower = name.to_ascii_lowercase();
-    let ok = !name.is_empty()
-        && name.len() <= 256
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-        && !name.starts_with('.')
-        && !name.ends_with('.')
-        && !name.contains("..")
-        && !lower.starts_with("aws.")
-        && !lower.starts_with("amazon.");
-    if ok {
-        Ok(())
+    let prefixed = |prefix: &str| {
+        name.get(..prefix.len())
+            .is_some_and(|start| start.eq_ignore_ascii_case(prefix))
+    };
+    let problem = if name.is_empty() {
+        "is empty".to_string()
+    } else if name.chars().nth(MAX_ATTRIBUTE_NAME_CHARS).is_some() {
+        format!("is longer than the {MAX_ATTRIBUTE_NAME_CHARS} characters SQS takes")
+    } else if let Some(c) = name
+        .chars()
+        .find(|c| !c.is_ascii_alphanumeric() && !matches!(c, '-' | '_' | '.'))
+    {
+        format!(
+            "has `{}`, which SQS refuses (only letters A-Z and a-z, digits, `-`, `_` and `.`)",
+            c.escape_debug()
+        )
+    } else if prefixed("aws.") || prefixed("amazon.") {
+        "starts with `AWS.` or `Amazon.` (in any case), which SQS reserves".to_string()
+    } else if name.starts_with('.') || name.ends_with('.') {
+        "starts or ends with `.`, which SQS refuses".to_string()
+    } else if name.contains("..") {
+        "has `..`, which SQS refuses".to_string()
+    } else if name.eq_ignore_ascii_case(BODY_ENCODING_ATTRIBUTE) {
+        "is the attribute this transport marks a base64 body with".to_string()
     } else {
-        Err(format!(
-            "header `{name}` cannot be an SQS message attribute (letters, digits, `-`, `_`, `.`; no `AWS.`/`Amazon.` prefix)"
-        ))
-    }
+        return Ok(());
+    };
+    Err(format!(
+        "header `{}` cannot be an SQS message attribute: its name {problem}",
+        shown(name)
+    ))
 }
 
 #[cfg(test)]
@@ -215,14 +306,29 @@ mod tests {
     use super::*;
     use conveyor::Message;
 
-    fn sent_and_received(message: Message) -> (Bytes, Headers) {
-        let outgoing = encode("q", &message.into_parts()).expect("encodable");
-        let received = SqsMessage::builder()
+    /// What a receive makes of `outgoing`, on a FIFO queue when `group` is given.
+    fn received(outgoing: Outgoing, group: Option<&str>) -> (Bytes, Headers, Option<PartitionKey>) {
+        let mut message = SqsMessage::builder()
             .body(outgoing.body)
-            .set_message_attributes(Some(outgoing.attributes))
-            .build();
-        let (payload, headers, _) = decode(&received);
+            .set_message_attributes(Some(outgoing.attributes));
+        if let Some(group) = group {
+            message = message.attributes(MessageSystemAttributeName::MessageGroupId, group);
+        }
+        decode(&message.build())
+    }
+
+    fn sent_and_received(message: Message) -> (Bytes, Headers) {
+        let outgoing = encode("q", false, &message.into_parts()).expect("encodable");
+        let (payload, headers, _) = received(outgoing, None);
         (payload, headers)
+    }
+
+    /// Why `message` cannot go to a queue (FIFO when `fifo`).
+    fn refused(fifo: bool, message: Message) -> String {
+        match encode("q", fifo, &message.into_parts()) {
+            Ok(_) => panic!("the message should be refused"),
+            Err(error) => error.to_string(),
+        }
     }
 
     #[test]
@@ -253,8 +359,8 @@ mod tests {
         for i in 0..11 {
             message = message.header(format!("h{i}"), "v");
         }
-        let error = encode("q", &message.into_parts()).err().expect("refused");
-        assert!(error.to_string().contains("at most 10"), "{error}");
+        let error = refused(false, message);
+        assert!(error.contains("at most 10"), "{error}");
     }
 
     #[test]
@@ -263,30 +369,178 @@ mod tests {
         headers.insert("x-tenant", "acme");
         headers.insert(PARTITION_KEY_HEADER, "alice");
         headers.insert(REJECT_REASON_HEADER, "an earlier reason");
-        let outgoing = encode_dead_letter("dead", &[0u8, 0xff], &headers, Some("bad input"))
-            .expect("encodable");
-        let received = SqsMessage::builder()
-            .body(outgoing.body)
-            .set_message_attributes(Some(outgoing.attributes))
-            .build();
-        let (payload, headers, _) = decode(&received);
+        let outgoing = encode_dead_letter(
+            "dead",
+            Some("alice"),
+            &[0u8, 0xff],
+            &headers,
+            Some("bad input"),
+        )
+        .expect("encodable");
+        assert!(
+            !outgoing.attributes.contains_key(PARTITION_KEY_HEADER),
+            "the group travels as the FIFO group, not as an attribute"
+        );
+        let (payload, headers, key) = received(outgoing, Some("alice"));
         assert_eq!(payload.as_ref(), &[0u8, 0xff]);
         assert_eq!(headers.get_str("x-tenant"), Some("acme"));
         assert_eq!(headers.get_str(REJECT_REASON_HEADER), Some("bad input"));
+        assert_eq!(headers.get_str(PARTITION_KEY_HEADER), Some("alice"));
+        assert_eq!(key.as_deref(), Some("alice"));
+    }
+
+    #[test]
+    fn an_empty_reject_reason_is_left_out_not_sent_empty() {
+        let outgoing =
+            encode_dead_letter("dead", None, b"x", &Headers::new(), Some("")).expect("encodable");
+        assert!(outgoing.attributes.is_empty());
+    }
+
+    #[test]
+    fn names_sqs_refuses_are_refused_with_the_reason() {
+        for (name, why) in [
+            ("AWS.trace", "`AWS.` or `Amazon.`"),
+            ("aws.trace", "`AWS.` or `Amazon.`"),
+            ("Amazon.x", "`AWS.` or `Amazon.`"),
+            ("aMaZoN.x", "`AWS.` or `Amazon.`"),
+            ("a..b", "`..`"),
+            (".a", "starts or ends with `.`"),
+            ("a.", "starts or ends with `.`"),
+            ("has space", "has ` `"),
+            ("tenant:id", "has `:`"),
+            ("naïve", "has `ï`"),
+            ("line\nbreak", "has `\\n`"),
+            ("", "is empty"),
+            (&"x".repeat(257), "longer than the 256 characters"),
+            (BODY_ENCODING_ATTRIBUTE, "marks a base64 body"),
+            ("Conveyor-Body-Encoding", "marks a base64 body"),
+        ] {
+            let error = refused(false, Message::new("x").header(name.to_string(), "1"));
+            assert!(
+                error.contains("cannot be an SQS message attribute") && error.contains(why),
+                "{name:?}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn names_sqs_takes_are_taken() {
+        for name in [
+            "a",
+            "x-tenant",
+            "A.b-c_D9",
+            "AWS",
+            "AWSTraceHeader",
+            "amazon-x",
+            "my.AWS.x",
+            &"x".repeat(256),
+        ] {
+            let (_, headers) = sent_and_received(Message::new("x").header(name.to_string(), "1"));
+            assert_eq!(headers.get_str(name), Some("1"), "{name}");
+        }
+    }
+
+    #[test]
+    fn an_oversize_name_is_quoted_only_in_part() {
+        let name = "x".repeat(10_000);
+        let error = refused(false, Message::new("x").header(name.clone(), "1"));
         assert!(
-            !headers.contains(PARTITION_KEY_HEADER),
-            "the group travels as the FIFO group, not as an attribute"
+            error.contains(&format!("`{}…`", "x".repeat(80))) && !error.contains(&"x".repeat(81)),
+            "{error}"
         );
     }
 
     #[test]
-    fn reserved_attribute_names_are_refused() {
-        let error = encode(
+    fn an_empty_header_value_is_refused_since_sqs_takes_none() {
+        let error = refused(false, Message::new("x").header("x-empty", ""));
+        assert!(error.contains("`x-empty` is empty"), "{error}");
+    }
+
+    #[test]
+    fn on_a_fifo_queue_the_group_header_must_be_the_partition_key() {
+        // The partition key's own header, as a delivery carries it: it travels as the group.
+        let message = Message::new("x")
+            .partition_key("alice")
+            .header(PARTITION_KEY_HEADER, "alice");
+        let outgoing = encode("q.fifo", true, &message.into_parts()).expect("encodable");
+        assert!(outgoing.attributes.is_empty());
+        let (_, headers, key) = received(outgoing, Some("alice"));
+        assert_eq!(headers.get_str(PARTITION_KEY_HEADER), Some("alice"));
+        assert_eq!(key.as_deref(), Some("alice"));
+        // Any other value would be lost: the group would overwrite it on receipt.
+        for message in [
+            Message::new("x")
+                .partition_key("alice")
+                .header(PARTITION_KEY_HEADER, "bob"),
+            Message::new("x")
+                .partition_key("alice")
+                .header("messagegroupid", "bob"),
+            Message::new("x").header(PARTITION_KEY_HEADER, "bob"),
+        ] {
+            let error = refused(true, message);
+            assert!(
+                error.contains("is not the partition key") && error.contains("set `partition_key`"),
+                "{error}"
+            );
+        }
+    }
+
+    #[test]
+    fn on_a_standard_queue_the_group_header_is_an_ordinary_attribute() {
+        let (_, headers) = sent_and_received(
+            Message::new("x")
+                .partition_key("alice")
+                .header(PARTITION_KEY_HEADER, "bob"),
+        );
+        assert_eq!(headers.get_str(PARTITION_KEY_HEADER), Some("bob"));
+    }
+
+    #[test]
+    fn a_deduplication_id_header_is_an_ordinary_attribute_on_either_kind_of_queue() {
+        for fifo in [false, true] {
+            let message = Message::new("x")
+                .partition_key("k")
+                .message_id("m-1")
+                .header("MessageDeduplicationId", "d-9");
+            let outgoing = encode("q", fifo, &message.into_parts()).expect("encodable");
+            let (_, headers, _) = received(outgoing, fifo.then_some("k"));
+            assert_eq!(headers.get_str("MessageDeduplicationId"), Some("d-9"));
+        }
+    }
+
+    #[test]
+    fn a_header_named_like_a_property_must_hold_the_same_value() {
+        // The same value: carried once.
+        let outgoing = encode(
             "q",
-            &Message::new("x").header("AWS.trace", "1").into_parts(),
+            false,
+            &Message::new("x")
+                .content_type("text/plain")
+                .header("Content-Type", "text/plain")
+                .into_parts(),
         )
-        .err()
-        .expect("refused");
-        assert!(error.to_string().contains("AWS."), "{error}");
+        .expect("encodable");
+        assert_eq!(outgoing.attributes.len(), 1);
+        // Another value: only one could come back.
+        let error = refused(
+            false,
+            Message::new("x")
+                .content_type("text/plain")
+                .header("Content-Type", "application/json"),
+        );
+        assert!(
+            error.contains("`Content-Type` differs from the message's content type"),
+            "{error}"
+        );
+        let error = refused(
+            false,
+            Message::new("x")
+                .correlation_id("a")
+                .header("correlation-id", "b"),
+        );
+        assert!(error.contains("correlation id"), "{error}");
+        // Alone, it is an ordinary header.
+        let (_, headers) = sent_and_received(Message::new("x").header("content-type", "text/csv"));
+        assert_eq!(headers.get_str("content-type"), Some("text/csv"));
     }
 }

@@ -1,22 +1,27 @@
 //! The SQS transport's errors.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use aws_sdk_sqs::config::http::HttpResponse;
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use conveyor::BoxError;
 
+use crate::broker::is_url;
+
 /// What can go wrong talking to SQS, each naming the queue it concerns.
 ///
 /// An SDK error stays whole, as the [`source`](std::error::Error::source) of
 /// [`SqsError::Call`], so it can be downcast (to `SdkError<CreateQueueError, HttpResponse>`,
 /// say); `Display` shows this error alone, and [`conveyor::Error`]'s `Display` shows it with
-/// its causes.
+/// its causes. The texts quote a queue name of at most 80 characters (SQS's longest) or a
+/// queue URL of at most 200 whole, and only the start of a longer one, ending in `…`; the
+/// fields keep it whole.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SqsError {
     /// An SQS call failed; `call` names the API operation.
-    #[error("SQS {call} on `{queue}` failed")]
+    #[error("SQS {call} on `{}` failed", shown(queue))]
     Call {
         /// The API operation (`ReceiveMessage`, `DeleteMessageBatch`, ...).
         call: &'static str,
@@ -27,7 +32,7 @@ pub enum SqsError {
         source: BoxError,
     },
     /// The queue does not exist.
-    #[error("SQS queue `{queue}` does not exist")]
+    #[error("SQS queue `{}` does not exist", shown(queue))]
     NoSuchQueue {
         /// The queue name, URL or ARN.
         queue: String,
@@ -35,8 +40,9 @@ pub enum SqsError {
         #[source]
         source: Option<BoxError>,
     },
-    /// A message cannot be sent as it is; the text says why.
-    #[error("cannot send to `{queue}`: {reason}")]
+    /// A message cannot be sent as it is; the text says why, and only that: the
+    /// [`conveyor::Error::Publish`] that carries it names the queue.
+    #[error("{reason}")]
     InvalidMessage {
         /// The queue.
         queue: String,
@@ -44,7 +50,10 @@ pub enum SqsError {
         reason: String,
     },
     /// Some entries of a batch call failed.
-    #[error("SQS {call} on `{queue}`: {failed} of {total} entries failed: {first}")]
+    #[error(
+        "SQS {call} on `{}`: {failed} of {total} entries failed: {first}",
+        shown(queue)
+    )]
     BatchEntries {
         /// The API operation.
         call: &'static str,
@@ -59,7 +68,7 @@ pub enum SqsError {
     },
     /// SQS answered a call successfully but not as its API says it does (an attribute
     /// missing or not a number): the text says what was wrong.
-    #[error("SQS {call} on `{queue}` answered unexpectedly: {detail}")]
+    #[error("SQS {call} on `{}` answered unexpectedly: {detail}", shown(queue))]
     Unexpected {
         /// The API operation.
         call: &'static str,
@@ -103,6 +112,42 @@ impl SqsError {
             source: Box::new(error),
         }
     }
+}
+
+/// The most characters of a queue or attribute name an error text quotes: SQS's longest
+/// queue name, so a name SQS takes is always quoted whole.
+const MAX_SHOWN_NAME_CHARS: usize = 80;
+
+/// The most characters of a queue URL an error text quotes: more than any SQS queue URL
+/// has (an endpoint, an account and a name of at most 80 characters).
+const MAX_SHOWN_URL_CHARS: usize = 200;
+
+/// `name` (a queue name or URL, an attribute name) as an error text quotes it: whole when
+/// it is no longer than a valid one can be, else its first characters and `…`, cut at a
+/// character boundary. Control characters are escaped, so a quoted name stays on its line.
+pub(crate) fn shown(name: &str) -> Cow<'_, str> {
+    let max = if is_url(name) {
+        MAX_SHOWN_URL_CHARS
+    } else {
+        MAX_SHOWN_NAME_CHARS
+    };
+    let cut = name.char_indices().nth(max).map(|(end, _)| end);
+    let kept = name.get(..cut.unwrap_or(name.len())).unwrap_or(name);
+    if cut.is_none() && !kept.chars().any(char::is_control) {
+        return Cow::Borrowed(name);
+    }
+    let mut text = String::with_capacity(kept.len().saturating_add(3));
+    for c in kept.chars() {
+        if c.is_control() {
+            text.extend(c.escape_debug());
+        } else {
+            text.push(c);
+        }
+    }
+    if cut.is_some() {
+        text.push('…');
+    }
+    Cow::Owned(text)
 }
 
 /// Whether SQS answered that the queue does not exist, in either spelling of the code.
@@ -195,6 +240,58 @@ mod tests {
 
     use super::*;
     use crate::testing::answering_once;
+
+    #[test]
+    fn names_are_quoted_whole_up_to_the_longest_valid_one_and_cut_beyond() {
+        let valid = "q".repeat(80);
+        assert_eq!(shown(&valid), valid.as_str());
+        assert_eq!(shown(&"q".repeat(81)), format!("{}…", "q".repeat(80)));
+        // Cut at a character boundary: 80 characters of two bytes each, then `…`.
+        assert_eq!(shown(&"é".repeat(100)), format!("{}…", "é".repeat(80)));
+        // A queue URL of any real length is whole; only an oversize one is cut.
+        let url = format!("https://sqs.ap-southeast-2.amazonaws.com/123456789012/{valid}");
+        assert_eq!(shown(&url), url.as_str());
+        let oversize = format!("http://{}", "h".repeat(1000));
+        assert_eq!(shown(&oversize).chars().count(), 201);
+        assert!(shown(&oversize).ends_with('…'));
+        // A control character cannot break the line the name is quoted on.
+        assert_eq!(shown("a\nb\u{1b}"), "a\\nb\\u{1b}");
+    }
+
+    #[test]
+    fn error_texts_quote_only_the_start_of_an_oversize_queue_name() {
+        let queue = "q".repeat(5000);
+        let errors = [
+            SqsError::Call {
+                call: "SendMessage",
+                queue: queue.clone(),
+                source: "refused".into(),
+            },
+            SqsError::NoSuchQueue {
+                queue: queue.clone(),
+                source: None,
+            },
+            SqsError::BatchEntries {
+                call: "SendMessageBatch",
+                queue: queue.clone(),
+                failed: 1,
+                total: 2,
+                first: "InternalError: busy".into(),
+            },
+            SqsError::Unexpected {
+                call: "GetQueueUrl",
+                queue: queue.clone(),
+                detail: "no queue URL".into(),
+            },
+        ];
+        for error in errors {
+            let text = error.to_string();
+            assert!(
+                text.contains(&format!("`{}…`", "q".repeat(80))) && !text.contains(&"q".repeat(81)),
+                "{text}"
+            );
+        }
+    }
 
     #[test]
     fn a_missing_queue_refused_access_and_refused_credentials_cannot_heal() {

@@ -365,22 +365,28 @@ fn dead_letter_message(
     rejected: Box<Rejected>,
 ) -> Result<DeadLetterMessage, Refused> {
     let reason = cut(&rejected.reason, MAX_REASON_BYTES);
-    let with_reason = attributes::encode_dead_letter(
-        &dead_letter_queue.name,
-        &rejected.payload,
-        &rejected.headers,
-        Some(&reason),
-    );
-    let outgoing = match with_reason {
+    let (group, deduplication) = if dead_letter_queue.fifo {
+        let group = rejected
+            .partition_key
+            .as_ref()
+            .map_or_else(|| queue.name.clone(), |key| key.as_str().to_string());
+        (Some(group), Some(message_id.unwrap_or_else(unique_id)))
+    } else {
+        (None, None)
+    };
+    let encode = |reason: Option<&str>| {
+        attributes::encode_dead_letter(
+            &dead_letter_queue.name,
+            group.as_deref(),
+            &rejected.payload,
+            &rejected.headers,
+            reason,
+        )
+    };
+    let outgoing = match encode(Some(&reason)) {
         Ok(outgoing) if outgoing.size <= dead_letter_queue.max_message_size => outgoing,
         _ => {
-            let without = attributes::encode_dead_letter(
-                &dead_letter_queue.name,
-                &rejected.payload,
-                &rejected.headers,
-                None,
-            );
-            let outgoing = match without {
+            let outgoing = match encode(None) {
                 Ok(outgoing) if outgoing.size <= dead_letter_queue.max_message_size => outgoing,
                 Ok(outgoing) => {
                     let error = SqsError::InvalidMessage {
@@ -401,15 +407,6 @@ fn dead_letter_message(
             );
             outgoing
         }
-    };
-    let (group, deduplication) = if dead_letter_queue.fifo {
-        let group = rejected
-            .partition_key
-            .as_ref()
-            .map_or_else(|| queue.name.clone(), |key| key.as_str().to_string());
-        (Some(group), Some(message_id.unwrap_or_else(unique_id)))
-    } else {
-        (None, None)
     };
     Ok(DeadLetterMessage {
         receipt,

@@ -9,7 +9,7 @@ use conveyor::{Error, Message, MessageParts, Publisher};
 
 use crate::attributes::{self, Outgoing};
 use crate::broker::SqsBroker;
-use crate::error::SqsError;
+use crate::error::{SqsError, shown};
 use crate::queue::QueueInfo;
 use crate::settle::{BATCH_LIMIT, whole_seconds_up};
 
@@ -29,7 +29,7 @@ fn prepare(queue: &QueueInfo, parts: MessageParts) -> Result<Prepared, SqsError>
         queue: queue.name.clone(),
         reason,
     };
-    let outgoing = attributes::encode(&queue.name, &parts)?;
+    let outgoing = attributes::encode(&queue.name, queue.fifo, &parts)?;
     if outgoing.size > queue.max_message_size {
         return Err(invalid(format!(
             "the message is {} bytes with its attributes; the queue takes at most {}",
@@ -84,9 +84,11 @@ pub(crate) fn unique_id() -> String {
     format!("{nanos:x}-{:x}-{sequence:x}", std::process::id())
 }
 
+/// `error` as the core's publish error. Its text quotes `destination`, so an oversize one
+/// is cut there as in every error text (see [`shown`]).
 fn publish_error(destination: &str, error: SqsError) -> Error {
     Error::Publish {
-        destination: destination.to_string(),
+        destination: shown(destination).into_owned(),
         source: Box::new(error),
     }
 }
@@ -94,7 +96,10 @@ fn publish_error(destination: &str, error: SqsError) -> Error {
 impl Publisher for SqsBroker {
     /// Sends one message with `SendMessage`. `destination` is a queue name or URL. The
     /// message is checked first: a FIFO queue needs a partition key (its group), headers
-    /// must fit in ten message attributes, and the whole must fit the queue's size limit.
+    /// must fit in ten message attributes, with names SQS takes and values that are not
+    /// empty (and, on a FIFO queue, a `MessageGroupId` header must be the partition key),
+    /// and the whole must fit the queue's size limit. What fails is [`Error::Publish`],
+    /// saying why.
     async fn publish(&self, destination: &str, message: Message) -> Result<(), Error> {
         let queue = self
             .resolve(destination)

@@ -13,7 +13,7 @@ use crate::attributes;
 use crate::broker::Settings;
 use conveyor::Report;
 
-use crate::error::{SqsError, cannot_heal};
+use crate::error::{SqsError, cannot_heal, shown};
 use crate::inflight::InFlight;
 use crate::queue::QueueInfo;
 use crate::settle::Settler;
@@ -207,7 +207,7 @@ impl Pump {
                 }) => {
                     tracing::error!(queue = self.queue.name, error = %Report(&error), "receive failed and cannot succeed by trying again; the subscription ends");
                     self.handover.fail(Error::Subscribe {
-                        queue: self.queue.name.clone(),
+                        queue: shown(&self.queue.name).into_owned(),
                         source: Box::new(error),
                     });
                     return;

@@ -6,6 +6,8 @@ use std::time::Duration;
 use aws_sdk_sqs::types::QueueAttributeName;
 use conveyor::{DeadLetterPolicy, Error, QueueSpec};
 
+use crate::broker::is_url;
+use crate::error::shown;
 use crate::settle::whole_seconds_up;
 
 /// The longest visibility timeout SQS takes on a queue (12 hours).
@@ -110,8 +112,14 @@ impl Declaration {
     /// would refuse or what would not mean what it says (a delay that is rounded down).
     pub(crate) fn check(spec: &QueueSpec) -> Result<Declaration, Error> {
         let name = spec.name();
-        let bad = |what: String| Error::config(format!("SQS queue `{name}`: {what}"));
-        check_name(name).map_err(bad)?;
+        let bad = |what: String| Error::config(format!("SQS queue `{}`: {what}", shown(name)));
+        check_name(name).map_err(|problem| {
+            if is_url(name) {
+                bad(format!("{problem}; declare queues by name, not URL"))
+            } else {
+                bad(problem)
+            }
+        })?;
         let extras = extras(spec);
         let mut portable = Vec::new();
         if spec.is_fifo() {
@@ -160,7 +168,7 @@ impl Declaration {
                 let kind = |fifo| if fifo { "a FIFO" } else { "a standard" };
                 return Err(bad(format!(
                     "its dead-letter queue `{}` is {} queue, and SQS takes only {} one here",
-                    policy.queue,
+                    shown(&policy.queue),
                     kind(dead_fifo),
                     kind(spec.is_fifo())
                 )));
@@ -203,7 +211,7 @@ fn seconds_up_to(duration: Duration, max: u64) -> Option<u64> {
 
 /// SQS's rules for a queue name: 1 to 80 characters of letters, digits, `-` and `_`, the
 /// `.fifo` suffix included.
-fn check_name(name: &str) -> Result<(), String> {
+pub(crate) fn check_name(name: &str) -> Result<(), String> {
     let stem = name.strip_suffix(".fifo").unwrap_or(name);
     if stem.is_empty() || name.len() > MAX_NAME_LENGTH {
         return Err(format!(
@@ -215,8 +223,7 @@ fn check_name(name: &str) -> Result<(), String> {
         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'))
     {
         return Err(
-            "a queue name has only letters, digits, `-` and `_` (and `.fifo` at its end); declare queues by name, not URL"
-                .into(),
+            "a queue name has only letters, digits, `-` and `_` (and `.fifo` at its end)".into(),
         );
     }
     Ok(())

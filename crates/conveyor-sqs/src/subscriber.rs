@@ -11,12 +11,13 @@ use tokio::task::JoinHandle;
 use crate::broker::{Created, SqsBroker, is_url};
 use conveyor::Report;
 
-use crate::error::SqsError;
+use crate::error::{SqsError, shown};
 use crate::inflight::InFlight;
 use crate::keeper::Keeper;
 use crate::pump::{Handover, Next, Pump};
 use crate::queue::{DeadLetter, QueueInfo};
 use crate::settle::{BATCH_LIMIT, Settler};
+use crate::spec::check_name;
 
 /// An SQS queue to mount a handler on, from [`SqsBroker::queue`].
 ///
@@ -91,16 +92,23 @@ impl Source for SqsQueue {
     }
 
     /// Resolves the queue (creating it plainly if it is named and missing) and its
-    /// dead-letter queue, then starts its pump and keeper.
+    /// dead-letter queue, then starts its pump and keeper. A name SQS cannot take, or a
+    /// `receive_batch` outside 1..=10, is [`Error::Config`] before any call.
     async fn subscribe(self, settings: SubscribeSettings) -> Result<SqsSubscriber, Error> {
         if !(1..=BATCH_LIMIT).contains(&self.receive_batch) {
             return Err(Error::config(format!(
                 "receive_batch({}) on SQS queue `{}`: a receive takes 1 to {BATCH_LIMIT} messages",
-                self.receive_batch, self.name
+                self.receive_batch,
+                shown(&self.name)
             )));
         }
+        if !is_url(&self.name) {
+            check_name(&self.name).map_err(|problem| {
+                Error::config(format!("SQS queue `{}`: {problem}", shown(&self.name)))
+            })?;
+        }
         let queue = self.resolve().await.map_err(|e| Error::Subscribe {
-            queue: self.name.clone(),
+            queue: shown(&self.name).into_owned(),
             source: Box::new(e),
         })?;
         let dead_letter_queue = match &queue.dead_letter {

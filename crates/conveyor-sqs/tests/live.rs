@@ -88,6 +88,77 @@ async fn a_message_round_trips_with_its_headers_as_attributes() {
     delete(&broker, &[&queue]).await;
 }
 
+/// Headers named like SQS's own message fields, through the emulator: each comes back as
+/// it was sent, or the publish is refused with the reason; none is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_named_like_sqs_system_attributes_come_back_or_are_refused() {
+    let broker = broker().await;
+    let standard = declare(&broker, QueueSpec::new(unique("system-names", false))).await;
+    let fifo = declare(&broker, QueueSpec::new(unique("system-names", true))).await;
+    // A standard queue has no groups: both headers are ordinary attributes.
+    let message = Message::json(&1u64)
+        .unwrap()
+        .partition_key("alice")
+        .header("MessageGroupId", "tenant-a")
+        .header("MessageDeduplicationId", "d-1");
+    broker.publish(&standard, message).await.unwrap();
+    // On a FIFO queue the group header is the partition key's own; deduplication comes
+    // from the message id, so that header is an ordinary attribute.
+    let message = Message::json(&2u64)
+        .unwrap()
+        .partition_key("alice")
+        .message_id("m-2")
+        .header("MessageGroupId", "alice")
+        .header("MessageDeduplicationId", "d-2");
+    broker.publish(&fifo, message).await.unwrap();
+    // A group header that is not the partition key would be lost on receipt: refused.
+    let refused = broker
+        .publish(
+            &fifo,
+            Message::json(&3u64)
+                .unwrap()
+                .partition_key("alice")
+                .header("MessageGroupId", "bob"),
+        )
+        .await
+        .expect_err("a group header other than the partition key");
+    assert!(
+        matches!(&refused, Error::Publish { destination, .. } if *destination == fifo),
+        "{refused:?}"
+    );
+    assert!(
+        refused
+            .to_string()
+            .contains("header `MessageGroupId` is not the partition key"),
+        "{refused}"
+    );
+
+    let seen: Seen<(u64, Headers, DeliveryInfo)> = Seen::default();
+    let running = App::new("system-names")
+        .with_state(seen.clone())
+        .mount(broker.queue(&standard), record_all, |m| m)
+        .mount(broker.queue(&fifo), record_all, |m| m)
+        .start()
+        .await
+        .unwrap();
+    eventually("both messages", Duration::from_secs(20), || async {
+        count(&seen) == 2
+    })
+    .await;
+    running.shutdown().await.unwrap();
+    let seen: HashMap<u64, Headers> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(n, headers, _)| (*n, headers.clone()))
+        .collect();
+    assert_eq!(seen[&1].get_str("MessageGroupId"), Some("tenant-a"));
+    assert_eq!(seen[&1].get_str("MessageDeduplicationId"), Some("d-1"));
+    assert_eq!(seen[&2].get_str("MessageGroupId"), Some("alice"));
+    assert_eq!(seen[&2].get_str("MessageDeduplicationId"), Some("d-2"));
+    delete(&broker, &[&standard, &fifo]).await;
+}
+
 type Handled = Seen<(usize, Option<String>, u64)>;
 
 async fn by_lane(

@@ -1,78 +1,51 @@
-//! The emulator stops answering for 10 s in the middle of a run: the pump backs off,
-//! resumes by itself, and no message is lost.
+//! SQS stalls for 10 s in the middle of a run: the fault proxy (`common::proxy`) holds
+//! every request and answer, closing nothing, so calls under way hang until they time
+//! out and new ones get no answer either. The pump and the keeper fail, back off and try
+//! again; once traffic flows, consumption resumes by itself and no message is lost (what
+//! the stall kept from being deleted comes back after its visibility timeout and is
+//! handled again: a duplicate, never a loss).
 //!
-//! This test starts its own moto server (on a free port) so that stopping it disturbs no
-//! other test; python3 must have moto (`scripts/services/sqs.sh` installs it).
+//! The proxy holds this test's traffic only, so the shared emulator on 127.0.0.1:4566
+//! (`scripts/services/sqs.sh`) goes on serving the other tests meanwhile.
 
 mod common;
 
 use std::collections::HashSet;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{declare, eventually, unique};
+use common::proxy::Proxy;
+use common::{declare, delete, eventually, unique};
 use conveyor::{App, Broker, Json, Message, Publisher, QueueSpec, State};
+use conveyor_sqs::SqsBroker;
 
-/// A moto server of this test's own, killed when dropped.
-struct Emulator {
-    child: Child,
-    endpoint: String,
+/// How many messages the app consumes across the stall: enough that it is mid-run when
+/// the stall comes, few enough that the emulator stays quick (it scans its queue on every
+/// receive).
+const MESSAGES: u64 = 300;
+
+/// How many workers the mount runs, and how many messages one receive asks for: what the
+/// subscription can hold when the stall comes, and so all it can handle during it.
+const WORKERS: usize = 2;
+const RECEIVE_BATCH: usize = 10;
+
+type Seen = Arc<Mutex<Vec<u64>>>;
+
+fn distinct(seen: &Seen) -> usize {
+    seen.lock().unwrap().iter().collect::<HashSet<_>>().len()
 }
 
-impl Emulator {
-    fn start() -> Emulator {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .expect("a free port")
-            .port();
-        let child = Command::new("python3")
-            .args([
-                "-m",
-                "moto.server",
-                "-H",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("python3 with moto (scripts/services/sqs.sh installs it)");
-        Emulator {
-            child,
-            endpoint: format!("http://127.0.0.1:{port}"),
-        }
-    }
-
-    fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .args([signal, &self.child.id().to_string()])
-            .status()
-            .expect("kill runs");
-        assert!(status.success(), "kill {signal} failed");
-    }
-}
-
-impl Drop for Emulator {
-    fn drop(&mut self) {
-        self.signal("-CONT");
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn slowly(Json(n): Json<u64>, State(seen): State<Arc<Mutex<Vec<u64>>>>) {
+async fn slowly(Json(n): Json<u64>, State(seen): State<Seen>) {
     tokio::time::sleep(Duration::from_millis(50)).await;
     seen.lock().unwrap().push(n);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_pump_backs_off_while_the_emulator_is_stopped_and_resumes_without_loss() {
-    let emulator = Emulator::start();
-    // Calls give up after 2 s beyond the poll, so the outage shows as failed receives.
-    let broker = conveyor_sqs::SqsBroker::builder()
-        .endpoint(&emulator.endpoint)
+async fn consumption_resumes_after_a_ten_second_stall_and_nothing_is_lost() {
+    let proxy = Proxy::start("127.0.0.1:4566").await;
+    // Calls give up 2 s after their poll, so the stall shows as failed calls, many times.
+    let broker = SqsBroker::builder()
+        .endpoint(proxy.endpoint())
         .region("us-east-1")
         .static_credentials("test", "test")
         .wait_time(Duration::from_secs(1))
@@ -81,49 +54,73 @@ async fn the_pump_backs_off_while_the_emulator_is_stopped_and_resumes_without_lo
         .build()
         .await
         .unwrap();
-    let name = unique("outage", false);
-    eventually(
-        "the emulator to answer",
-        Duration::from_secs(20),
-        || async {
-            broker
-                .declare_queue(&QueueSpec::new(name.clone()))
-                .await
-                .is_ok()
-        },
-    )
-    .await;
-    let queue = declare(&broker, QueueSpec::new(name)).await;
-    let messages: Vec<Message> = (0..60u64).map(|n| Message::json(&n).unwrap()).collect();
+    let queue = declare(&broker, QueueSpec::new(unique("outage", false))).await;
+    let messages: Vec<Message> = (0..MESSAGES).map(|n| Message::json(&n).unwrap()).collect();
     broker.publish_batch(&queue, messages).await.unwrap();
 
-    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen = Seen::default();
     let running = App::new("outage")
         .with_state(seen.clone())
-        .mount(broker.queue(&queue), slowly, |m| m.workers(2))
+        .mount(
+            broker.queue(&queue).receive_batch(RECEIVE_BATCH),
+            slowly,
+            |m| m.workers(WORKERS),
+        )
         .start()
         .await
         .unwrap();
     eventually(
-        "some messages before the outage",
-        Duration::from_secs(20),
-        || async { seen.lock().unwrap().len() >= 10 },
+        "some messages before the stall",
+        Duration::from_secs(30),
+        || async { distinct(&seen) >= 30 },
     )
     .await;
 
-    emulator.signal("-STOP");
-    // The scenario itself: the emulator is gone for 10 s.
+    proxy.stall();
+    let at_stall = distinct(&seen);
+    assert!(
+        at_stall < 200,
+        "the stall comes mid-run ({at_stall} of {MESSAGES} handled)"
+    );
+    // The scenario itself: SQS answers nothing for 10 s.
     tokio::time::sleep(Duration::from_secs(10)).await;
-    emulator.signal("-CONT");
+    let at_resume = distinct(&seen);
+    // Nothing got through: the app handled only what it held when the stall came (the
+    // mount's workers plus one receive, and one receive completed just before it).
+    assert!(
+        at_resume - at_stall <= WORKERS + 2 * RECEIVE_BATCH,
+        "{} messages handled during the stall",
+        at_resume - at_stall
+    );
+    proxy.resume();
 
     eventually(
-        "every message after the outage",
-        Duration::from_secs(90),
-        || async { seen.lock().unwrap().iter().collect::<HashSet<_>>().len() == 60 },
+        "consumption to resume after the stall",
+        Duration::from_secs(30),
+        || async { distinct(&seen) > at_resume },
     )
     .await;
+    eventually(
+        "every message after the stall",
+        Duration::from_secs(120),
+        || async { distinct(&seen) == MESSAGES as usize },
+    )
+    .await;
+    // Every message was deleted too: none is left to come back.
+    eventually("the queue to be empty", Duration::from_secs(60), || async {
+        broker
+            .queue_depth(&queue)
+            .await
+            .is_ok_and(|depth| depth.ready == 0 && depth.in_flight == Some(0))
+    })
+    .await;
     running.shutdown().await.unwrap();
-    let seen = seen.lock().unwrap().clone();
-    let unique: HashSet<u64> = seen.iter().copied().collect();
-    assert_eq!(unique, (0..60).collect::<HashSet<u64>>(), "no message lost");
+
+    let handled: HashSet<u64> = seen.lock().unwrap().iter().copied().collect();
+    assert_eq!(
+        handled,
+        (0..MESSAGES).collect::<HashSet<u64>>(),
+        "no message lost"
+    );
+    delete(&broker, &[&queue]).await;
 }

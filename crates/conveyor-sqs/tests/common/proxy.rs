@@ -1,6 +1,10 @@
 //! A TCP proxy between the client and the SQS emulator that tells a test when a receive is
 //! under way: a `ReceiveMessage` request forwarded whole to the emulator and not answered
 //! yet. A test that needs a long poll in progress waits for that instead of for the clock.
+//!
+//! It also stalls on demand: while stalled, nothing is forwarded either way (connections
+//! stay open and new ones are accepted, but requests and answers are held), as when the
+//! broker or the network stops answering; once it resumes, what was held goes on.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,6 +20,8 @@ pub struct Proxy {
     addr: SocketAddr,
     /// How many receives are under way at the emulator.
     receiving: watch::Receiver<usize>,
+    /// Whether traffic is held.
+    stalled: watch::Sender<bool>,
     accepting: JoinHandle<()>,
 }
 
@@ -26,17 +32,19 @@ impl Proxy {
         let addr = listener.local_addr().expect("the proxy's address");
         let (count, receiving) = watch::channel(0usize);
         let count = Arc::new(count);
+        let (stalled, held) = watch::channel(false);
         let accepting = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = TcpStream::connect(upstream).await else {
                     continue;
                 };
-                tokio::spawn(forward(client, server, count.clone()));
+                tokio::spawn(forward(client, server, count.clone(), held.clone()));
             }
         });
         Proxy {
             addr,
             receiving,
+            stalled,
             accepting,
         }
     }
@@ -56,16 +64,41 @@ impl Proxy {
     }
 }
 
+impl Proxy {
+    /// Holds every request and answer from now on, on every connection, new ones included;
+    /// closes nothing.
+    pub fn stall(&self) {
+        self.stalled.send_replace(true);
+    }
+
+    /// Forwards again, starting with what was held.
+    pub fn resume(&self) {
+        self.stalled.send_replace(false);
+    }
+}
+
 impl Drop for Proxy {
     fn drop(&mut self) {
         self.accepting.abort();
     }
 }
 
+/// Resolves once traffic is not held (at once if it is not).
+async fn flowing(held: &mut watch::Receiver<bool>) {
+    // An error means the proxy is gone; its connections then just drain.
+    let _ = held.wait_for(|stalled| !*stalled).await;
+}
+
 /// One connection: requests are forwarded as they come and parsed (HTTP/1.1, one at a
 /// time, with a `content-length`); a whole `ReceiveMessage` counts as under way until the
-/// emulator's first byte of answer on that connection.
-async fn forward(client: TcpStream, server: TcpStream, count: Arc<watch::Sender<usize>>) {
+/// emulator's first byte of answer on that connection reaches the client. While the proxy
+/// is stalled, what is read either way is held, not forwarded.
+async fn forward(
+    client: TcpStream,
+    server: TcpStream,
+    count: Arc<watch::Sender<usize>>,
+    held: watch::Receiver<bool>,
+) {
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
     let pending = Arc::new(AtomicBool::new(false));
@@ -78,12 +111,17 @@ async fn forward(client: TcpStream, server: TcpStream, count: Arc<watch::Sender<
         }
     };
     let requests = {
-        let (pending, count) = (pending.clone(), count.clone());
+        let (pending, count, mut held) = (pending.clone(), count.clone(), held.clone());
         tokio::spawn(async move {
             let mut parsed = Vec::new();
             let mut buffer = vec![0u8; 64 * 1024];
             while let Ok(read) = client_read.read(&mut buffer).await {
-                if read == 0 || server_write.write_all(&buffer[..read]).await.is_err() {
+                // Even the end of the request stream waits: a stalled link passes nothing.
+                flowing(&mut held).await;
+                if read == 0 {
+                    break;
+                }
+                if server_write.write_all(&buffer[..read]).await.is_err() {
                     break;
                 }
                 parsed.extend_from_slice(&buffer[..read]);
@@ -96,8 +134,10 @@ async fn forward(client: TcpStream, server: TcpStream, count: Arc<watch::Sender<
             }
         })
     };
+    let mut held = held;
     let mut buffer = vec![0u8; 64 * 1024];
     while let Ok(read) = server_read.read(&mut buffer).await {
+        flowing(&mut held).await;
         if read == 0 {
             break;
         }
