@@ -13,6 +13,7 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use conveyor::{Bytes, DeadLetter, Message, Publisher, QueueDepth, QueueSpec};
+use lapin::AsyncTcpStream;
 use lapin::options::{BasicAckOptions, BasicGetOptions};
 use lapin::tcp::AMQPUriTcpExt;
 use lapin::types::ShortString;
@@ -20,6 +21,7 @@ use lapin::uri::AMQPScheme;
 use lapin::{Channel, Connection, ConnectionProperties};
 use tokio::sync::Mutex;
 
+use crate::dialer::{self, Dialer, Failure, LAPIN_RETRIES, Stage};
 use crate::error::{LapinError, is_not_found, short};
 use crate::headers;
 use crate::publisher::LapinPublisher;
@@ -32,10 +34,9 @@ use crate::url::redact_url;
 /// How long a publisher waits for the broker's confirm by default.
 pub const DEFAULT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The slowest the reconnect backoff gets.
-const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(30);
-/// The first reconnect delay.
-const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(100);
+/// How long a failed first connect waits for lapin's thread to give the connection up,
+/// at most (it takes moments: see [`LAPIN_RETRIES`]).
+const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// Settings for a [`LapinBroker`], built from a URL.
 ///
@@ -113,10 +114,13 @@ impl LapinBrokerBuilder {
         self
     }
 
-    /// How long [`connect`](Self::connect) keeps trying to reach a broker that does not
-    /// answer before it fails with [`LapinError::ConnectTimeout`] (default 30 s), so a
-    /// service started without its broker says so instead of waiting silently. Once
-    /// connected, a lost connection is retried for as long as it takes.
+    /// How long [`connect`](Self::connect) keeps trying to reach the broker (default
+    /// 30 s), so that a service started without its broker says so instead of waiting
+    /// silently. It then fails with the last attempt's cause: [`LapinError::Connect`]
+    /// when the broker refused (`connection refused`, a TLS failure, the connection
+    /// closed during the handshake), [`LapinError::ConnectTimeout`] when an attempt was
+    /// still waiting for an answer. Once connected, a lost connection is retried for as
+    /// long as it takes.
     pub fn first_connect_timeout(mut self, timeout: Duration) -> Self {
         self.first_connect_timeout = timeout;
         self
@@ -153,10 +157,12 @@ impl LapinBrokerBuilder {
     /// [`tls_ca_certificate`](Self::tls_ca_certificate)); the same TLS settings serve
     /// every reconnect.
     ///
-    /// A first `amqps://` connection whose TLS handshake fails (an untrusted or
-    /// misnamed server certificate, say) is an error right away, since trying again
-    /// would not help; a broker that cannot be reached yet is retried with backoff, as
-    /// a lost connection is.
+    /// A broker that cannot be reached yet is retried with backoff, from 100 ms up to
+    /// 30 s, until [`first_connect_timeout`](Self::first_connect_timeout); a TLS
+    /// handshake that fails (an untrusted or misnamed server certificate, say) and a
+    /// refused login are errors right away, since trying again would not help. A failed
+    /// first connect leaves nothing behind: when it returns, the attempts have stopped,
+    /// a connection it had opened is closed, and lapin's connection thread has ended.
     pub async fn connect(self) -> Result<LapinBroker, LapinError> {
         let redacted = redact_url(&self.url);
         let uri: lapin::uri::AMQPUri =
@@ -168,69 +174,118 @@ impl LapinBrokerBuilder {
                 })?;
         let mut properties = ConnectionProperties::default()
             .enable_auto_recover()
+            // Bounded and without delay: the dialer paces the attempts and keeps trying
+            // for as long as it is to, and this lets lapin's thread end soon after a first
+            // connect failed (see `dialer`).
             .configure_backoff(|backoff| {
                 backoff
-                    .with_min_delay(RECONNECT_MIN_DELAY)
-                    .with_max_delay(RECONNECT_MAX_DELAY)
-                    .with_jitter()
-                    .without_max_times()
+                    .with_min_delay(Duration::ZERO)
+                    .with_max_delay(Duration::ZERO)
+                    .with_max_times(LAPIN_RETRIES)
             });
         if let Some(name) = &self.connection_name {
             properties = properties.with_connection_name(name.as_str().into());
         }
         let tls = self.tls.to_lapin()?;
+        let amqps = uri.scheme == AMQPScheme::AMQPS;
+        if !amqps && self.tls.is_configured() {
+            tracing::warn!(url = %redacted, "TLS settings are ignored for an amqp:// URL");
+        }
         let runtime = lapin::runtime::default_runtime().map_err(|source| LapinError::Connect {
             url: redacted.clone(),
             source,
         })?;
-        // The first TLS connection is made here, so that a handshake failure is
-        // reported instead of retried forever; lapin gets the stream, and makes every
-        // later connection itself with the same settings.
-        let mut first = None;
-        if uri.scheme == AMQPScheme::AMQPS {
-            match uri.connect_with_config_async(tls.as_ref(), &runtime).await {
-                Ok(stream) => first = Some(stream),
-                Err(error) if is_tls_failure(&error) => {
-                    return Err(LapinError::Connect {
-                        url: redacted,
-                        source: error.into(),
-                    });
-                }
-                Err(error) => {
-                    tracing::warn!(url = %redacted, %error, "cannot reach RabbitMQ yet; retrying");
-                }
-            }
-        } else if self.tls.is_configured() {
-            tracing::warn!(url = %redacted, "TLS settings are ignored for an amqp:// URL");
-        }
-        let first = std::sync::Mutex::new(first);
+        let deadline = tokio::time::Instant::now() + self.first_connect_timeout;
+        let dialer = Arc::new(Dialer::new(redacted.clone(), deadline));
+        let handle = dialer::Handle(dialer.clone());
+        // lapin calls this for every stream of the connection: the first connect's, and
+        // each reconnect's, with the same TLS settings.
         let connecting = Connection::connector(
             uri,
             runtime,
             async move |uri, runtime| {
-                let ready = first.lock().ok().and_then(|mut slot| slot.take());
-                match ready {
-                    Some(stream) => Ok(stream),
-                    None => uri
-                        .connect_with_config_async(tls.as_ref(), &runtime)
-                        .await
-                        .map_err(lapin::Error::from),
+                let dialer = &handle.0;
+                loop {
+                    let budget = dialer.next_attempt().await?;
+                    let attempt = uri.connect_with_config_async(tls.as_ref(), &runtime);
+                    match tokio::time::timeout(budget, attempt).await {
+                        Ok(Ok(stream)) => {
+                            let socket = match &stream {
+                                AsyncTcpStream::Plain(plain) => Some(plain.get_ref()),
+                                AsyncTcpStream::Rustls(tls) => Some(tls.get_ref().0.get_ref()),
+                                _ => None,
+                            };
+                            if dialer.opened(socket) {
+                                return Ok(stream);
+                            }
+                        }
+                        // A TLS handshake that failed (an untrusted or misnamed server
+                        // certificate, say) would fail again: the first connect ends there.
+                        Ok(Err(error)) => {
+                            let fatal = amqps && is_tls_failure(&error);
+                            dialer.failed(error, fatal);
+                        }
+                        Err(_) => dialer.timed_out(),
+                    }
                 }
             },
             properties,
         );
-        let connection = tokio::time::timeout(self.first_connect_timeout, connecting)
-            .await
-            .map_err(|_| LapinError::ConnectTimeout {
-                url: redacted.clone(),
-                after: self.first_connect_timeout,
-            })?
-            .map_err(|source| LapinError::Connect {
-                url: redacted.clone(),
-                source,
-            })?;
+        tokio::pin!(connecting);
+        let outcome = tokio::select! {
+            outcome = &mut connecting => Some(outcome),
+            () = tokio::time::sleep_until(deadline) => None,
+        };
+        let connection = match outcome {
+            Some(Ok(connection)) => {
+                dialer.connected();
+                connection
+            }
+            failed => {
+                let (failure, refused_lapin) = dialer.give_up();
+                // The dialer fails lapin's calls from now on, and a handshake under way
+                // is cut: lapin's thread gives the connection up within moments. Waiting
+                // for that means nothing this call started goes on once it has returned.
+                if tokio::time::timeout(STOP_GRACE, dialer.stopped())
+                    .await
+                    .is_err()
+                {
+                    tracing::debug!(url = %redacted, "lapin is slow to stop connecting");
+                }
+                // lapin's own error, unless the dialer caused it: the broker refused the
+                // handshake (credentials, vhost, ...).
+                let handshake_error = match failed {
+                    Some(Err(error)) if !refused_lapin => Some(error),
+                    _ => None,
+                };
+                return Err(match (handshake_error, failure) {
+                    (Some(source), _) => LapinError::Connect {
+                        url: redacted,
+                        source,
+                    },
+                    (None, Some(Failure::Failed(error))) => LapinError::Connect {
+                        url: redacted,
+                        source: error.into(),
+                    },
+                    (None, Some(Failure::TimedOut(stage))) => LapinError::ConnectTimeout {
+                        url: redacted,
+                        after: self.first_connect_timeout,
+                        waiting_for: stage.waiting_for(),
+                    },
+                    (None, None) => LapinError::ConnectTimeout {
+                        url: redacted,
+                        after: self.first_connect_timeout,
+                        waiting_for: Stage::Connection.waiting_for(),
+                    },
+                });
+            }
+        };
         tracing::info!(url = %redacted, "connected to RabbitMQ");
-        tokio::spawn(log_events(connection.events_listener(), redacted.clone()));
+        tokio::spawn(log_events(
+            connection.events_listener(),
+            redacted.clone(),
+            dialer,
+        ));
         Ok(LapinBroker {
             inner: Arc::new(BrokerInner {
                 connection,
@@ -492,13 +547,7 @@ impl LapinBroker {
             .connection
             .close(200, "closed by the application".into())
             .await
-            .map_err(|source| {
-                LapinError::Channel {
-                    purpose: "connection".to_string(),
-                    source,
-                }
-                .into()
-            })
+            .map_err(|source| LapinError::Close { source }.into())
     }
 
     /// Declares an exchange now (or checks it, if passive).
@@ -539,7 +588,9 @@ impl LapinBroker {
     /// How many messages are ready in `queue`, or `None` when it does not exist: a
     /// passive declare on a channel of its own, since a missing queue closes it.
     pub(crate) async fn ready_in(&self, queue: &str) -> Result<Option<u32>, LapinError> {
-        let channel = self.open_channel(queue).await?;
+        // Named by its role: the error of a subscription or a declaration this check is
+        // part of names the queue.
+        let channel = self.open_channel("queue check").await?;
         let result = check(&channel, queue).await;
         close_quietly(channel).await;
         match result {
@@ -669,7 +720,11 @@ async fn take(
 /// Logs what lapin reports about the connection: errors it does not recover from, and
 /// the broker's flow control. (Recovery itself is silent here: lapin logs the loss, and
 /// subscriptions and publishers simply carry on once it has reconnected.)
-async fn log_events(events: impl futures_util::Stream<Item = lapin::Event>, url: String) {
+async fn log_events(
+    events: impl futures_util::Stream<Item = lapin::Event>,
+    url: String,
+    dialer: Arc<Dialer>,
+) {
     use futures_util::StreamExt;
     let mut events = std::pin::pin!(events);
     while let Some(event) = events.next().await {
@@ -684,6 +739,7 @@ async fn log_events(events: impl futures_util::Stream<Item = lapin::Event>, url:
                 tracing::info!(url = %url, "RabbitMQ unblocked the connection");
             }
             lapin::Event::Connected => {
+                dialer.connected();
                 tracing::info!(url = %url, "RabbitMQ connection (re)established");
             }
             _ => {}

@@ -1,9 +1,17 @@
 //! The crate's error type, and how it maps onto the core's [`conveyor::Error`].
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 /// Everything that can go wrong talking to RabbitMQ, each variant naming what failed and
 /// where. URLs in these errors have their password redacted.
+///
+/// `Display` shows this error alone, and [`conveyor::Error`]'s `Display` shows it with its
+/// causes. A variant that only ever comes wrapped in an error that names the queue or
+/// destination ([`conveyor::Error::Publish`], [`conveyor::Error::Subscribe`], or the
+/// caller's own [`LapinPublisher::publish_to`](crate::LapinPublisher::publish_to)) says
+/// why, and not again where: the field keeps the name. A name longer than AMQP allows
+/// (255 bytes) is quoted by its first 64 characters and `…`; the fields keep it whole.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LapinError {
@@ -15,7 +23,10 @@ pub enum LapinError {
         /// What is wrong with it.
         reason: String,
     },
-    /// The connection to the broker could not be opened.
+    /// The connection to the broker could not be opened. The source says why: the
+    /// last attempt's error (`connection refused`, a TLS failure, the connection closed
+    /// during the AMQP handshake, ...) or the broker's refusal of the handshake (bad
+    /// credentials, a missing vhost).
     #[error("cannot connect to RabbitMQ at `{url}`")]
     Connect {
         /// The URL, password redacted.
@@ -24,24 +35,38 @@ pub enum LapinError {
         #[source]
         source: lapin::Error,
     },
-    /// No connection could be made within the first-connect timeout.
-    #[error("RabbitMQ at `{url}` did not accept a connection within {after:?}")]
+    /// The first connect's time ran out while an attempt was still waiting for the
+    /// broker: no answer, as opposed to a refusal ([`LapinError::Connect`]).
+    #[error("RabbitMQ at `{url}` did not answer within {after:?} (waiting for {waiting_for})")]
     ConnectTimeout {
         /// The URL, password redacted.
         url: String,
         /// How long it tried.
         after: std::time::Duration,
+        /// What the last attempt was waiting for: `the connection to be accepted (TCP, and
+        /// TLS for amqps://)`, or `an answer to the AMQP handshake on an accepted
+        /// connection`.
+        waiting_for: &'static str,
     },
     /// A channel could not be opened or configured.
-    #[error("cannot open a channel for `{purpose}`")]
+    #[error("cannot open a channel for `{}`", shown(purpose))]
     Channel {
-        /// What the channel was for (a queue name, `publisher`, `topology`).
+        /// What the channel was for (a queue name, `publisher`, `topology`, `consuming`,
+        /// `republishing`).
         purpose: String,
         /// The client's error.
         #[source]
         source: lapin::Error,
     },
+    /// The connection could not be closed cleanly.
+    #[error("cannot close the connection")]
+    Close {
+        /// The client's error.
+        #[source]
+        source: lapin::Error,
+    },
     /// A queue, exchange or binding could not be declared.
+    // Not cut: AMQP took every name in it (a binding's name is three of them).
     #[error("cannot declare {what} `{name}`")]
     Declare {
         /// `queue`, `exchange` or `binding`.
@@ -53,19 +78,22 @@ pub enum LapinError {
         source: lapin::Error,
     },
     /// The queue does not exist on the broker (found by a passive check, or a get).
-    #[error("queue `{queue}` does not exist on the broker")]
+    #[error("queue `{}` does not exist on the broker", shown(queue))]
     MissingQueue {
         /// The missing queue.
         queue: String,
     },
     /// Passive mode: the exchange does not exist on the broker.
-    #[error("exchange `{exchange}` does not exist on the broker (passive mode declares nothing)")]
+    #[error(
+        "exchange `{}` does not exist on the broker (passive mode declares nothing)",
+        shown(exchange)
+    )]
     MissingExchange {
         /// The missing exchange.
         exchange: String,
     },
-    /// A consumer could not be started on a queue.
-    #[error("cannot consume from queue `{queue}`")]
+    /// A consumer could not be started on a queue (the subscription's error names it).
+    #[error("basic.consume failed")]
     Consume {
         /// The queue.
         queue: String,
@@ -74,7 +102,7 @@ pub enum LapinError {
         source: lapin::Error,
     },
     /// A subscription's channel failed and did not recover.
-    #[error("the channel consuming `{queue}` failed")]
+    #[error("the channel consuming `{}` failed", shown(queue))]
     Receive {
         /// The queue.
         queue: String,
@@ -82,8 +110,9 @@ pub enum LapinError {
         #[source]
         source: lapin::Error,
     },
-    /// A message could not be sent.
-    #[error("cannot publish to `{destination}`")]
+    /// A message could not be sent, or its confirm awaited: the channel failed (closed by
+    /// the broker over a missing exchange, say, or by a lost connection).
+    #[error("the channel failed")]
     Publish {
         /// The exchange and routing key, or the queue.
         destination: String,
@@ -92,13 +121,13 @@ pub enum LapinError {
         source: lapin::Error,
     },
     /// The broker refused a published message (basic.nack under publisher confirms).
-    #[error("the broker refused (nacked) a message published to `{destination}`")]
+    #[error("the broker refused the message (basic.nack)")]
     Nacked {
         /// The exchange and routing key, or the queue.
         destination: String,
     },
     /// A mandatory message could not be routed to any queue and came back.
-    #[error("message to `{destination}` was returned unroutable: {code} {text}")]
+    #[error("the message was returned unroutable: {code} {text}")]
     Returned {
         /// The exchange and routing key, or the queue.
         destination: String,
@@ -108,12 +137,27 @@ pub enum LapinError {
         text: String,
     },
     /// The broker did not confirm a publish in time.
-    #[error("no publisher confirm for a message to `{destination}` within {after:?}")]
+    #[error("no publisher confirm within {after:?}")]
     ConfirmTimeout {
         /// The exchange and routing key, or the queue.
         destination: String,
         /// How long the publisher waited.
         after: Duration,
+    },
+    /// A message's AMQP properties and headers do not fit in one frame of the connection:
+    /// AMQP splits a payload over frames, but not a message's header frame, and the
+    /// broker answers an oversize one by closing the connection (FRAME_ERROR), cutting
+    /// every channel on it. Refused before it is sent.
+    #[error(
+        "its properties and headers make a {size}-byte header frame, over the connection's frame limit of {limit} bytes (frame_max)"
+    )]
+    HeadersTooLarge {
+        /// The exchange and routing key, or the queue.
+        destination: String,
+        /// The size of the header frame the message needs, in bytes.
+        size: usize,
+        /// The largest frame the connection takes (frame_max, negotiated with the broker).
+        limit: u32,
     },
     /// A name or value is not acceptable to AMQP (a short string over 255 bytes, ...).
     #[error("invalid {what}: {reason}")]
@@ -126,18 +170,20 @@ pub enum LapinError {
 }
 
 impl LapinError {
-    /// Wraps this error as the core's [`conveyor::Error::Subscribe`] for `queue`.
+    /// Wraps this error as the core's [`conveyor::Error::Subscribe`] for `queue` (by its
+    /// first 64 characters if it is longer than AMQP allows).
     pub fn into_subscribe(self, queue: &str) -> conveyor::Error {
         conveyor::Error::Subscribe {
-            queue: queue.to_string(),
+            queue: shown(queue).into_owned(),
             source: Box::new(self),
         }
     }
 
-    /// Wraps this error as the core's [`conveyor::Error::Publish`] for `destination`.
+    /// Wraps this error as the core's [`conveyor::Error::Publish`] for `destination` (by
+    /// its first 64 characters if it is longer than AMQP allows).
     pub fn into_publish(self, destination: &str) -> conveyor::Error {
         conveyor::Error::Publish {
-            destination: destination.to_string(),
+            destination: shown(destination).into_owned(),
             source: Box::new(self),
         }
     }
@@ -176,13 +222,76 @@ pub(crate) fn short(
 ) -> Result<lapin::types::ShortString, LapinError> {
     lapin::types::ShortString::try_new(value).map_err(|_| LapinError::Invalid {
         what,
-        reason: format!("`{value}` is longer than AMQP's 255-byte limit"),
+        reason: format!(
+            "`{}` is {} bytes long, over AMQP's {SHORT_STRING_LIMIT}-byte limit",
+            shown(value),
+            value.len()
+        ),
     })
+}
+
+/// The longest AMQP short string (a queue, exchange, header name ...), in bytes.
+const SHORT_STRING_LIMIT: usize = 255;
+
+/// How many characters of a name too long for AMQP an error text quotes.
+const SHOWN_PREFIX_CHARS: usize = 64;
+
+/// `name` (a queue, exchange or header name, a routing key ...) as an error text quotes
+/// it: whole if AMQP can take it (at most 255 bytes), else its first 64 characters and
+/// `…`, cut at a character boundary, so that a megabyte-long name does not make a
+/// megabyte-long error. Control characters are escaped, so the name stays on its line.
+pub(crate) fn shown(name: &str) -> Cow<'_, str> {
+    let cut = (name.len() > SHORT_STRING_LIMIT)
+        .then(|| {
+            name.char_indices()
+                .nth(SHOWN_PREFIX_CHARS)
+                .map(|(end, _)| end)
+        })
+        .flatten();
+    let kept = name.get(..cut.unwrap_or(name.len())).unwrap_or(name);
+    if cut.is_none() && !kept.chars().any(char::is_control) {
+        return Cow::Borrowed(name);
+    }
+    let mut text = String::with_capacity(kept.len().saturating_add(3));
+    for c in kept.chars() {
+        if c.is_control() {
+            text.extend(c.escape_debug());
+        } else {
+            text.push(c);
+        }
+    }
+    if cut.is_some() {
+        text.push('…');
+    }
+    Cow::Owned(text)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_are_quoted_whole_up_to_the_amqp_limit_and_cut_beyond() {
+        let valid = "q".repeat(SHORT_STRING_LIMIT);
+        assert_eq!(shown(&valid), valid.as_str());
+        assert_eq!(shown(&"q".repeat(256)), format!("{}…", "q".repeat(64)));
+        // Cut at a character boundary: 64 characters of two bytes each, then `…`.
+        assert_eq!(shown(&"é".repeat(200)), format!("{}…", "é".repeat(64)));
+        assert_eq!(shown("a\nb\u{1b}"), "a\\nb\\u{1b}");
+    }
+
+    #[test]
+    fn a_name_too_long_for_amqp_is_quoted_by_its_start_with_its_length() {
+        let name = "n".repeat(100_000);
+        let text = short("header name", &name).unwrap_err().to_string();
+        assert_eq!(
+            text,
+            format!(
+                "invalid header name: `{}…` is 100000 bytes long, over AMQP's 255-byte limit",
+                "n".repeat(64)
+            )
+        );
+    }
 
     #[test]
     fn bad_input_is_a_configuration_error_and_a_broker_failure_keeps_its_source() {

@@ -3,6 +3,7 @@
 
 use conveyor::{Bytes, Headers, PartitionKey};
 use lapin::BasicProperties;
+use lapin::protocol::basic::gen_properties;
 use lapin::types::{AMQPValue, FieldTable, LongString};
 
 use crate::error::{LapinError, short};
@@ -125,6 +126,34 @@ pub(crate) fn to_table(
     Ok(table)
 }
 
+/// The bytes of a frame besides its payload: type, channel and payload size (7), and
+/// the frame-end octet.
+const FRAME_OVERHEAD: usize = 8;
+/// The bytes of a content header's payload before the properties: class id, weight and
+/// body size.
+const CONTENT_HEADER_PREFIX: usize = 12;
+
+/// The size of the header frame lapin sends for a message with `properties`, if it is
+/// over `frame_max`, the largest frame the connection takes (0: no limit). AMQP cannot
+/// split a header frame as it splits a payload, and the broker answers an oversize one
+/// by closing the whole connection (FRAME_ERROR), so a message whose properties and
+/// headers do not fit must not be sent.
+pub(crate) fn oversize_header_frame(properties: &BasicProperties, frame_max: u32) -> Option<usize> {
+    if frame_max == 0 {
+        return None;
+    }
+    // Encoded as lapin encodes them (amq-protocol's own serializer), so the size is
+    // exact whatever the header values' types. Writing to a Vec cannot fail: if it did,
+    // lapin would fail the same way and report it.
+    let (_, written) = gen_properties::<Vec<u8>>(properties)(Vec::new().into())
+        .ok()?
+        .into_inner();
+    let size = usize::try_from(written)
+        .unwrap_or(usize::MAX)
+        .saturating_add(FRAME_OVERHEAD + CONTENT_HEADER_PREFIX);
+    (size > usize::try_from(frame_max).unwrap_or(usize::MAX)).then_some(size)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,6 +183,20 @@ mod tests {
         assert_eq!(headers.get_str("correlation-id"), Some("c-1"));
         assert_eq!(headers.get_str("priority"), Some("4"));
         assert!(received(&BasicProperties::default()).is_empty());
+    }
+
+    #[test]
+    fn the_header_frame_size_is_measured_as_lapin_encodes_it() {
+        let mut headers = Headers::new();
+        headers.insert("h", "v".repeat(100));
+        let properties = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_headers(to_table(&headers, None).unwrap());
+        // 8 (frame) + 12 (class, weight, body size) + 2 (flags) + 1 (delivery mode)
+        // + 4 (table size) + 1 + 1 (name) + 1 (type) + 4 + 100 (long string): 134 bytes.
+        assert_eq!(oversize_header_frame(&properties, 133), Some(134));
+        assert_eq!(oversize_header_frame(&properties, 134), None);
+        assert_eq!(oversize_header_frame(&properties, 0), None, "no limit");
     }
 
     #[test]

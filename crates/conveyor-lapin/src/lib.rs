@@ -94,12 +94,30 @@
 //! - Checking for a queue that does not exist (a subscription to a queue not declared
 //!   yet, a missing dead-letter queue) closes the channel it was checked on, which lapin
 //!   logs as an error; Conveyor checks on a channel of its own, then carries on.
-//! - `connect` fails with a clear error when no first connection comes within 30 s
-//!   ([`LapinBrokerBuilder::first_connect_timeout`]), so a service started without its
-//!   broker says so. After that, recovery is lapin's (`enable_auto_recover`, with
-//!   unlimited reconnect attempts backing off from 100 ms to 30 s). Queues the broker
-//!   deletes with the connection (exclusive ones this broker declared) are declared
-//!   again, empty.
+//! - `connect` keeps trying for 30 s ([`LapinBrokerBuilder::first_connect_timeout`]),
+//!   then fails with the cause, so a service started without its broker says why:
+//!   [`LapinError::Connect`] with the last refusal (`connection refused`, a TLS failure,
+//!   a refused login, which fails at once) or [`LapinError::ConnectTimeout`] when the
+//!   broker did not answer (no TCP connection, or no answer to the AMQP handshake). A
+//!   failed first connect stops everything it started: no attempt, connection or lapin
+//!   thread outlives it. After that, a lost connection is reconnected for as long as it
+//!   takes, backing off from 100 ms to 30 s, and lapin recovers the channels
+//!   (`enable_auto_recover`). Queues the broker deletes with the connection (exclusive
+//!   ones this broker declared) are declared again, empty.
+//! - A message whose AMQP properties and headers are over the connection's frame limit
+//!   (`frame_max`, 128 KiB by default) is refused at publish time with
+//!   [`LapinError::HeadersTooLarge`]: AMQP cannot split a header frame, and the broker
+//!   would close the whole connection over it, every delivery in flight on it coming
+//!   again. (A retry or dead letter whose headers grew over the limit is requeued, or
+//!   nacked to the broker's dead-lettering, instead of republished.)
+//! - **lapin prints the password at TRACE**: its I/O loop logs each frame it writes, the
+//!   login (`Connection.StartOk`, whose SASL response holds the password as a list of
+//!   bytes) included. It logs from its own thread, through the global subscriber, so
+//!   only the subscriber you install can filter it: give its layers
+//!   `hide_credentials()` (a per-layer filter, with the `tracing-filter` feature), which
+//!   drops just the events that can hold a credential, or add the
+//!   [`HIDE_CREDENTIALS_DIRECTIVES`] to an `EnvFilter` (`RUST_LOG`), which drops every
+//!   outgoing frame. Below TRACE, nothing needs filtering.
 //!
 //! ```no_run
 //! use conveyor::{App, Json, PartitionKey, QueueSpec};
@@ -129,6 +147,7 @@
 
 mod broker;
 mod consistent_hash;
+mod dialer;
 mod error;
 mod headers;
 mod publisher;
@@ -138,6 +157,7 @@ mod spec;
 mod subscriber;
 mod tls;
 mod topology;
+mod trace_filter;
 mod url;
 
 pub use broker::{
@@ -151,4 +171,7 @@ pub use queue::LapinQueue;
 pub use spec::RabbitQueueSpec;
 pub use subscriber::LapinSubscriber;
 pub use topology::{ArgumentValue, Binding, ExchangeSpec, ExchangeType};
+pub use trace_filter::HIDE_CREDENTIALS_DIRECTIVES;
+#[cfg(feature = "tracing-filter")]
+pub use trace_filter::{HideCredentials, hide_credentials};
 pub use url::redact_url;

@@ -10,7 +10,7 @@ use lapin::{BasicProperties, Channel, Confirmation, PublisherConfirm};
 
 use crate::broker::LapinBroker;
 use crate::error::{LapinError, short};
-use crate::headers::to_table;
+use crate::headers::{oversize_header_frame, to_table};
 
 /// AMQP delivery mode 2: the broker writes the message to disk (on a durable queue).
 pub(crate) const PERSISTENT: u8 = 2;
@@ -97,6 +97,8 @@ impl PublishOptions {
 #[derive(Clone)]
 pub struct LapinPublisher {
     pub(crate) channel: Channel,
+    /// The connection's negotiated settings, for its frame limit (frame_max).
+    connection: lapin::Configuration,
     confirm_timeout: Duration,
     defaults: PublishOptions,
 }
@@ -122,6 +124,7 @@ impl LapinPublisher {
             })?;
         Ok(LapinPublisher {
             channel,
+            connection: broker.inner.connection.configuration().clone(),
             confirm_timeout: broker.inner.confirm_timeout,
             defaults: PublishOptions::default(),
         })
@@ -149,13 +152,15 @@ impl LapinPublisher {
         message: Message,
         options: PublishOptions,
     ) -> Result<(), LapinError> {
-        let prepared = prepare(exchange, routing_key, message, options)?;
+        let prepared = self.prepare(exchange, routing_key, message, options)?;
         let confirm = self.send(&prepared).await?;
         self.confirmed(prepared.destination, confirm).await
     }
 
     /// Publishes every message to `exchange` under `routing_key`, in order, then waits
-    /// for all their confirms. Returns the first error.
+    /// for all their confirms. Returns the first error; a message AMQP cannot carry (a
+    /// name too long, headers over the frame limit, ...) fails the batch before any is
+    /// sent.
     pub async fn publish_all_to(
         &self,
         exchange: &str,
@@ -163,9 +168,12 @@ impl LapinPublisher {
         messages: Vec<Message>,
         options: PublishOptions,
     ) -> Result<(), LapinError> {
-        let mut sent = Vec::with_capacity(messages.len());
-        for message in messages {
-            let prepared = prepare(exchange, routing_key, message, options)?;
+        let prepared = messages
+            .into_iter()
+            .map(|message| self.prepare(exchange, routing_key, message, options))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut sent = Vec::with_capacity(prepared.len());
+        for prepared in prepared {
             let confirm = self.send(&prepared).await?;
             sent.push((prepared.destination, confirm));
         }
@@ -176,6 +184,28 @@ impl LapinPublisher {
             }
         }
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// `message` mapped onto AMQP, if the connection can take it: a message whose header
+    /// frame is over the connection's frame limit is refused here, before the broker
+    /// closes the connection over it (and every other channel on it with it).
+    fn prepare(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        message: Message,
+        options: PublishOptions,
+    ) -> Result<Prepared, LapinError> {
+        let prepared = prepare(exchange, routing_key, message, options)?;
+        let limit = self.connection.frame_max();
+        match oversize_header_frame(&prepared.properties, limit) {
+            Some(size) => Err(LapinError::HeadersTooLarge {
+                destination: prepared.destination,
+                size,
+                limit,
+            }),
+            None => Ok(prepared),
+        }
     }
 
     /// Sends one message; after a connection loss, waits for recovery and tries once more.
@@ -265,9 +295,7 @@ fn prepare(
     if parts.delay.is_some() {
         return Err(LapinError::Invalid {
             what: "message",
-            reason: format!(
-                "message to `{destination}` asks for a delivery delay, which plain RabbitMQ cannot do"
-            ),
+            reason: "it asks for a delivery delay, which plain RabbitMQ cannot do".to_string(),
         });
     }
     let mut properties = BasicProperties::default()

@@ -45,7 +45,8 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Acker, BasicProperties, Channel, Confirmation, PublisherConfirm};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::headers::{ATTEMPTS_HEADER, DELIVERY_COUNT_HEADER};
+use crate::error::LapinError;
+use crate::headers::{ATTEMPTS_HEADER, DELIVERY_COUNT_HEADER, oversize_header_frame};
 use crate::publisher::PERSISTENT;
 
 /// The longest per-message TTL RabbitMQ accepts, in milliseconds (2^32 - 1); a longer
@@ -75,6 +76,8 @@ pub(crate) struct Routes {
     /// The dead-letter exchange and routing key of the queue, when its declaration says.
     pub(crate) dead_letter: Option<(ShortString, ShortString)>,
     pub(crate) confirm_timeout: Duration,
+    /// The connection's negotiated settings, for its frame limit (frame_max).
+    pub(crate) connection: lapin::Configuration,
 }
 
 enum Action {
@@ -439,7 +442,19 @@ struct Copy {
 }
 
 /// Publishes `copy` (mandatory) on the routes' confirm channel; the confirm is to come.
+/// A copy whose header frame is over the connection's frame limit (a long reject reason
+/// on headers near the limit) is not sent: the broker would close the connection over
+/// it, and every delivery in flight on it would come again.
 async fn publish(routes: &Routes, copy: Copy, payload: &[u8]) -> Result<PublisherConfirm, String> {
+    let limit = routes.connection.frame_max();
+    if let Some(size) = oversize_header_frame(&copy.properties, limit) {
+        let refused = LapinError::HeadersTooLarge {
+            destination: copy.routing_key.to_string(),
+            size,
+            limit,
+        };
+        return Err(refused.to_string());
+    }
     routes
         .channel
         .basic_publish(

@@ -107,7 +107,8 @@ async fn open_routes(
     known: Option<&Declaration>,
     delay_queue: Option<String>,
 ) -> Result<Routes, LapinError> {
-    let purpose = format!("{queue} (republishing)");
+    // Named by its role only: the subscription's error names the queue.
+    let purpose = "republishing".to_string();
     let channel = broker.open_channel(&purpose).await?;
     channel
         .confirm_select(ConfirmSelectOptions::default())
@@ -134,6 +135,7 @@ async fn open_routes(
             .transpose()?,
         dead_letter,
         confirm_timeout: broker.inner.confirm_timeout,
+        connection: broker.inner.connection.configuration().clone(),
     })
 }
 
@@ -157,7 +159,8 @@ impl LapinSubscriber {
         let exists = broker.ready_in(&queue).await?.is_some();
         let known = broker.declaration(&queue);
         let declaration = to_declare(&queue, exists, passive, known.as_deref())?;
-        let channel = broker.open_channel(&queue).await?;
+        // Named by its role only: the subscription's error names the queue.
+        let channel = broker.open_channel("consuming").await?;
         if let Some(declaration) = &declaration {
             if !exists {
                 tracing::info!(queue = %queue, "the queue does not exist; declaring it");
@@ -184,7 +187,7 @@ impl LapinSubscriber {
             .basic_qos(window, BasicQosOptions::default())
             .await
             .map_err(|source| LapinError::Channel {
-                purpose: queue.to_string(),
+                purpose: "consuming".to_string(),
                 source,
             })?;
 

@@ -1,20 +1,42 @@
 //! A TCP proxy between the client and RabbitMQ that a test can make misbehave on purpose:
 //! faults provoked this way happen every time, at any machine load, instead of racing the
 //! clock.
+//!
+//! What it can do, each at any moment and to every connection through it:
+//! - hold back what the broker sends ([`stall_replies`](Proxy::stall_replies)), or what
+//!   the client sends ([`stall_requests`](Proxy::stall_requests)), until
+//!   [`resume`](Proxy::resume);
+//! - hold back only the broker's publisher confirms
+//!   ([`hold_confirms`](Proxy::hold_confirms), [`release_confirms`](Proxy::release_confirms));
+//! - delay every byte, each way, by a latency ([`latency`](Proxy::latency));
+//! - cut every open connection at once, both ways: with a TCP reset
+//!   ([`cut_connections`](Proxy::cut_connections)), as a network failure or a killed
+//!   peer does, or with a plain TCP close and no AMQP goodbye
+//!   ([`close_connections`](Proxy::close_connections));
+//! - refuse new connections ([`refuse_new_connections`](Proxy::refuse_new_connections)):
+//!   each is reset as soon as it is accepted, before a byte is exchanged.
+//!
+//! (`noxious`, a Rust port of Toxiproxy, was considered: it runs as a server with its own
+//! control API, has not been released since 2021 and brings old versions of `tokio-util`
+//! and `rand` along, and knows nothing of AMQP frames, which holding confirms needs.)
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::OwnedWriteHalf;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 /// What the proxy does with what the broker sends.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 enum Replies {
     /// Forwarded as it comes.
+    #[default]
     Flowing,
     /// Held back, all of it.
     Stalled,
@@ -23,10 +45,46 @@ enum Replies {
     ConfirmsHeld,
 }
 
+/// The faults in force, read by every connection.
+#[derive(Clone, Copy, Debug, Default)]
+struct Faults {
+    replies: Replies,
+    /// What the client sends is held back.
+    requests_stalled: bool,
+    /// How long each byte waits, each way, before it is passed on.
+    latency: Duration,
+}
+
+/// How a connection is cut.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cut {
+    /// A TCP reset, each way.
+    Reset,
+    /// A plain TCP close (FIN), each way.
+    Close,
+}
+
+/// One connection through the proxy: cut by sending on (or dropping) `cut`.
+struct Link {
+    cut: oneshot::Sender<Cut>,
+    task: JoinHandle<()>,
+}
+
+/// What the proxy and its accepting task share.
+struct Shared {
+    upstream: &'static str,
+    faults: watch::Sender<Faults>,
+    refusing: AtomicBool,
+    links: Mutex<HashMap<u64, Link>>,
+    next_link: AtomicU64,
+    accepted: AtomicUsize,
+    refused: AtomicUsize,
+}
+
 /// Forwards every connection made to [`addr`](Self::addr) to the upstream broker.
 pub struct Proxy {
     addr: SocketAddr,
-    replies: watch::Sender<Replies>,
+    shared: Arc<Shared>,
     accepting: JoinHandle<()>,
 }
 
@@ -35,20 +93,26 @@ impl Proxy {
     pub async fn start(upstream: &'static str) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free port");
         let addr = listener.local_addr().expect("the proxy's address");
-        let (replies, mode) = watch::channel(Replies::Flowing);
-        let accepting = tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let Ok(server) = TcpStream::connect(upstream).await else {
-                    continue;
-                };
-                tokio::spawn(forward(client, server, mode.clone()));
-            }
+        let shared = Arc::new(Shared {
+            upstream,
+            faults: watch::Sender::new(Faults::default()),
+            refusing: false.into(),
+            links: Mutex::default(),
+            next_link: AtomicU64::new(0),
+            accepted: AtomicUsize::new(0),
+            refused: AtomicUsize::new(0),
         });
+        let accepting = tokio::spawn(accept(listener, shared.clone()));
         Proxy {
             addr,
-            replies,
+            shared,
             accepting,
         }
+    }
+
+    /// The address clients connect to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
     }
 
     /// The URL of the broker behind this proxy.
@@ -56,10 +120,21 @@ impl Proxy {
         format!("amqp://guest:guest@{}/%2f", self.addr)
     }
 
+    fn set(&self, change: impl FnOnce(&mut Faults)) {
+        self.shared.faults.send_modify(change);
+    }
+
     /// From now on, what the broker sends is held back (what the client sends still
-    /// arrives): a confirm, a reply, a delivery never comes.
+    /// arrives): a confirm, a reply, a delivery never comes, until [`resume`](Self::resume).
     pub fn stall_replies(&self) {
-        self.replies.send_replace(Replies::Stalled);
+        self.set(|faults| faults.replies = Replies::Stalled);
+    }
+
+    /// From now on, what the client sends is held back (what the broker sends still
+    /// arrives): a publish, an ack, a heartbeat never reaches the broker, until
+    /// [`resume`](Self::resume).
+    pub fn stall_requests(&self) {
+        self.set(|faults| faults.requests_stalled = true);
     }
 
     /// From now on, the broker's publisher confirms (`basic.ack` and `basic.nack` sent by
@@ -67,20 +142,260 @@ impl Proxy {
     /// that channel's order. Everything else flows: deliveries, the replies of other
     /// channels, heartbeats.
     pub fn hold_confirms(&self) {
-        self.replies.send_replace(Replies::ConfirmsHeld);
+        self.set(|faults| faults.replies = Replies::ConfirmsHeld);
     }
 
-    /// Sends what [`hold_confirms`](Self::hold_confirms) held back, in order, and lets
-    /// everything flow again.
+    /// Sends what [`hold_confirms`](Self::hold_confirms) or
+    /// [`stall_replies`](Self::stall_replies) held back, in order, and lets what the
+    /// broker sends flow again.
     pub fn release_confirms(&self) {
-        self.replies.send_replace(Replies::Flowing);
+        self.set(|faults| faults.replies = Replies::Flowing);
+    }
+
+    /// Lets everything flow again, both ways: what was held back goes on, in order. The
+    /// latency stays.
+    pub fn resume(&self) {
+        self.set(|faults| {
+            faults.replies = Replies::Flowing;
+            faults.requests_stalled = false;
+        });
+    }
+
+    /// From now on, every byte read (each way) is passed on `latency` later; bytes keep
+    /// their order. `Duration::ZERO` ends it (bytes already waiting keep their time).
+    pub fn latency(&self, latency: Duration) {
+        self.set(|faults| faults.latency = latency);
+    }
+
+    /// Cuts every connection open through the proxy, both ways, with a TCP reset: what
+    /// either side had sent and the other had not received yet is lost. Returns once
+    /// they are all closed, with how many there were. Connections made afterwards are
+    /// forwarded as usual (unless refused).
+    pub async fn cut_connections(&self) -> usize {
+        self.cut(Cut::Reset).await
+    }
+
+    /// Closes every connection open through the proxy, both ways, as
+    /// [`cut_connections`](Self::cut_connections) does, but with a plain TCP close (FIN)
+    /// instead of a reset (the kernel still resets a side whose bytes the proxy had not
+    /// read yet): each side sees the other end the connection without the AMQP goodbye.
+    /// Returns once they are all closed, with how many there were.
+    pub async fn close_connections(&self) -> usize {
+        self.cut(Cut::Close).await
+    }
+
+    async fn cut(&self, how: Cut) -> usize {
+        let links: Vec<Link> = {
+            let mut links = self.shared.links.lock().unwrap();
+            links.drain().map(|(_, link)| link).collect()
+        };
+        let count = links.len();
+        let mut tasks = Vec::with_capacity(count);
+        for Link { cut, task } in links {
+            let _ = cut.send(how);
+            tasks.push(task);
+        }
+        for task in tasks {
+            let _ = task.await;
+        }
+        count
+    }
+
+    /// From now on, every new connection is reset as soon as it is accepted, before a
+    /// byte is exchanged (connections already open are left alone).
+    pub fn refuse_new_connections(&self) {
+        self.shared.refusing.store(true, Ordering::SeqCst);
+    }
+
+    /// Ends [`refuse_new_connections`](Self::refuse_new_connections).
+    pub fn accept_new_connections(&self) {
+        self.shared.refusing.store(false, Ordering::SeqCst);
+    }
+
+    /// How many connections are open through the proxy now.
+    pub fn open_connections(&self) -> usize {
+        self.shared.links.lock().unwrap().len()
+    }
+
+    /// How many connections the proxy has forwarded since it started.
+    pub fn accepted(&self) -> usize {
+        self.shared.accepted.load(Ordering::SeqCst)
+    }
+
+    /// How many connections the proxy has refused since it started.
+    pub fn refused(&self) -> usize {
+        self.shared.refused.load(Ordering::SeqCst)
     }
 }
 
 impl Drop for Proxy {
+    /// Stops accepting and cuts every connection (each one's cut signal is dropped).
     fn drop(&mut self) {
         self.accepting.abort();
+        self.shared.links.lock().unwrap().clear();
     }
+}
+
+async fn accept(listener: TcpListener, shared: Arc<Shared>) {
+    while let Ok((client, _)) = listener.accept().await {
+        if shared.refusing.load(Ordering::SeqCst) {
+            let _ = client.set_zero_linger();
+            drop(client);
+            shared.refused.fetch_add(1, Ordering::SeqCst);
+            continue;
+        }
+        let Ok(server) = TcpStream::connect(shared.upstream).await else {
+            let _ = client.set_zero_linger();
+            continue;
+        };
+        let _ = client.set_nodelay(true);
+        let _ = server.set_nodelay(true);
+        let id = shared.next_link.fetch_add(1, Ordering::SeqCst);
+        let (cut, cut_signal) = oneshot::channel();
+        // Registered before it runs, so that it can only remove itself after this.
+        let mut links = shared.links.lock().unwrap();
+        let task = tokio::spawn(link(
+            client,
+            server,
+            shared.faults.subscribe(),
+            cut_signal,
+            shared.clone(),
+            id,
+        ));
+        links.insert(id, Link { cut, task });
+        shared.accepted.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Forwards one connection both ways until both sides have closed, or until it is cut.
+async fn link(
+    mut client: TcpStream,
+    mut server: TcpStream,
+    faults: watch::Receiver<Faults>,
+    cut: oneshot::Receiver<Cut>,
+    shared: Arc<Shared>,
+    id: u64,
+) {
+    let cut = {
+        let (client_read, client_write) = client.split();
+        let (server_read, server_write) = server.split();
+        let requests = pump(
+            client_read,
+            server_write,
+            faults.clone(),
+            Direction::Requests,
+        );
+        let replies = pump(server_read, client_write, faults, Direction::Replies);
+        tokio::select! {
+            _ = async { tokio::join!(requests, replies) } => None,
+            // The proxy dropped: cut too.
+            how = cut => Some(how.unwrap_or(Cut::Reset)),
+        }
+    };
+    if cut == Some(Cut::Reset) {
+        let _ = client.set_zero_linger();
+        let _ = server.set_zero_linger();
+    }
+    drop((client, server));
+    shared.links.lock().unwrap().remove(&id);
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    /// From the client to the broker.
+    Requests,
+    /// From the broker to the client.
+    Replies,
+}
+
+impl Direction {
+    fn stalled(self, faults: &Faults) -> bool {
+        match self {
+            Direction::Requests => faults.requests_stalled,
+            Direction::Replies => faults.replies == Replies::Stalled,
+        }
+    }
+}
+
+/// How many reads a direction keeps waiting (for their latency, or a stall) before it
+/// stops reading, so that the sender feels the back-pressure.
+const MAX_WAITING: usize = 256;
+
+/// Passes what `from` sends on to `to`, as the faults say, until `from` closes (then
+/// closes `to` after what is waiting) or either fails.
+async fn pump(
+    mut from: impl AsyncRead + Unpin,
+    mut to: impl AsyncWrite + Unpin,
+    mut faults: watch::Receiver<Faults>,
+    direction: Direction,
+) {
+    let mut buffer = vec![0u8; 64 * 1024];
+    let mut waiting: VecDeque<(Instant, Vec<u8>)> = VecDeque::new();
+    // Replies are cut into whole frames, so that confirms can be held.
+    let mut frames = Frames::default();
+    let mut held = Held::default();
+    let mut reading = true;
+    loop {
+        if !reading && waiting.is_empty() {
+            break;
+        }
+        let stalled = direction.stalled(&faults.borrow_and_update());
+        let head = waiting.front().map(|(due, _)| *due);
+        // Each arm reads the faults again when it acts, so that bytes read or passed on
+        // after a fault was set always obey it, even if this task only runs later.
+        tokio::select! {
+            read = from.read(&mut buffer), if reading && waiting.len() < MAX_WAITING => {
+                match read {
+                    Ok(0) | Err(_) => reading = false,
+                    Ok(read) => {
+                        let due = Instant::now() + faults.borrow().latency;
+                        waiting.push_back((due, buffer[..read].to_vec()));
+                    }
+                }
+            }
+            () = tokio::time::sleep_until(head.unwrap_or_else(Instant::now)),
+                if head.is_some() && !stalled =>
+            {
+                let now = *faults.borrow();
+                if direction.stalled(&now) {
+                    continue;
+                }
+                let (_, bytes) = waiting.pop_front().expect("a waiting read");
+                let out = match direction {
+                    Direction::Requests => bytes,
+                    Direction::Replies => {
+                        let holding = now.replies == Replies::ConfirmsHeld;
+                        frames.push(&bytes);
+                        let mut out = if holding { Vec::new() } else { held.release() };
+                        while let Some(frame) = frames.next_frame() {
+                            if !(holding && held.keeps(&frame)) {
+                                out.extend_from_slice(&frame);
+                            }
+                        }
+                        out
+                    }
+                };
+                if !send(&mut to, &out).await {
+                    return;
+                }
+            }
+            changed = faults.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let released = direction == Direction::Replies
+                    && faults.borrow().replies == Replies::Flowing;
+                if released && !send(&mut to, &held.release()).await {
+                    return;
+                }
+            }
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
+async fn send(to: &mut (impl AsyncWrite + Unpin), bytes: &[u8]) -> bool {
+    bytes.is_empty() || to.write_all(bytes).await.is_ok()
 }
 
 /// AMQP 0-9-1 frames: a 7-byte header (type, channel, payload size), the payload, and
@@ -152,54 +467,4 @@ impl Held {
         self.channels.clear();
         std::mem::take(&mut self.frames)
     }
-}
-
-async fn forward(client: TcpStream, server: TcpStream, mut mode: watch::Receiver<Replies>) {
-    let (mut client_read, mut client_write) = client.into_split();
-    let (mut server_read, mut server_write) = server.into_split();
-    let requests = tokio::spawn(async move {
-        let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
-    });
-    let mut buffer = vec![0u8; 64 * 1024];
-    let mut frames = Frames::default();
-    let mut held = Held::default();
-    loop {
-        tokio::select! {
-            read = server_read.read(&mut buffer) => {
-                let Ok(read) = read else { break };
-                if read == 0 {
-                    break;
-                }
-                // Held while stalled; the bytes are never sent if the stall lasts.
-                let holding = match mode.wait_for(|mode| *mode != Replies::Stalled).await {
-                    Ok(now) => *now == Replies::ConfirmsHeld,
-                    Err(_) => break,
-                };
-                frames.push(&buffer[..read]);
-                let mut out = if holding { Vec::new() } else { held.release() };
-                while let Some(frame) = frames.next_frame() {
-                    if !(holding && held.keeps(&frame)) {
-                        out.extend_from_slice(&frame);
-                    }
-                }
-                if !send(&mut client_write, &out).await {
-                    break;
-                }
-            }
-            changed = mode.changed() => {
-                if changed.is_err() {
-                    break;
-                }
-                let released = *mode.borrow_and_update() == Replies::Flowing;
-                if released && !send(&mut client_write, &held.release()).await {
-                    break;
-                }
-            }
-        }
-    }
-    requests.abort();
-}
-
-async fn send(client: &mut OwnedWriteHalf, bytes: &[u8]) -> bool {
-    bytes.is_empty() || client.write_all(bytes).await.is_ok()
 }

@@ -1,0 +1,522 @@
+//! Connections cut under load by a fault-injecting proxy (`common::proxy`): consumption
+//! resumes within a bound and loses nothing, confirmed publishes survive a cut, and a
+//! broker that refuses connections fails `connect` instead of hanging.
+//!
+//! Every fault is provoked by the proxy at a point the test chooses by a condition (so
+//! many messages handled, so many publishes confirmed), never by a sleep, so the tests
+//! behave the same at any machine load. The one clock they race is the recovery bound.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use conveyor::{App, DeliveryInfo, Json, Message, Publisher, QueueSpec, State};
+use conveyor_lapin::{LapinBroker, LapinError};
+use tokio::sync::watch;
+
+use common::proxy::Proxy;
+use common::{cleanup, take_all, unique, wait_until};
+
+const UPSTREAM: &str = "127.0.0.1:5672";
+
+/// How soon after a cut consumption must be going again.
+const RECOVERY_BOUND: Duration = Duration::from_secs(5);
+
+/// The mount's prefetch window: at a cut, at most this many deliveries of the dead
+/// connection are unacked, so at most this many are handled after it; the next one
+/// handled came on the recovered connection.
+const PREFETCH: u16 = 32;
+
+/// One handled delivery.
+#[derive(Clone, Copy)]
+struct Handled {
+    id: u32,
+    at: Instant,
+    redelivered: bool,
+}
+
+/// What the handler saw, in order, and how far it may go: a handler waits while
+/// `allowed` deliveries have been handled, so that a cut always finds work left, however
+/// slowly the test itself gets to run.
+#[derive(Clone)]
+struct Log {
+    handled: Arc<Mutex<Vec<Handled>>>,
+    allowed: Arc<watch::Sender<usize>>,
+}
+
+impl Log {
+    fn new() -> Self {
+        Log {
+            handled: Arc::default(),
+            allowed: Arc::new(watch::Sender::new(usize::MAX)),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.handled.lock().unwrap().len()
+    }
+
+    fn all(&self) -> Vec<Handled> {
+        self.handled.lock().unwrap().clone()
+    }
+
+    fn allow(&self, up_to: usize) {
+        self.allowed.send_replace(up_to);
+    }
+
+    /// The distinct ids handled.
+    fn ids(&self) -> HashSet<u32> {
+        self.handled.lock().unwrap().iter().map(|h| h.id).collect()
+    }
+}
+
+async fn handle(Json(id): Json<u32>, info: DeliveryInfo, State(log): State<Log>) {
+    let _ = log
+        .allowed
+        .subscribe()
+        .wait_for(|allowed| log.len() < *allowed)
+        .await;
+    log.handled.lock().unwrap().push(Handled {
+        id,
+        at: Instant::now(),
+        redelivered: info.redelivered,
+    });
+}
+
+/// Message `id`, keyed over 64 partition keys (so every lane gets work).
+fn message(id: u32) -> Message {
+    Message::json(&id)
+        .unwrap()
+        .partition_key(format!("k{}", id % 64))
+}
+
+/// A broker connected through `proxy`, its connection named `name`.
+async fn through(proxy: &Proxy, name: &str) -> LapinBroker {
+    common::init_tracing();
+    LapinBroker::builder(proxy.url())
+        .connection_name(name)
+        .connect()
+        .await
+        .expect("RabbitMQ through the proxy")
+}
+
+/// Waits until every id in `ids` has been handled, for at most [`common::DEADLINE`];
+/// fails naming how many (and which first few) never were.
+async fn wait_for_all(log: &Log, ids: impl Iterator<Item = u32> + Clone) {
+    let deadline = Instant::now() + common::DEADLINE;
+    loop {
+        let handled = log.ids();
+        let missing: Vec<u32> = ids.clone().filter(|id| !handled.contains(id)).collect();
+        if missing.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} message(s) never handled (lost?) after {:?}, first {:?}",
+            missing.len(),
+            common::DEADLINE,
+            &missing[..missing.len().min(20)]
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// How long the test waits for consumption to resume after a cut before it fails: far
+/// past the bound, so that a slow recovery is told from one that never comes.
+const RESUME_DEADLINE: Duration = Duration::from_secs(30);
+
+/// What one cut measured.
+struct Cut {
+    /// Deliveries handled when the cut was made.
+    at_handled: usize,
+    /// Connections the proxy cut.
+    connections: usize,
+    /// From the cut to the next delivery handled (possibly one of the dead connection,
+    /// still in the dispatcher).
+    first_handled: Duration,
+    /// From the cut to the first redelivery handled (the broker requeued it at the cut).
+    first_redelivery: Option<Duration>,
+    /// From the cut to the first delivery handled that must have come on the recovered
+    /// connection: the (prefetch + 1)-th handled after the cut.
+    resumed: Duration,
+}
+
+impl std::fmt::Display for Cut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "at {} handled, {} connection(s) cut; next handled after {:?}, first redelivery \
+             after {:?}, resumed on the new connection after {:?}",
+            self.at_handled,
+            self.connections,
+            self.first_handled,
+            self.first_redelivery,
+            self.resumed
+        )
+    }
+}
+
+/// Cuts every connection through `proxy` once `connections` are open (the brokers have
+/// all reconnected since the last cut), lets the handlers go up to `allow_after(handled
+/// at the cut)`, and measures how soon consumption resumes.
+async fn cut_and_measure(
+    proxy: &Proxy,
+    log: &Log,
+    connections: usize,
+    allow_after: impl Fn(usize) -> usize,
+) -> Cut {
+    wait_until("every connection through the proxy to be open", || {
+        proxy.open_connections() >= connections
+    })
+    .await;
+    let cut_at = Instant::now();
+    let cut = proxy.cut_connections().await;
+    // Nothing more comes on the dead connections: from here on, at most PREFETCH of
+    // their deliveries can still be handled.
+    let at_handled = log.len();
+    let accepted_at_cut = proxy.accepted();
+    log.allow(allow_after(at_handled));
+    let resumed_at = at_handled + usize::from(PREFETCH);
+    while log.len() <= resumed_at {
+        assert!(
+            cut_at.elapsed() < RESUME_DEADLINE,
+            "consumption did not resume within {RESUME_DEADLINE:?} of the cut (bound \
+             {RECOVERY_BOUND:?}): {} handled at the cut, {} since (at most {PREFETCH} can \
+             be of the cut connection); {} connection(s) made through the proxy since the \
+             cut, {} open (of {connections} before it)",
+            at_handled,
+            log.len() - at_handled,
+            proxy.accepted() - accepted_at_cut,
+            proxy.open_connections()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let all = log.all();
+    let after = &all[at_handled..];
+    Cut {
+        at_handled,
+        connections: cut,
+        first_handled: after[0].at.saturating_duration_since(cut_at),
+        first_redelivery: after
+            .iter()
+            .find(|h| h.redelivered)
+            .map(|h| h.at.saturating_duration_since(cut_at)),
+        resumed: all[resumed_at].at.saturating_duration_since(cut_at),
+    }
+}
+
+/// Duplicates in what was handled: deliveries beyond the first of each id.
+fn duplicates(log: &Log) -> usize {
+    let all = log.all();
+    let mut seen: HashMap<u32, usize> = HashMap::new();
+    for h in &all {
+        *seen.entry(h.id).or_default() += 1;
+    }
+    all.len() - seen.len()
+}
+
+#[ignore = "lapin 4.12.3: an I/O loop cut with frames serialized but unsent never leaves its run loop, so it never reconnects (io_loop.rs should_continue); run with --ignored once lapin is fixed"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lanes_resume_within_5s_of_each_of_3_cuts_and_lose_none_of_10_000_messages() {
+    const MESSAGES: u32 = 10_000;
+    const CUTS: usize = 3;
+    /// The first cut comes once this many deliveries have been handled, each later one
+    /// this many after the one before.
+    const SPACING: usize = 2_000;
+    /// How far past a cut's mark the handlers may go before the cut has been made.
+    const SLACK: usize = 500;
+
+    let started = Instant::now();
+    let admin = common::broker().await;
+    let queue = unique("reconnect-load");
+    admin
+        .declare_queue(&QueueSpec::new(queue.as_str()))
+        .await
+        .unwrap();
+    let proxy = Proxy::start(UPSTREAM).await;
+    let publishing = through(&proxy, &unique("reconnect-publisher")).await;
+    let consuming = through(&proxy, &unique("reconnect-consumer")).await;
+
+    // The load: 10,000 messages waiting, published through the proxy.
+    for chunk in (0..MESSAGES).collect::<Vec<_>>().chunks(500) {
+        let messages = chunk.iter().map(|&id| message(id)).collect();
+        publishing.publish_batch(&queue, messages).await.unwrap();
+    }
+    let published = started.elapsed();
+
+    let log = Log::new();
+    log.allow(SPACING + SLACK);
+    let running = App::new("reconnect-load")
+        .broker(consuming.clone())
+        .with_state(log.clone())
+        .mount(consuming.queue(&queue).prefetch(PREFETCH), handle, |m| {
+            m.workers(4).by_key()
+        })
+        .start()
+        .await
+        .unwrap();
+
+    let mut cuts = Vec::new();
+    let mut mark = SPACING;
+    for n in 0..CUTS {
+        wait_until("the next cut's mark", || log.len() >= mark).await;
+        let last = n + 1 == CUTS;
+        let cut = cut_and_measure(&proxy, &log, 2, |handled| {
+            if last {
+                usize::MAX
+            } else {
+                handled + SPACING + SLACK
+            }
+        })
+        .await;
+        println!("cut {}: {cut}", n + 1);
+        mark = cut.at_handled + SPACING;
+        cuts.push(cut);
+    }
+    wait_for_all(&log, 0..MESSAGES).await;
+    let consumed = started.elapsed();
+    // Redeliveries too: nothing waits in the queue or unacked when the app stops.
+    common::wait_for("every delivery to be settled", || {
+        let (admin, queue) = (&admin, &queue);
+        async move {
+            admin.queue_depth(queue).await.unwrap().ready == 0 && common::unacked_count(queue) == 0
+        }
+    })
+    .await;
+    running.shutdown().await.unwrap();
+
+    let handled = log.len();
+    let duplicates = duplicates(&log);
+    println!(
+        "published {MESSAGES} in {published:?}, all handled {consumed:?} from the start; \
+         {handled} deliveries handled, {duplicates} duplicates"
+    );
+    for (n, cut) in cuts.iter().enumerate() {
+        assert!(cut.connections >= 2, "cut {} found both connections", n + 1);
+        assert!(
+            cut.resumed < RECOVERY_BOUND,
+            "cut {}: consumption resumed only {:?} after the cut (bound {RECOVERY_BOUND:?}): {cut}",
+            n + 1,
+            cut.resumed
+        );
+    }
+    assert_eq!(log.ids().len(), MESSAGES as usize, "nothing lost");
+    assert_eq!(
+        admin.queue_depth(&queue).await.unwrap().ready,
+        0,
+        "nothing left behind"
+    );
+    publishing.close().await.unwrap();
+    cleanup(&admin, &[&queue], &[]).await;
+}
+
+#[ignore = "lapin 4.12.3: an I/O loop cut with frames serialized but unsent never leaves its run loop, so it never reconnects (io_loop.rs should_continue); run with --ignored once lapin is fixed"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_publish_confirmed_across_a_cut_reaches_the_queue() {
+    const MESSAGES: usize = 2_000;
+    /// The cut comes once this many publishes have been confirmed ...
+    const CUT_AFTER: usize = 1_000;
+    /// ... and no publish past this one starts before it.
+    const HELD_FROM: usize = 1_200;
+    const PUBLISHERS: usize = 8;
+
+    let admin = common::broker().await;
+    let queue = unique("reconnect-publish");
+    admin
+        .declare_queue(&QueueSpec::new(queue.as_str()))
+        .await
+        .unwrap();
+    let proxy = Proxy::start(UPSTREAM).await;
+    let broker = through(&proxy, &unique("reconnect-publish")).await;
+
+    let next = Arc::new(AtomicUsize::new(0));
+    let confirmed = Arc::new(Mutex::new(Vec::<u32>::new()));
+    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+    let slowest = Arc::new(Mutex::new(Duration::ZERO));
+    let (cut_done, cut_signal) = watch::channel(false);
+    let mut publishers = Vec::new();
+    for _ in 0..PUBLISHERS {
+        let (broker, queue, next, confirmed, errors, slowest, mut cut_signal) = (
+            broker.clone(),
+            queue.clone(),
+            next.clone(),
+            confirmed.clone(),
+            errors.clone(),
+            slowest.clone(),
+            cut_signal.clone(),
+        );
+        publishers.push(tokio::spawn(async move {
+            loop {
+                let n = next.fetch_add(1, Ordering::SeqCst);
+                if n >= MESSAGES {
+                    return;
+                }
+                if n >= HELD_FROM {
+                    let _ = cut_signal.wait_for(|done| *done).await;
+                }
+                let id = n as u32;
+                // An error may be retried (at-least-once: a duplicate is allowed).
+                loop {
+                    let sent = Instant::now();
+                    let result = broker.publish(&queue, message(id)).await;
+                    let took = sent.elapsed();
+                    {
+                        let mut slowest = slowest.lock().unwrap();
+                        *slowest = (*slowest).max(took);
+                    }
+                    match result {
+                        Ok(()) => {
+                            confirmed.lock().unwrap().push(id);
+                            break;
+                        }
+                        Err(error) => {
+                            errors
+                                .lock()
+                                .unwrap()
+                                .push(format!("{}", conveyor::Report(&error)));
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    }
+                }
+            }
+        }));
+    }
+    wait_until("the first publishes to be confirmed", || {
+        confirmed.lock().unwrap().len() >= CUT_AFTER
+    })
+    .await;
+    let confirmed_before = confirmed.lock().unwrap().len();
+    let accepted_at_cut = proxy.accepted();
+    let cut = proxy.cut_connections().await;
+    cut_done.send_replace(true);
+    let publishing = futures_util::future::join_all(publishers);
+    let Ok(done) = tokio::time::timeout(common::DEADLINE, publishing).await else {
+        panic!(
+            "publishes still waiting {:?} after the cut: {} of {MESSAGES} confirmed \
+             ({confirmed_before} before the cut), {} errors; {} connection(s) made through \
+             the proxy since the cut, {} open",
+            common::DEADLINE,
+            confirmed.lock().unwrap().len(),
+            errors.lock().unwrap().len(),
+            proxy.accepted() - accepted_at_cut,
+            proxy.open_connections()
+        );
+    };
+    for publisher in done {
+        publisher.unwrap();
+    }
+
+    let confirmed = confirmed.lock().unwrap().clone();
+    let errors = errors.lock().unwrap().clone();
+    let arrived: Vec<u32> = take_all(&queue).await.iter().map(|m| m.number()).collect();
+    let arrived_ids: HashSet<u32> = arrived.iter().copied().collect();
+    let lost: Vec<u32> = confirmed
+        .iter()
+        .copied()
+        .filter(|id| !arrived_ids.contains(id))
+        .collect();
+    println!(
+        "{MESSAGES} published, {} confirmed ({confirmed_before} before the cut of {cut} \
+         connection(s)), {} errors retried, {} arrived ({} duplicates), slowest publish {:?}",
+        confirmed.len(),
+        errors.len(),
+        arrived.len(),
+        arrived.len() - arrived_ids.len(),
+        *slowest.lock().unwrap()
+    );
+    for error in errors.iter().take(5) {
+        println!("publish error: {error}");
+    }
+    assert_eq!(cut, 1, "the publishing connection was cut");
+    assert_eq!(
+        confirmed.len(),
+        MESSAGES,
+        "every publish confirmed in the end"
+    );
+    assert!(lost.is_empty(), "confirmed but never arrived: {lost:?}");
+    broker.close().await.unwrap();
+    cleanup(&admin, &[&queue], &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_through_a_proxy_that_refuses_connections_fails_instead_of_hanging() {
+    common::init_tracing();
+    let proxy = Proxy::start(UPSTREAM).await;
+    proxy.refuse_new_connections();
+    let timeout = Duration::from_secs(2);
+    let started = Instant::now();
+    let connecting = LapinBroker::builder(proxy.url())
+        .first_connect_timeout(timeout)
+        .connect();
+    // The outer bound only turns a hang into a failure; the connect's own timeout is far
+    // shorter.
+    let error = tokio::time::timeout(Duration::from_secs(60), connecting)
+        .await
+        .expect("connect gave up instead of hanging")
+        .expect_err("every connection is refused");
+    let took = started.elapsed();
+    println!(
+        "refused {} time(s); connect failed after {took:?}: {}",
+        proxy.refused(),
+        conveyor::Report(&error)
+    );
+    assert!(proxy.refused() >= 1, "the client tried, and was refused");
+    assert_eq!(proxy.accepted(), 0, "nothing got through");
+    assert!(
+        matches!(
+            error,
+            LapinError::Connect { .. } | LapinError::ConnectTimeout { .. }
+        ),
+        "{error:?}"
+    );
+
+    // The same proxy lets the next connection through once it accepts again.
+    proxy.accept_new_connections();
+    let broker = LapinBroker::builder(proxy.url())
+        .first_connect_timeout(Duration::from_secs(30))
+        .connect()
+        .await
+        .expect("a connection once the proxy accepts again");
+    assert!(proxy.accepted() >= 1);
+    broker.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_holds_a_publish_back_for_its_latency_and_while_requests_stall() {
+    let admin = common::broker().await;
+    let queue = unique("reconnect-faults");
+    admin
+        .declare_queue(&QueueSpec::new(queue.as_str()))
+        .await
+        .unwrap();
+    let proxy = Proxy::start(UPSTREAM).await;
+    let broker = through(&proxy, &unique("reconnect-faults")).await;
+    broker.publish(&queue, message(0)).await.unwrap();
+
+    // A publish is a request and its confirm a reply: it takes both ways' latency.
+    let latency = Duration::from_millis(150);
+    proxy.latency(latency);
+    let sent = Instant::now();
+    broker.publish(&queue, message(1)).await.unwrap();
+    let took = sent.elapsed();
+    assert!(took >= 2 * latency, "a publish took {took:?}");
+    proxy.latency(Duration::ZERO);
+
+    // While requests stall, a publish never reaches the broker; once they flow, it does.
+    proxy.stall_requests();
+    let publishing = {
+        let (broker, queue) = (broker.clone(), queue.clone());
+        tokio::spawn(async move { broker.publish(&queue, message(2)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!publishing.is_finished(), "a stalled publish completed");
+    assert_eq!(admin.queue_depth(&queue).await.unwrap().ready, 2);
+    proxy.resume();
+    publishing.await.unwrap().unwrap();
+    assert_eq!(admin.queue_depth(&queue).await.unwrap().ready, 3);
+    broker.close().await.unwrap();
+    cleanup(&admin, &[&queue], &[]).await;
+}

@@ -1,0 +1,242 @@
+//! Live (RabbitMQ on 127.0.0.1:5672, `rabbitmqctl` to add a user): at TRACE, lapin prints
+//! the login's password, unless `hide_credentials()` (or the
+//! `HIDE_CREDENTIALS_DIRECTIVES`) filter it out.
+//!
+//! This is a binary of its own on purpose: lapin's I/O loop logs from its own thread,
+//! through the global subscriber, so the test has to set one (once, for the whole
+//! binary), with one capturing layer per way of filtering. Every layer sees the same
+//! events, so comparing their captures is deterministic: the unfiltered one proves that
+//! the password was printed, the others that it was dropped, and only it.
+
+use std::io;
+use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use conveyor::{Message, Publisher, QueueSpec};
+use conveyor_lapin::{HIDE_CREDENTIALS_DIRECTIVES, LapinBroker, hide_credentials};
+use lapin::types::LongString;
+use lapin::{Connection, ConnectionProperties};
+use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::fmt::format::{DefaultFields, Format};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::{EnvFilter, Layer, fmt};
+
+/// A log captured in memory.
+#[derive(Clone, Default)]
+struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+impl Buffer {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl io::Write for Buffer {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> MakeWriter<'a> for Buffer {
+    type Writer = Buffer;
+
+    fn make_writer(&'a self) -> Buffer {
+        self.clone()
+    }
+}
+
+/// What each layer of the global subscriber wrote.
+struct Captures {
+    /// Everything, at TRACE.
+    unfiltered: Buffer,
+    /// Filtered by `hide_credentials()`.
+    hidden: Buffer,
+    /// Filtered by an `EnvFilter` with `trace` and the `HIDE_CREDENTIALS_DIRECTIVES`.
+    directives: Buffer,
+}
+
+/// A fmt layer writing to `buffer`, without colours.
+fn plain_layer<S>(buffer: &Buffer) -> fmt::Layer<S, DefaultFields, Format, Buffer> {
+    fmt::layer().with_ansi(false).with_writer(buffer.clone())
+}
+
+/// Sets the global subscriber, on the first call.
+fn captures() -> &'static Captures {
+    static CAPTURES: OnceLock<Captures> = OnceLock::new();
+    CAPTURES.get_or_init(|| {
+        let captures = Captures {
+            unfiltered: Buffer::default(),
+            hidden: Buffer::default(),
+            directives: Buffer::default(),
+        };
+        let directives = EnvFilter::new(format!("trace,{HIDE_CREDENTIALS_DIRECTIVES}"));
+        let subscriber = tracing_subscriber::registry()
+            .with(plain_layer(&captures.unfiltered).with_filter(LevelFilter::TRACE))
+            .with(plain_layer(&captures.hidden).with_filter(hide_credentials()))
+            .with(plain_layer(&captures.directives).with_filter(directives));
+        tracing::subscriber::set_global_default(subscriber)
+            .expect("the only global subscriber of this binary");
+        captures
+    })
+}
+
+/// A RabbitMQ user of its own, so that its password is found in the logs only where
+/// it leaked (guest's would also match the user name); deleted on drop.
+struct User {
+    name: String,
+    password: String,
+}
+
+impl User {
+    fn add() -> User {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let user = User {
+            name: format!("conveyor-trace-{}-{nanos}", std::process::id()),
+            password: format!("Pw{nanos}xyz"),
+        };
+        rabbitmqctl(&["add_user", &user.name, &user.password]);
+        rabbitmqctl(&["set_permissions", "-p", "/", &user.name, ".*", ".*", ".*"]);
+        user
+    }
+
+    fn url(&self) -> String {
+        format!("amqp://{}:{}@127.0.0.1:5672/%2f", self.name, self.password)
+    }
+}
+
+impl Drop for User {
+    fn drop(&mut self) {
+        let _ = Command::new("rabbitmqctl")
+            .args(["-q", "delete_user", &self.name])
+            .output();
+    }
+}
+
+fn rabbitmqctl(args: &[&str]) {
+    let output = Command::new("rabbitmqctl")
+        .arg("-q")
+        .args(args)
+        .output()
+        .expect("rabbitmqctl (run scripts/services/rabbitmq.sh)");
+    assert!(
+        output.status.success(),
+        "rabbitmqctl {} failed: {}",
+        args[0],
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// How lapin prints a secret: amq-protocol's `LongString` is a list of bytes
+/// (`LongString([0, 117, 115, ...])`).
+fn as_byte_list(secret: &str) -> String {
+    secret
+        .bytes()
+        .map(|byte| byte.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Whether `log` shows `secret`, as text or as lapin's list of bytes.
+fn shows(log: &str, secret: &str) -> bool {
+    log.contains(secret) || log.contains(&as_byte_list(secret))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lapin_traces_show_the_password_unless_filtered() {
+    let captures = captures();
+    let user = User::add();
+    let queue = format!("conveyor-test.trace.{}", user.name);
+
+    // Conveyor's connection: the login (Connection.StartOk, SASL PLAIN), then a
+    // declaration and a confirmed publish, whose frames should stay in the logs.
+    let broker = LapinBroker::connect(&user.url()).await.unwrap();
+    broker.declare_queue(&QueueSpec::new(&queue)).await.unwrap();
+    broker.publish(&queue, Message::new("hello")).await.unwrap();
+    broker.delete_queue(&queue).await.unwrap();
+    broker.close().await.unwrap();
+
+    // Through lapin directly, what Conveyor never does: a login with AMQPLAIN (the
+    // password in a table), then a token refresh (Connection.UpdateSecret), which lapin
+    // logs as a frame and as an internal command. RabbitMQ may refuse the new secret;
+    // by then it has been logged.
+    let token = format!("Tk{}zz", user.password);
+    let amqplain = format!("{}?auth_mechanism=amqplain", user.url());
+    let connection = Connection::connect(&amqplain, ConnectionProperties::default())
+        .await
+        .unwrap();
+    let _refused = connection
+        .update_secret(LongString::from(token.as_str()), "test".into())
+        .await;
+    let _ = connection.close(200, "bye".into()).await;
+
+    let unfiltered = captures.unfiltered.text();
+    let hidden = captures.hidden.text();
+    let directives = captures.directives.text();
+
+    // Unfiltered, the password shows, in the form lapin prints it: the SASL PLAIN
+    // response (`\0user\0password`) as a list of bytes. So does the new token, in the
+    // frame and in the internal command. Else this test could not see a leak.
+    let login = format!("\0{}\0{}", user.name, user.password);
+    for leak in [
+        "next_msg=AMQPFrame::Method(Connection(StartOk(StartOk { client_properties:".into(),
+        format!("response: LongString([{}])", as_byte_list(&login)),
+        "mechanism: ShortString(\"AMQPLAIN\"), response: LongString([".into(),
+        format!("{}]), locale", as_byte_list(&user.password)),
+        format!("new_secret: LongString([{}])", as_byte_list(&token)),
+        format!(
+            "command=UpdateSecret(LongString([{}])",
+            as_byte_list(&token)
+        ),
+    ] {
+        assert!(unfiltered.contains(&leak), "no {leak} in:\n{unfiltered}");
+    }
+
+    // Filtered, neither the password nor the token shows, as text or as bytes.
+    for secret in [user.password.as_str(), token.as_str()] {
+        assert!(
+            !shows(&hidden, secret),
+            "hide_credentials let {secret} through:\n{hidden}"
+        );
+        assert!(
+            !shows(&directives, secret),
+            "the directives let {secret} through:\n{directives}"
+        );
+    }
+
+    // And the rest of lapin's TRACE output stays: with `hide_credentials`, the other
+    // outgoing frames and internal commands too.
+    for kept in [
+        "lapin::io_loop: will write to buffer next_msg=AMQPFrame::Method(Basic(Publish(",
+        "lapin::io_loop: will write to buffer next_msg=AMQPFrame::Method(Queue(Declare(",
+        "lapin::io_loop: will write to buffer next_msg=AMQPFrame::Method(Connection(Open(",
+        "lapin::io_loop: will write to buffer next_msg=AMQPFrame::Body",
+        "lapin::internal_rpc: Handling internal RPC command command=CreateChannel(",
+        "lapin::channels: will handle frame frame=Method(0, Connection(Start(",
+        "lapin::io_loop: wrote ",
+    ] {
+        assert!(
+            hidden.contains(kept),
+            "hide_credentials dropped {kept}:\n{hidden}"
+        );
+    }
+    for kept in [
+        "lapin::channels: will handle frame frame=Method(0, Connection(Start(",
+        "lapin::io_loop: wrote ",
+        "lapin::frames: state is now waiting",
+    ] {
+        assert!(
+            directives.contains(kept),
+            "the directives dropped {kept}:\n{directives}"
+        );
+    }
+}
