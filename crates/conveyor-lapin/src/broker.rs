@@ -445,12 +445,7 @@ impl LapinBroker {
     pub async fn delete_queue(&self, name: &str) -> Result<(), conveyor::Error> {
         short("queue name", name)?;
         let delay_queue = self
-            .inner
-            .delay_queues
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(name)
-            .cloned()
+            .remembered_delay_queue(name)
             .unwrap_or_else(|| delay_queue_of(name));
         // The delay queue dead-letters into its queue: deleted first, it cannot move a
         // message into the queue about to go.
@@ -496,13 +491,7 @@ impl LapinBroker {
     /// many are delivered and unacked). A missing queue is an error
     /// ([`LapinError::MissingQueue`] as the source).
     pub async fn queue_depth(&self, name: &str) -> Result<QueueDepth, conveyor::Error> {
-        let delay_queue = self
-            .inner
-            .delay_queues
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(name)
-            .cloned();
+        let delay_queue = self.remembered_delay_queue(name);
         let channel = self.open_channel(name).await?;
         let ready = check(&channel, name).await;
         // The delay queue on the same channel: if it was deleted meanwhile, the failed
@@ -604,6 +593,16 @@ impl LapinBroker {
     pub(crate) fn declaration(&self, queue: &str) -> Option<Arc<Declaration>> {
         self.inner
             .declared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(queue)
+            .cloned()
+    }
+
+    /// The delay queue a subscription of this broker declared for `queue`, if any.
+    fn remembered_delay_queue(&self, queue: &str) -> Option<String> {
+        self.inner
+            .delay_queues
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(queue)

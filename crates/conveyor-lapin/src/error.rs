@@ -241,29 +241,12 @@ const SHOWN_PREFIX_CHARS: usize = 64;
 /// `…`, cut at a character boundary, so that a megabyte-long name does not make a
 /// megabyte-long error. Control characters are escaped, so the name stays on its line.
 pub(crate) fn shown(name: &str) -> Cow<'_, str> {
-    let cut = (name.len() > SHORT_STRING_LIMIT)
-        .then(|| {
-            name.char_indices()
-                .nth(SHOWN_PREFIX_CHARS)
-                .map(|(end, _)| end)
-        })
-        .flatten();
-    let kept = name.get(..cut.unwrap_or(name.len())).unwrap_or(name);
-    if cut.is_none() && !kept.chars().any(char::is_control) {
-        return Cow::Borrowed(name);
-    }
-    let mut text = String::with_capacity(kept.len().saturating_add(3));
-    for c in kept.chars() {
-        if c.is_control() {
-            text.extend(c.escape_debug());
-        } else {
-            text.push(c);
-        }
-    }
-    if cut.is_some() {
-        text.push('…');
-    }
-    Cow::Owned(text)
+    let max = if name.len() > SHORT_STRING_LIMIT {
+        SHOWN_PREFIX_CHARS
+    } else {
+        usize::MAX
+    };
+    conveyor::support::bounded(name, max)
 }
 
 #[cfg(test)]

@@ -131,23 +131,7 @@ pub(crate) fn shown(name: &str) -> Cow<'_, str> {
     } else {
         MAX_SHOWN_NAME_CHARS
     };
-    let cut = name.char_indices().nth(max).map(|(end, _)| end);
-    let kept = name.get(..cut.unwrap_or(name.len())).unwrap_or(name);
-    if cut.is_none() && !kept.chars().any(char::is_control) {
-        return Cow::Borrowed(name);
-    }
-    let mut text = String::with_capacity(kept.len().saturating_add(3));
-    for c in kept.chars() {
-        if c.is_control() {
-            text.extend(c.escape_debug());
-        } else {
-            text.push(c);
-        }
-    }
-    if cut.is_some() {
-        text.push('…');
-    }
-    Cow::Owned(text)
+    conveyor::support::bounded(name, max)
 }
 
 /// Whether SQS answered that the queue does not exist, in either spelling of the code.

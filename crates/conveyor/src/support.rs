@@ -57,3 +57,33 @@ pub async fn wait_for<T>(notify: &Notify, mut check: impl FnMut() -> Option<T>) 
         notified.await;
     }
 }
+
+/// `name` as an error text quotes it: whole up to `max_chars` characters, else its first
+/// `max_chars` and `…`, cut at a character boundary, so that a megabyte-long name does not
+/// make a megabyte-long error. Control characters are escaped, so the name stays on its
+/// line. Borrows when there is nothing to change.
+///
+/// ```
+/// assert_eq!(conveyor::support::bounded("orders", 64), "orders");
+/// assert_eq!(conveyor::support::bounded("abcdef", 3), "abc…");
+/// assert_eq!(conveyor::support::bounded("a\nb", 64), "a\\nb");
+/// ```
+pub fn bounded(name: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
+    let cut = name.char_indices().nth(max_chars).map(|(end, _)| end);
+    let kept = name.get(..cut.unwrap_or(name.len())).unwrap_or(name);
+    if cut.is_none() && !kept.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(name);
+    }
+    let mut text = String::with_capacity(kept.len().saturating_add(3));
+    for c in kept.chars() {
+        if c.is_control() {
+            text.extend(c.escape_debug());
+        } else {
+            text.push(c);
+        }
+    }
+    if cut.is_some() {
+        text.push('…');
+    }
+    std::borrow::Cow::Owned(text)
+}

@@ -374,14 +374,20 @@ async fn an_immediate_retry_in_place_lets_the_runtime_run() {
     assert_eq!(broker.stats("q").ready, 1);
 }
 
-async fn retry_in_twenty_minutes(
+/// How long `retry_once_after` asks its first attempt to wait.
+#[derive(Clone, Copy)]
+struct RetryDelay(Duration);
+
+/// Asks for one retry after the app's `RetryDelay`, then acks; counts its runs.
+async fn retry_once_after(
     Json(_n): Json<u64>,
     info: DeliveryInfo,
     State(runs): State<Arc<AtomicUsize>>,
+    State(RetryDelay(delay)): State<RetryDelay>,
 ) -> Outcome {
     runs.fetch_add(1, Ordering::SeqCst);
     if info.attempt == 1 {
-        Outcome::RetryAfter(Duration::from_secs(20 * 60))
+        Outcome::RetryAfter(delay)
     } else {
         Outcome::Ack
     }
@@ -392,11 +398,10 @@ async fn a_retry_longer_than_the_in_place_hold_goes_back_to_the_broker() {
     assert!(Duration::from_secs(20 * 60) > conveyor::dispatch::MAX_IN_PLACE_HOLD);
     let broker = MemoryBroker::new();
     let runs = Arc::new(AtomicUsize::new(0));
-    let app = App::new("long-retry").with_state(runs.clone()).mount(
-        broker.queue("q"),
-        retry_in_twenty_minutes,
-        |m| m,
-    );
+    let app = App::new("long-retry")
+        .with_state(runs.clone())
+        .with_state(RetryDelay(Duration::from_secs(20 * 60)))
+        .mount(broker.queue("q"), retry_once_after, |m| m);
     let test = TestApp::start(app, &broker)
         .await
         .unwrap()
@@ -512,19 +517,6 @@ impl Subscriber for HeldTenMinutesSubscriber {
     }
 }
 
-async fn retry_in_six_minutes(
-    Json(_n): Json<u64>,
-    info: DeliveryInfo,
-    State(runs): State<Arc<AtomicUsize>>,
-) -> Outcome {
-    runs.fetch_add(1, Ordering::SeqCst);
-    if info.attempt == 1 {
-        Outcome::RetryAfter(Duration::from_secs(6 * 60))
-    } else {
-        Outcome::Ack
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_retry_longer_than_half_what_the_subscription_can_hold_goes_back_to_the_broker() {
     // Six minutes is within the in-place hold, but more than half of the ten the
@@ -532,11 +524,10 @@ async fn a_retry_longer_than_half_what_the_subscription_can_hold_goes_back_to_th
     assert!(Duration::from_secs(6 * 60) < conveyor::dispatch::MAX_IN_PLACE_HOLD);
     let broker = MemoryBroker::new();
     let runs = Arc::new(AtomicUsize::new(0));
-    let app = App::new("bounded-hold").with_state(runs.clone()).mount(
-        HeldTenMinutes(broker.queue("q")),
-        retry_in_six_minutes,
-        |m| m,
-    );
+    let app = App::new("bounded-hold")
+        .with_state(runs.clone())
+        .with_state(RetryDelay(Duration::from_secs(6 * 60)))
+        .mount(HeldTenMinutes(broker.queue("q")), retry_once_after, |m| m);
     let test = TestApp::start(app, &broker)
         .await
         .unwrap()
