@@ -108,7 +108,8 @@ impl LapinBrokerBuilder {
         self
     }
 
-    /// How long a publish waits for the broker's confirm before failing (default 30 s).
+    /// How long a publish waits for the broker's confirm before failing (default 30 s),
+    /// and, after a connection loss, for the connection to recover before it is sent.
     pub fn confirm_timeout(mut self, timeout: Duration) -> Self {
         self.confirm_timeout = timeout;
         self

@@ -144,6 +144,15 @@ pub enum LapinError {
         /// How long the publisher waited.
         after: Duration,
     },
+    /// The connection was lost and did not recover within the publisher's confirm
+    /// timeout: the message was not sent.
+    #[error("the connection was lost and did not recover within {after:?}")]
+    Unavailable {
+        /// The exchange and routing key, or the queue.
+        destination: String,
+        /// How long the publisher waited for the recovery.
+        after: Duration,
+    },
     /// A message's AMQP properties and headers do not fit in one frame of the connection:
     /// AMQP splits a payload over frames, but not a message's header frame, and the
     /// broker answers an oversize one by closing the connection (FRAME_ERROR), cutting

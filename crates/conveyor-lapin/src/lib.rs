@@ -103,7 +103,13 @@
 //!   thread outlives it. After that, a lost connection is reconnected for as long as it
 //!   takes, backing off from 100 ms to 30 s, and lapin recovers the channels
 //!   (`enable_auto_recover`). Queues the broker deletes with the connection (exclusive
-//!   ones this broker declared) are declared again, empty.
+//!   ones this broker declared) are declared again, empty. A publish waits for the
+//!   recovery at most its confirm timeout, then fails with [`LapinError::Unavailable`].
+//! - **lapin 4.12.3 does not reconnect a connection cut while frames were unsent**
+//!   (most cuts under load): its I/O loop spins on them for ever. This workspace builds
+//!   lapin with a one-line fix through `[patch.crates-io]` (`vendor/lapin/PATCHED.md`
+//!   in the repository); a service using this crate needs the same patch until a lapin
+//!   release has the fix.
 //! - A message whose AMQP properties and headers are over the connection's frame limit
 //!   (`frame_max`, 128 KiB by default) is refused at publish time with
 //!   [`LapinError::HeadersTooLarge`]: AMQP cannot split a header frame, and the broker

@@ -77,7 +77,9 @@ impl PublishOptions {
 /// Publishes messages on its own channel, in confirm mode: a publish returns once the
 /// broker has taken the message, and fails if the broker nacks it, returns it
 /// unroutable, or does not confirm within the broker's confirm timeout. After a
-/// connection loss it waits for the client to recover, then tries once more.
+/// connection loss it waits for the client to recover, then tries once more; a
+/// connection that does not recover within the confirm timeout fails the publish with
+/// [`LapinError::Unavailable`].
 ///
 /// ```no_run
 /// use conveyor::{Bytes, Message, Publisher};
@@ -208,7 +210,9 @@ impl LapinPublisher {
         }
     }
 
-    /// Sends one message; after a connection loss, waits for recovery and tries once more.
+    /// Sends one message; after a connection loss, waits for recovery (at most the
+    /// confirm timeout, so that a publish never hangs on a broker that stays away) and
+    /// tries once more.
     async fn send(&self, prepared: &Prepared) -> Result<PublisherConfirm, LapinError> {
         let send = || {
             self.channel.basic_publish(
@@ -226,10 +230,16 @@ impl LapinPublisher {
         match send().await {
             Ok(confirm) => Ok(confirm),
             Err(error) => {
-                self.channel
-                    .wait_for_recovery(error)
-                    .await
-                    .map_err(failed)?;
+                let recovery = self.channel.wait_for_recovery(error);
+                match tokio::time::timeout(self.confirm_timeout, recovery).await {
+                    Ok(recovered) => recovered.map_err(failed)?,
+                    Err(_) => {
+                        return Err(LapinError::Unavailable {
+                            destination: prepared.destination.clone(),
+                            after: self.confirm_timeout,
+                        });
+                    }
+                }
                 send().await.map_err(failed)
             }
         }

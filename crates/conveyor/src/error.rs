@@ -94,8 +94,9 @@ impl Error {
 }
 
 /// Shows an error and its causes on one line, joined by `: `, skipping a cause whose
-/// text the one before it already ends with (an error that quotes its own source). For
-/// logging any error whole: `tracing::warn!(error = %Report(&error), ...)`.
+/// text is already shown after the causes before it (an error that quotes its own
+/// source, as [`Error`] quotes its whole chain). For logging any error whole:
+/// `tracing::warn!(error = %Report(&error), ...)`.
 ///
 /// ```
 /// use conveyor::Report;
@@ -109,17 +110,23 @@ pub struct Report<'a>(pub &'a (dyn std::error::Error + 'static));
 impl fmt::Display for Report<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut shown = self.0.to_string();
-        f.write_str(&shown)?;
+        // Where the next cause's text is looked for: from the start of the last one found
+        // or written, since a chain is shown in order and a cause may quote its source.
+        let mut searched_from = 0;
         let mut next = self.0.source();
         while let Some(cause) = next {
             let text = cause.to_string();
-            if !shown.ends_with(&text) {
-                write!(f, ": {text}")?;
+            match shown.get(searched_from..).and_then(|rest| rest.find(&text)) {
+                Some(at) => searched_from += at,
+                None => {
+                    shown.push_str(": ");
+                    searched_from = shown.len();
+                    shown.push_str(&text);
+                }
             }
-            shown = text;
             next = cause.source();
         }
-        Ok(())
+        f.write_str(&shown)
     }
 }
 
@@ -164,6 +171,32 @@ mod tests {
         };
         assert_eq!(
             error.to_string(),
+            "transport `rabbitmq` failed: io: connection refused"
+        );
+    }
+
+    #[test]
+    fn a_report_of_an_error_that_shows_its_chain_shows_each_cause_once() {
+        let error = Error::Publish {
+            destination: "q".into(),
+            source: Box::new(Connect(Refused)),
+        };
+        assert_eq!(
+            Report(&error).to_string(),
+            "cannot publish to `q`: cannot connect: connection refused"
+        );
+        // A cause that is not quoted is still shown, and one its source quotes, once.
+        let bare = Connect(Refused);
+        assert_eq!(
+            Report(&bare).to_string(),
+            "cannot connect: connection refused"
+        );
+        let error = Error::Transport {
+            transport: "rabbitmq",
+            source: Box::new(Quoting(Refused)),
+        };
+        assert_eq!(
+            Report(&error).to_string(),
             "transport `rabbitmq` failed: io: connection refused"
         );
     }
