@@ -248,10 +248,11 @@ fn run(mode: Mode, flavor: Flavor, warmup: u64, messages: u64, traces: u32) -> M
                 qty: (id % 7) as u32 + 1,
                 price_cents: 1999,
             };
-            let mut message = Message::json(&payload).expect("an Order always encodes");
+            let mut message = Message::builder();
             if mode == Mode::Lanes {
                 message = message.partition_key(keys[(id % 64) as usize].clone());
             }
+            let message = message.json(&payload).expect("an Order always encodes");
             broker
                 .publish("bench", message)
                 .await

@@ -42,13 +42,14 @@ async fn fill(broker: &LapinBroker, queue: &str, n: u64) {
     while id < n {
         let chunk = (id..(id + 1000).min(n))
             .map(|i| {
-                Message::json(&Order {
-                    id: i,
-                    item: "tea".into(),
-                    quantity: 3,
-                })
-                .expect("json")
-                .partition_key(format!("customer-{}", i % 64))
+                Message::builder()
+                    .partition_key(format!("customer-{}", i % 64))
+                    .json(&Order {
+                        id: i,
+                        item: "tea".into(),
+                        quantity: 3,
+                    })
+                    .expect("json")
             })
             .collect();
         broker.publish_batch(queue, chunk).await.expect("publish");

@@ -48,7 +48,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let broker = MemoryBroker::new();
     for number in 1..=ORDERS_PER_GROUP {
         for group in GROUPS {
-            let order = Message::json(&Order { number })?.partition_key(group);
+            let order = Message::builder()
+                .partition_key(group)
+                .json(&Order { number })?;
             broker.publish("orders.fifo", order).await?;
         }
     }

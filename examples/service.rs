@@ -52,7 +52,7 @@ async fn serve<B: Broker>(
         broker
             .publish(
                 "orders.fifo",
-                Message::json(&order)?.partition_key(customer),
+                Message::builder().partition_key(customer).json(&order)?,
             )
             .await?;
     }

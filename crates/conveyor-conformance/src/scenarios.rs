@@ -24,8 +24,8 @@ async fn publish<F: Fixture>(fixture: &F, queue: &TestQueue, jobs: Vec<Job>, key
         .into_iter()
         .map(|job| {
             let key = key(job.id, keys);
-            match Message::json(&job) {
-                Ok(message) => message.partition_key(key),
+            match Message::builder().partition_key(key).json(&job) {
+                Ok(message) => message,
                 Err(error) => panic!("cannot encode a job: {error}"),
             }
         })
@@ -120,10 +120,11 @@ pub async fn round_trip_keeps_payload_and_headers<F: Fixture>(fixture: &F) {
     let queue = fixture.declare(QueueKind::plain()).await;
     let payload = Bytes::from_static(b"{\"id\":1,\"note\":\"caf\xc3\xa9\"}");
     let binary = Bytes::from_static(&[0, 159, 146, 150, 255]);
-    let message = Message::new(payload.clone())
+    let message = Message::builder()
         .header("x-trace", "abc-123")
         .header("x-binary", binary.clone())
-        .partition_key("k0");
+        .partition_key("k0")
+        .payload(payload.clone());
     if let Err(error) = fixture.publisher().publish(&queue.name, message).await {
         panic!("cannot publish: {error}");
     }
@@ -485,13 +486,15 @@ pub async fn a_panic_in_decode_an_extractor_or_a_handler_leaves_the_service_up<F
             panic: id == 3,
             ..Job::new(id)
         };
-        let mut message = Message::json(&job)
-            .unwrap_or_else(|error| panic!("cannot encode: {error}"))
-            .partition_key(key(id, 3));
+        let mut message = Message::builder().partition_key(key(id, 3));
         if id == 2 {
             message = message.header("boom", "1");
         }
-        messages.push(message);
+        messages.push(
+            message
+                .json(&job)
+                .unwrap_or_else(|error| panic!("cannot encode: {error}")),
+        );
     }
     if let Err(error) = fixture
         .publisher()

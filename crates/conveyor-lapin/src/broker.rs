@@ -9,7 +9,7 @@
 //! them again.
 
 use std::collections::HashMap;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use conveyor::{Bytes, DeadLetter, Message, Publisher, QueueDepth, QueueSpec};
@@ -324,7 +324,7 @@ impl LapinBrokerBuilder {
 /// broker
 ///     .declare_queue(&QueueSpec::new("numbers").dead_letter_queue("numbers.dead", 5).quorum())
 ///     .await?;
-/// broker.publish("numbers", Message::json(&7u64)?.partition_key("alice")).await?;
+/// broker.publish("numbers", Message::builder().partition_key("alice").json(&7u64)?).await?;
 /// App::new("numbers")
 ///     .broker(broker.clone())
 ///     .mount(broker.queue("numbers"), handle, |m| m.workers(4).by_key())
@@ -432,10 +432,7 @@ impl LapinBroker {
         let declared = &declaration;
         self.on_topology_channel(|channel| async move { declared.declare(&channel).await })
             .await?;
-        self.inner
-            .declared
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        conveyor::support::lock(&self.inner.declared)
             .insert(spec.name().to_string(), Arc::new(declaration));
         Ok(())
     }
@@ -473,16 +470,8 @@ impl LapinBroker {
             })
             .await?;
         }
-        self.inner
-            .declared
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(name);
-        self.inner
-            .delay_queues
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(name);
+        conveyor::support::lock(&self.inner.declared).remove(name);
+        conveyor::support::lock(&self.inner.delay_queues).remove(name);
         Ok(())
     }
 
@@ -592,30 +581,21 @@ impl LapinBroker {
 
     /// The declaration this broker made of `queue`, if it declared it.
     pub(crate) fn declaration(&self, queue: &str) -> Option<Arc<Declaration>> {
-        self.inner
-            .declared
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        conveyor::support::lock(&self.inner.declared)
             .get(queue)
             .cloned()
     }
 
     /// The delay queue a subscription of this broker declared for `queue`, if any.
     fn remembered_delay_queue(&self, queue: &str) -> Option<String> {
-        self.inner
-            .delay_queues
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        conveyor::support::lock(&self.inner.delay_queues)
             .get(queue)
             .cloned()
     }
 
     /// Remembers that a subscription declared `delay_queue` for `queue`.
     pub(crate) fn remember_delay_queue(&self, queue: &str, delay_queue: &str) {
-        self.inner
-            .delay_queues
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        conveyor::support::lock(&self.inner.delay_queues)
             .insert(queue.to_string(), delay_queue.to_string());
     }
 

@@ -32,7 +32,7 @@ use crate::topology::{Binding, ExchangeSpec, ExchangeType};
 ///     .await?;
 /// let publisher = broker.publisher().await?;
 /// publisher
-///     .publish_to("orders", "", Message::new("x").partition_key("alice"), PublishOptions::default())
+///     .publish_to("orders", "", Message::builder().partition_key("alice").payload("x"), PublishOptions::default())
 ///     .await?;
 /// let mut app = App::new("orders");
 /// for shard in shards {

@@ -13,7 +13,7 @@
 //! lapin's thread runs out of retries and ends within moments.
 
 use std::io;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -131,7 +131,7 @@ impl Dialer {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        conveyor::support::lock(&self.state)
     }
 
     /// Waits until the next attempt is due, and returns how long it may take; or fails
@@ -200,16 +200,7 @@ impl Dialer {
     /// Waits until lapin's thread has ended (it drops its [`Handle`] on the dialer as
     /// it ends, having run out of retries or stopped by itself).
     pub(crate) async fn stopped(&self) {
-        loop {
-            let notified = self.stopping.notified();
-            tokio::pin!(notified);
-            // Registered before looking, so that a notification in between is not lost.
-            notified.as_mut().enable();
-            if self.state().released {
-                return;
-            }
-            notified.await;
-        }
+        conveyor::support::wait_for(&self.stopping, || self.state().released.then_some(())).await;
     }
 
     /// The attempt opened a stream whose socket is `socket`, to hand to lapin. Returns

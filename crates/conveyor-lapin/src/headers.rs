@@ -9,7 +9,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString};
 use crate::error::{LapinError, short};
 
 /// The header that carries a message's partition key on RabbitMQ. The producer sets it
-/// (the portable [`conveyor::Message::partition_key`] writes it); AMQP itself ignores
+/// (the portable [`conveyor::MessageBuilder::partition_key`] writes it); AMQP itself ignores
 /// it, and the consistent-hash helper hashes on it.
 pub const PARTITION_KEY_HEADER: &str = "amqp-partition-key";
 

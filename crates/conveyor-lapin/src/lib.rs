@@ -25,7 +25,7 @@
 //!   [`LapinSubscriber`] consumes on its own channel with a prefetch window (basic.qos)
 //!   and manual acks, in the order the queue pushed.
 //! - The partition key travels in the [`PARTITION_KEY_HEADER`] (`amqp-partition-key`),
-//!   which [`conveyor::Message::partition_key`] writes and lanes read.
+//!   which [`conveyor::MessageBuilder::partition_key`] writes and lanes read.
 //! - Publishing: the broker is a [`conveyor::Publisher`] to queues (through the default
 //!   exchange), persistent, mandatory and confirmed, on a channel it opens on the first
 //!   publish. [`LapinPublisher`] adds exchanges, routing keys and per-publish AMQP

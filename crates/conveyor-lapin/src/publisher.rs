@@ -89,7 +89,7 @@ impl PublishOptions {
 /// let broker = LapinBroker::connect("amqp://guest:guest@127.0.0.1:5672").await?;
 /// let publisher = broker.publisher().await?;
 /// // To a queue, through the default exchange:
-/// publisher.publish("orders", Message::json(&42)?.partition_key("alice")).await?;
+/// publisher.publish("orders", Message::builder().partition_key("alice").json(&42)?).await?;
 /// // To an exchange with a routing key:
 /// publisher
 ///     .publish_to("events", "orders.created", Message::new("hi"), PublishOptions::default())

@@ -33,7 +33,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use conveyor::{Bytes, REJECT_REASON_HEADER, Settle, Settled, Settlement};
@@ -130,10 +130,7 @@ impl Settler {
 
     /// Remembers a delivery under `tag` until the core settles it.
     pub(crate) fn track(&self, tag: u64, pending: Pending) {
-        self.pending
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(tag, pending);
+        conveyor::support::lock(&self.pending).insert(tag, pending);
     }
 
     /// Waits until every settlement queued so far has been performed, republishes
@@ -148,11 +145,7 @@ impl Settler {
 
 impl Settle for Settler {
     fn settle(&self, settled: Settled<'_>) {
-        let pending = self
-            .pending
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&settled.tag);
+        let pending = conveyor::support::lock(&self.pending).remove(&settled.tag);
         let Some(pending) = pending else {
             return;
         };

@@ -359,12 +359,13 @@ async fn take_dead_letters_takes_at_most_max_in_queue_order_with_headers_key_and
         .await
         .unwrap();
     for n in 0..3u32 {
-        let message = Message::json(&n)
-            .unwrap()
+        let message = Message::builder()
             .partition_key(format!("k{n}"))
             .header(conveyor::REJECT_REASON_HEADER, format!("bad {n}"))
             .header("x-tenant", "acme")
-            .message_id(format!("m{n}"));
+            .message_id(format!("m{n}"))
+            .json(&n)
+            .unwrap();
         broker.publish(&dlq, message).await.unwrap();
     }
     assert!(broker.take_dead_letters(&dlq, 0).await.unwrap().is_empty());

@@ -40,9 +40,10 @@ async fn lanes_keep_each_key_in_order() {
     for seq in 0..PER_KEY {
         let messages = (0..KEYS)
             .map(|k| {
-                Message::json(&seq)
-                    .unwrap()
+                Message::builder()
                     .partition_key(format!("key-{k}"))
+                    .json(&seq)
+                    .unwrap()
             })
             .collect();
         publisher.publish_batch(&queue, messages).await.unwrap();
@@ -126,7 +127,12 @@ async fn max_concurrency(prefetch: u16) -> usize {
     let publisher = broker.publisher().await.unwrap();
     broker.declare_queue(&queue.as_str().into()).await.unwrap();
     let messages = (0..24u32)
-        .map(|i| Message::json(&i).unwrap().partition_key(format!("k{i}")))
+        .map(|i| {
+            Message::builder()
+                .partition_key(format!("k{i}"))
+                .json(&i)
+                .unwrap()
+        })
         .collect();
     publisher.publish_batch(&queue, messages).await.unwrap();
     let running = App::new("prefetch")

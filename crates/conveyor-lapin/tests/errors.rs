@@ -217,9 +217,10 @@ async fn held(
 
 /// A message with one header of `size` bytes.
 fn with_header_of(size: usize) -> Message {
-    Message::json(&7u32)
-        .unwrap()
+    Message::builder()
         .header("x-big", "h".repeat(size))
+        .json(&7u32)
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -377,14 +378,24 @@ async fn error_texts_say_each_thing_once_and_quote_oversize_names_by_their_start
     let error = broker.publish_json(&oversize, &1u32).await.unwrap_err();
     texts.push(error.to_string());
     let error = broker
-        .publish(&queue, Message::new("x").header(oversize.clone(), "v"))
+        .publish(
+            &queue,
+            Message::builder()
+                .header(oversize.clone(), "v")
+                .payload("x"),
+        )
         .await
         .unwrap_err();
     assert!(error.to_string().contains("invalid header name"), "{error}");
     texts.push(error.to_string());
     // A delivery delay, which RabbitMQ cannot do.
     let error = broker
-        .publish(&queue, Message::new("x").delay(Duration::from_secs(1)))
+        .publish(
+            &queue,
+            Message::builder()
+                .delay(Duration::from_secs(1))
+                .payload("x"),
+        )
         .await
         .unwrap_err();
     assert_eq!(

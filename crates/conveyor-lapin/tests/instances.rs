@@ -33,9 +33,10 @@ async fn competing_instances_handle_every_message_once() {
     let publisher = broker.publisher().await.unwrap();
     let messages = (0..1000u32)
         .map(|i| {
-            Message::json(&i)
-                .unwrap()
+            Message::builder()
                 .partition_key(format!("k{}", i % 10))
+                .json(&i)
+                .unwrap()
         })
         .collect();
     publisher.publish_batch(&queue, messages).await.unwrap();

@@ -144,7 +144,9 @@ async fn a_delayed_message_is_refused_with_a_clear_error() {
         .publish_to(
             "",
             "anything",
-            Message::new("x").delay(Duration::from_secs(1)),
+            Message::builder()
+                .delay(Duration::from_secs(1))
+                .payload("x"),
             PublishOptions::default(),
         )
         .await

@@ -88,9 +88,10 @@ async fn handle(Json(id): Json<u32>, info: DeliveryInfo, State(log): State<Log>)
 
 /// Message `id`, keyed over 64 partition keys (so every lane gets work).
 fn message(id: u32) -> Message {
-    Message::json(&id)
-        .unwrap()
+    Message::builder()
         .partition_key(format!("k{}", id % 64))
+        .json(&id)
+        .unwrap()
 }
 
 /// A broker connected through `proxy`, its connection named `name`.

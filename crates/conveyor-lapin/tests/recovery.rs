@@ -36,9 +36,10 @@ async fn record_gated(
 /// Publishes `ids`, each retried until the broker confirms it, keyed over 20 keys.
 async fn publish_keyed(publisher: &LapinPublisher, queue: &str, ids: std::ops::Range<u32>) {
     for id in ids {
-        let message = Message::json(&id)
-            .unwrap()
-            .partition_key(format!("k{}", id % 20));
+        let message = Message::builder()
+            .partition_key(format!("k{}", id % 20))
+            .json(&id)
+            .unwrap();
         publish_confirmed(publisher, queue, message).await;
     }
 }

@@ -46,12 +46,13 @@ async fn round_trip_keeps_payload_headers_key_and_properties() {
         id: 7,
         item: "tea".into(),
     };
-    let message = Message::json(&order)
-        .unwrap()
+    let message = Message::builder()
         .partition_key("alice")
         .header("x-tenant", "acme")
         .message_id("m-1")
-        .correlation_id("c-1");
+        .correlation_id("c-1")
+        .json(&order)
+        .unwrap();
     publisher
         .publish_to("", &queue, message, PublishOptions::default().priority(5))
         .await

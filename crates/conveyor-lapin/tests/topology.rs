@@ -91,9 +91,10 @@ async fn consistent_hash_puts_each_key_on_exactly_one_queue() {
     let messages: Vec<Message> = (0..3u32)
         .flat_map(|round| {
             (0..100).map(move |k| {
-                Message::json(&round)
-                    .unwrap()
+                Message::builder()
                     .partition_key(format!("user-{k}"))
+                    .json(&round)
+                    .unwrap()
             })
         })
         .collect();

@@ -334,9 +334,10 @@ mod tests {
     #[test]
     fn headers_round_trip_byte_for_byte() {
         let (payload, headers) = sent_and_received(
-            Message::new("hi")
+            Message::builder()
                 .header("x-text", "plain")
-                .header("x-bin", vec![0u8, 255, 1]),
+                .header("x-bin", vec![0u8, 255, 1])
+                .payload("hi"),
         );
         assert_eq!(payload.as_ref(), b"hi");
         assert_eq!(headers.get_str("x-text"), Some("plain"));
@@ -355,11 +356,11 @@ mod tests {
 
     #[test]
     fn more_than_ten_attributes_are_refused() {
-        let mut message = Message::new("x");
+        let mut message = Message::builder();
         for i in 0..11 {
             message = message.header(format!("h{i}"), "v");
         }
-        let error = refused(false, message);
+        let error = refused(false, message.payload("x"));
         assert!(error.contains("at most 10"), "{error}");
     }
 
@@ -415,7 +416,12 @@ mod tests {
             (BODY_ENCODING_ATTRIBUTE, "marks a base64 body"),
             ("Conveyor-Body-Encoding", "marks a base64 body"),
         ] {
-            let error = refused(false, Message::new("x").header(name.to_string(), "1"));
+            let error = refused(
+                false,
+                Message::builder()
+                    .header(name.to_string(), "1")
+                    .payload("x"),
+            );
             assert!(
                 error.contains("cannot be an SQS message attribute") && error.contains(why),
                 "{name:?}: {error}"
@@ -435,7 +441,11 @@ mod tests {
             "my.AWS.x",
             &"x".repeat(256),
         ] {
-            let (_, headers) = sent_and_received(Message::new("x").header(name.to_string(), "1"));
+            let (_, headers) = sent_and_received(
+                Message::builder()
+                    .header(name.to_string(), "1")
+                    .payload("x"),
+            );
             assert_eq!(headers.get_str(name), Some("1"), "{name}");
         }
     }
@@ -443,7 +453,10 @@ mod tests {
     #[test]
     fn an_oversize_name_is_quoted_only_in_part() {
         let name = "x".repeat(10_000);
-        let error = refused(false, Message::new("x").header(name.clone(), "1"));
+        let error = refused(
+            false,
+            Message::builder().header(name.clone(), "1").payload("x"),
+        );
         assert!(
             error.contains(&format!("`{}…`", "x".repeat(80))) && !error.contains(&"x".repeat(81)),
             "{error}"
@@ -452,16 +465,17 @@ mod tests {
 
     #[test]
     fn an_empty_header_value_is_refused_since_sqs_takes_none() {
-        let error = refused(false, Message::new("x").header("x-empty", ""));
+        let error = refused(false, Message::builder().header("x-empty", "").payload("x"));
         assert!(error.contains("`x-empty` is empty"), "{error}");
     }
 
     #[test]
     fn on_a_fifo_queue_the_group_header_must_be_the_partition_key() {
         // The partition key's own header, as a delivery carries it: it travels as the group.
-        let message = Message::new("x")
+        let message = Message::builder()
             .partition_key("alice")
-            .header(PARTITION_KEY_HEADER, "alice");
+            .header(PARTITION_KEY_HEADER, "alice")
+            .payload("x");
         let outgoing = encode("q.fifo", true, &message.into_parts()).expect("encodable");
         assert!(outgoing.attributes.is_empty());
         let (_, headers, key) = received(outgoing, Some("alice"));
@@ -469,13 +483,17 @@ mod tests {
         assert_eq!(key.as_deref(), Some("alice"));
         // Any other value would be lost: the group would overwrite it on receipt.
         for message in [
-            Message::new("x")
+            Message::builder()
                 .partition_key("alice")
-                .header(PARTITION_KEY_HEADER, "bob"),
-            Message::new("x")
+                .header(PARTITION_KEY_HEADER, "bob")
+                .payload("x"),
+            Message::builder()
                 .partition_key("alice")
-                .header("messagegroupid", "bob"),
-            Message::new("x").header(PARTITION_KEY_HEADER, "bob"),
+                .header("messagegroupid", "bob")
+                .payload("x"),
+            Message::builder()
+                .header(PARTITION_KEY_HEADER, "bob")
+                .payload("x"),
         ] {
             let error = refused(true, message);
             assert!(
@@ -488,9 +506,10 @@ mod tests {
     #[test]
     fn on_a_standard_queue_the_group_header_is_an_ordinary_attribute() {
         let (_, headers) = sent_and_received(
-            Message::new("x")
+            Message::builder()
                 .partition_key("alice")
-                .header(PARTITION_KEY_HEADER, "bob"),
+                .header(PARTITION_KEY_HEADER, "bob")
+                .payload("x"),
         );
         assert_eq!(headers.get_str(PARTITION_KEY_HEADER), Some("bob"));
     }
@@ -498,10 +517,11 @@ mod tests {
     #[test]
     fn a_deduplication_id_header_is_an_ordinary_attribute_on_either_kind_of_queue() {
         for fifo in [false, true] {
-            let message = Message::new("x")
+            let message = Message::builder()
                 .partition_key("k")
                 .message_id("m-1")
-                .header("MessageDeduplicationId", "d-9");
+                .header("MessageDeduplicationId", "d-9")
+                .payload("x");
             let outgoing = encode("q", fifo, &message.into_parts()).expect("encodable");
             let (_, headers, _) = received(outgoing, fifo.then_some("k"));
             assert_eq!(headers.get_str("MessageDeduplicationId"), Some("d-9"));
@@ -514,9 +534,10 @@ mod tests {
         let outgoing = encode(
             "q",
             false,
-            &Message::new("x")
+            &Message::builder()
                 .content_type("text/plain")
                 .header("Content-Type", "text/plain")
+                .payload("x")
                 .into_parts(),
         )
         .expect("encodable");
@@ -524,9 +545,10 @@ mod tests {
         // Another value: only one could come back.
         let error = refused(
             false,
-            Message::new("x")
+            Message::builder()
                 .content_type("text/plain")
-                .header("Content-Type", "application/json"),
+                .header("Content-Type", "application/json")
+                .payload("x"),
         );
         assert!(
             error.contains("`Content-Type` differs from the message's content type"),
@@ -534,13 +556,18 @@ mod tests {
         );
         let error = refused(
             false,
-            Message::new("x")
+            Message::builder()
                 .correlation_id("a")
-                .header("correlation-id", "b"),
+                .header("correlation-id", "b")
+                .payload("x"),
         );
         assert!(error.contains("correlation id"), "{error}");
         // Alone, it is an ordinary header.
-        let (_, headers) = sent_and_received(Message::new("x").header("content-type", "text/csv"));
+        let (_, headers) = sent_and_received(
+            Message::builder()
+                .header("content-type", "text/csv")
+                .payload("x"),
+        );
         assert_eq!(headers.get_str("content-type"), Some("text/csv"));
     }
 }

@@ -311,20 +311,13 @@ impl SqsBroker {
     /// Forgets what the cache holds of the queue `name_or_url` (under its name, its URL or
     /// a redrive policy's ARN), so that the next use looks it up again.
     pub(crate) fn forget(&self, name_or_url: &str) {
-        self.inner
-            .queues
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .retain(|key, info| {
-                key != name_or_url && info.url != name_or_url && info.name != name_or_url
-            });
+        conveyor::support::lock(&self.inner.queues).retain(|key, info| {
+            key != name_or_url && info.url != name_or_url && info.name != name_or_url
+        });
     }
 
     fn cached(&self, name_or_url: &str) -> Option<Arc<QueueInfo>> {
-        self.inner
-            .queues
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        conveyor::support::lock(&self.inner.queues)
             .get(name_or_url)
             .cloned()
     }
@@ -348,11 +341,7 @@ impl SqsBroker {
             url,
             attributes.attributes().unwrap_or(&HashMap::new()),
         ));
-        self.inner
-            .queues
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(name_or_url.to_string(), info.clone());
+        conveyor::support::lock(&self.inner.queues).insert(name_or_url.to_string(), info.clone());
         Ok(info)
     }
 
@@ -380,11 +369,7 @@ impl SqsBroker {
             detail: "no queue URL".into(),
         })?;
         let info = self.resolve(url).await?;
-        self.inner
-            .queues
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(target.arn.clone(), info.clone());
+        conveyor::support::lock(&self.inner.queues).insert(target.arn.clone(), info.clone());
         Ok(info)
     }
 }

@@ -89,9 +89,7 @@ pub(crate) struct InFlight {
 
 impl InFlight {
     fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
-        self.table
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        conveyor::support::lock(&self.table)
     }
 
     /// Records a message hidden for `visibility` from now; returns its delivery tag.

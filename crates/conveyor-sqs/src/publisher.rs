@@ -250,7 +250,9 @@ mod tests {
     fn headers_count_against_the_size_limit() {
         let error = refused(
             &queue(false, false),
-            Message::new(vec![b'x'; 1000]).header("x-pad", "y".repeat(30)),
+            Message::builder()
+                .header("x-pad", "y".repeat(30))
+                .payload(vec![b'x'; 1000]),
         );
         assert!(error.contains("at most 1024"), "{error}");
     }
@@ -265,7 +267,10 @@ mod tests {
     fn a_fifo_group_is_the_partition_key() {
         let prepared = prepare(
             &queue(true, true),
-            Message::new("x").partition_key("alice").into_parts(),
+            Message::builder()
+                .partition_key("alice")
+                .payload("x")
+                .into_parts(),
         )
         .unwrap();
         assert_eq!(prepared.group.as_deref(), Some("alice"));
@@ -278,14 +283,29 @@ mod tests {
     #[test]
     fn without_content_deduplication_each_publish_gets_its_own_id() {
         let fifo = queue(true, false);
-        let a = prepare(&fifo, Message::new("x").partition_key("k").into_parts()).unwrap();
-        let b = prepare(&fifo, Message::new("x").partition_key("k").into_parts()).unwrap();
+        let a = prepare(
+            &fifo,
+            Message::builder()
+                .partition_key("k")
+                .payload("x")
+                .into_parts(),
+        )
+        .unwrap();
+        let b = prepare(
+            &fifo,
+            Message::builder()
+                .partition_key("k")
+                .payload("x")
+                .into_parts(),
+        )
+        .unwrap();
         assert!(a.deduplication.is_some() && a.deduplication != b.deduplication);
         let explicit = prepare(
             &fifo,
-            Message::new("x")
+            Message::builder()
                 .partition_key("k")
                 .message_id("m-1")
+                .payload("x")
                 .into_parts(),
         )
         .unwrap();
@@ -296,7 +316,10 @@ mod tests {
     fn a_standard_queue_sends_no_group() {
         let prepared = prepare(
             &queue(false, false),
-            Message::new("x").partition_key("k").into_parts(),
+            Message::builder()
+                .partition_key("k")
+                .payload("x")
+                .into_parts(),
         )
         .unwrap();
         assert_eq!(prepared.group, None);
@@ -307,23 +330,27 @@ mod tests {
         assert!(
             refused(
                 &queue(true, true),
-                Message::new("x")
+                Message::builder()
                     .partition_key("k")
                     .delay(Duration::from_secs(1))
+                    .payload("x")
             )
             .contains("FIFO")
         );
         assert!(
             refused(
                 &queue(false, false),
-                Message::new("x").delay(Duration::from_secs(901))
+                Message::builder()
+                    .delay(Duration::from_secs(901))
+                    .payload("x")
             )
             .contains("15 minutes")
         );
         let delayed = prepare(
             &queue(false, false),
-            Message::new("x")
+            Message::builder()
                 .delay(Duration::from_secs(30))
+                .payload("x")
                 .into_parts(),
         )
         .unwrap();
@@ -335,7 +362,7 @@ mod tests {
         let delay = |d: Duration| {
             prepare(
                 &queue(false, false),
-                Message::new("x").delay(d).into_parts(),
+                Message::builder().delay(d).payload("x").into_parts(),
             )
             .unwrap()
             .delay_seconds

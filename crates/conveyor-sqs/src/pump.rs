@@ -50,9 +50,7 @@ pub(crate) enum Next {
 
 impl Handover {
     fn lock(&self) -> std::sync::MutexGuard<'_, Waiting> {
-        self.waiting
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        conveyor::support::lock(&self.waiting)
     }
 
     /// Takes the next delivery; once none is left, the failure or the end.
@@ -122,15 +120,8 @@ impl Handover {
     }
 
     async fn wait_empty(&self) {
-        loop {
-            let emptied = self.emptied.notified();
-            tokio::pin!(emptied);
-            emptied.as_mut().enable();
-            if self.lock().ready.is_empty() {
-                return;
-            }
-            emptied.await;
-        }
+        conveyor::support::wait_for(&self.emptied, || self.lock().ready.is_empty().then_some(()))
+            .await;
     }
 }
 
@@ -279,13 +270,5 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 
 /// Waits until fewer than `limit` messages are in flight.
 async fn wait_for_room(in_flight: &InFlight, limit: usize) {
-    loop {
-        let room = in_flight.room.notified();
-        tokio::pin!(room);
-        room.as_mut().enable();
-        if in_flight.len() < limit {
-            return;
-        }
-        room.await;
-    }
+    conveyor::support::wait_for(&in_flight.room, || (in_flight.len() < limit).then_some(())).await;
 }

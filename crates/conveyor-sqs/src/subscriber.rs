@@ -209,15 +209,11 @@ pub struct SqsSubscriber {
 
 impl SqsSubscriber {
     async fn next(&self) -> Next {
-        loop {
-            let arrived = self.handover.arrived.notified();
-            tokio::pin!(arrived);
-            arrived.as_mut().enable();
-            match self.handover.take() {
-                Next::Empty => arrived.await,
-                next => return next,
-            }
-        }
+        conveyor::support::wait_for(&self.handover.arrived, || match self.handover.take() {
+            Next::Empty => None,
+            next => Some(next),
+        })
+        .await
     }
 
     /// No new receive; every delivery waiting in the hand-over released.

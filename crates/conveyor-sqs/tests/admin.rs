@@ -79,7 +79,10 @@ async fn queue_depth_counts_ready_in_flight_and_delayed() {
     );
     broker.publish_json(&queue, &1u64).await.unwrap();
     broker.publish_json(&queue, &2u64).await.unwrap();
-    let later = Message::json(&3u64).unwrap().delay(Duration::from_secs(60));
+    let later = Message::builder()
+        .delay(Duration::from_secs(60))
+        .json(&3u64)
+        .unwrap();
     broker.publish(&queue, later).await.unwrap();
     // One of the two ready messages received and held for a minute: in flight.
     let url = broker.queue_url(&queue).await.unwrap();
@@ -117,12 +120,13 @@ async fn rejects_are_taken_with_their_reason(fifo: bool, count: u64) {
     .await;
     let messages = (0..count)
         .map(|n| {
-            let message = Message::json(&n).unwrap().header("x-tenant", "acme");
-            if fifo {
+            let message = Message::builder().header("x-tenant", "acme");
+            let message = if fifo {
                 message.partition_key(format!("k{}", n % 3))
             } else {
                 message
-            }
+            };
+            message.json(&n).unwrap()
         })
         .collect();
     broker.publish_batch(&queue, messages).await.unwrap();
@@ -467,9 +471,10 @@ async fn a_bare_name_source_works_on_a_declared_fifo_queue_with_a_dead_letter_qu
     .await;
     let messages = (0..8u64)
         .map(|n| {
-            Message::json(&n)
-                .unwrap()
+            Message::builder()
                 .partition_key(if n % 2 == 0 { "alice" } else { "bob" })
+                .json(&n)
+                .unwrap()
         })
         .collect();
     broker.publish_batch(&queue, messages).await.unwrap();
@@ -546,7 +551,10 @@ async fn a_source_named_for_a_missing_queue_creates_it_plainly() {
     );
     assert!(!declared.contains_key(&QueueAttributeName::RedrivePolicy));
     broker
-        .publish(&queue, Message::json(&1u64).unwrap().partition_key("k"))
+        .publish(
+            &queue,
+            Message::builder().partition_key("k").json(&1u64).unwrap(),
+        )
         .await
         .unwrap();
     eventually("the message", Duration::from_secs(20), || async {
@@ -662,7 +670,9 @@ async fn sqs_settings_on_the_portable_spec_reach_the_queue() {
         Some("2048")
     );
     // The broker reads the size limit back: a larger message is refused before any call.
-    let big = Message::new(vec![b'x'; 4096]).partition_key("k");
+    let big = Message::builder()
+        .partition_key("k")
+        .payload(vec![b'x'; 4096]);
     let error = broker.publish(&queue, big).await.expect_err("too large");
     assert!(error.to_string().contains("2048"), "{error}");
     delete(&broker, &[&queue]).await;

@@ -45,10 +45,11 @@ async fn publish_errors_say_why_once_and_cut_an_oversize_name() {
     let fifo = declare(&broker, QueueSpec::new(unique("texts", true))).await;
     let long = "x".repeat(10_000);
 
-    let mut crowded = Message::new("x");
+    let mut crowded = Message::builder();
     for i in 0..11 {
         crowded = crowded.header(format!("h{i}"), "v");
     }
+    let crowded = crowded.payload("x");
     let refused = broker.publish(&queue, crowded.clone()).await.unwrap_err();
     assert_eq!(
         refused.to_string(),
@@ -67,7 +68,7 @@ async fn publish_errors_say_why_once_and_cut_an_oversize_name() {
         )
     );
 
-    let reserved = Message::new("x").header("AWS.trace", "1");
+    let reserved = Message::builder().header("AWS.trace", "1").payload("x");
     let refused = broker.publish(&queue, reserved).await.unwrap_err();
     assert_eq!(
         refused.to_string(),
@@ -76,7 +77,7 @@ async fn publish_errors_say_why_once_and_cut_an_oversize_name() {
         )
     );
 
-    let oversize_header = Message::new("x").header(long.clone(), "1");
+    let oversize_header = Message::builder().header(long.clone(), "1").payload("x");
     let refused = broker.publish(&queue, oversize_header).await.unwrap_err();
     assert_eq!(
         refused.to_string(),
@@ -86,9 +87,10 @@ async fn publish_errors_say_why_once_and_cut_an_oversize_name() {
         )
     );
 
-    let other_group = Message::new("x")
+    let other_group = Message::builder()
         .partition_key("alice")
-        .header("MessageGroupId", "bob");
+        .header("MessageGroupId", "bob")
+        .payload("x");
     let refused = broker.publish(&fifo, other_group).await.unwrap_err();
     assert_eq!(
         refused.to_string(),

@@ -31,11 +31,11 @@ async fn publish_numbers(
 ) {
     let messages: Vec<Message> = numbers
         .map(|n| {
-            let message = Message::json(&n).unwrap();
-            match key(n) {
-                Some(key) => message.partition_key(key),
-                None => message,
-            }
+            let message = match key(n) {
+                Some(key) => Message::builder().partition_key(key),
+                None => Message::builder(),
+            };
+            message.json(&n).unwrap()
         })
         .collect();
     broker.publish_batch(queue, messages).await.unwrap();
@@ -54,11 +54,12 @@ async fn record_all(
 async fn a_message_round_trips_with_its_headers_as_attributes() {
     let broker = broker().await;
     let queue = declare(&broker, QueueSpec::new(unique("round-trip", false))).await;
-    let message = Message::json(&7u64)
-        .unwrap()
+    let message = Message::builder()
         .header("x-tenant", "acme")
         .header("x-bytes", vec![0u8, 159, 255])
-        .correlation_id("order-7");
+        .correlation_id("order-7")
+        .json(&7u64)
+        .unwrap();
     broker.publish(&queue, message).await.unwrap();
 
     let seen: Seen<(u64, Headers, DeliveryInfo)> = Seen::default();
@@ -96,29 +97,32 @@ async fn headers_named_like_sqs_system_attributes_come_back_or_are_refused() {
     let standard = declare(&broker, QueueSpec::new(unique("system-names", false))).await;
     let fifo = declare(&broker, QueueSpec::new(unique("system-names", true))).await;
     // A standard queue has no groups: both headers are ordinary attributes.
-    let message = Message::json(&1u64)
-        .unwrap()
+    let message = Message::builder()
         .partition_key("alice")
         .header("MessageGroupId", "tenant-a")
-        .header("MessageDeduplicationId", "d-1");
+        .header("MessageDeduplicationId", "d-1")
+        .json(&1u64)
+        .unwrap();
     broker.publish(&standard, message).await.unwrap();
     // On a FIFO queue the group header is the partition key's own; deduplication comes
     // from the message id, so that header is an ordinary attribute.
-    let message = Message::json(&2u64)
-        .unwrap()
+    let message = Message::builder()
         .partition_key("alice")
         .message_id("m-2")
         .header("MessageGroupId", "alice")
-        .header("MessageDeduplicationId", "d-2");
+        .header("MessageDeduplicationId", "d-2")
+        .json(&2u64)
+        .unwrap();
     broker.publish(&fifo, message).await.unwrap();
     // A group header that is not the partition key would be lost on receipt: refused.
     let refused = broker
         .publish(
             &fifo,
-            Message::json(&3u64)
-                .unwrap()
+            Message::builder()
                 .partition_key("alice")
-                .header("MessageGroupId", "bob"),
+                .header("MessageGroupId", "bob")
+                .json(&3u64)
+                .unwrap(),
         )
         .await
         .expect_err("a group header other than the partition key");
@@ -188,7 +192,7 @@ async fn fifo_groups_keep_their_order(groups: &[String], per_group: u64) {
     let total = groups.len() as u64 * per_group;
     let numbered = (0..total).map(|i| (groups[(i % groups.len() as u64) as usize].clone(), i));
     let messages: Vec<Message> = numbered
-        .map(|(group, i)| Message::json(&i).unwrap().partition_key(group))
+        .map(|(group, i)| Message::builder().partition_key(group).json(&i).unwrap())
         .collect();
     broker.publish_batch(&queue, messages).await.unwrap();
 
@@ -572,11 +576,14 @@ async fn a_reject_goes_to_the_dead_letter_queue_at_once(fifo: bool) {
         spec = spec.content_based_deduplication();
     }
     let queue = declare(&broker, spec).await;
-    let mut message = Message::json(&5u64).unwrap().header("x-tenant", "acme");
+    let mut message = Message::builder().header("x-tenant", "acme");
     if fifo {
         message = message.partition_key("alice");
     }
-    broker.publish(&queue, message).await.unwrap();
+    broker
+        .publish(&queue, message.json(&5u64).unwrap())
+        .await
+        .unwrap();
     let attempts: Seen<u32> = Seen::default();
     let running = App::new("reject")
         .with_state(attempts.clone())

@@ -29,7 +29,7 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), conveyor::Error> {
 //! let broker = MemoryBroker::new(); // or a RabbitMQ or SQS broker
-//! broker.publish("orders.fifo", Message::json(&Order { id: 1 })?.partition_key("alice")).await?;
+//! broker.publish("orders.fifo", Message::builder().partition_key("alice").json(&Order { id: 1 })?).await?;
 //! let idle = broker.clone();
 //! App::new("orders")
 //!     .mount(broker.queue("orders.fifo"), place, |m| m.workers(2).by_key())
@@ -69,7 +69,7 @@ pub use extract::{Context, DeliveryInfo, FromContext, FromDelivery, Rejection, S
 pub use handler::Handler;
 pub use headers::{HeaderName, Headers};
 pub use memory::{MemoryBroker, MemoryQueue, MemorySubscriber};
-pub use message::{Message, MessageParts, PartitionKey};
+pub use message::{Message, MessageBuilder, MessageParts, PartitionKey};
 pub use mount::{DEFAULT_BATCH_SIZE, Dispatch, MountOptions};
 pub use outcome::{IntoOutcome, Outcome, REJECT_REASON_HEADER, Settlement};
 pub use payload::{DecodeError, FromPayload, Json};

@@ -17,7 +17,7 @@ use crate::headers::{HeaderName, Headers};
 ///
 /// Each transport carries it its own way (an SQS FIFO `MessageGroupId`, RabbitMQ's
 /// `amqp-partition-key` header, the in-process [`memory::PARTITION_KEY_HEADER`]); set it
-/// portably with [`Message::partition_key`].
+/// portably with [`MessageBuilder::partition_key`].
 ///
 /// [`memory::PARTITION_KEY_HEADER`]: crate::memory::PARTITION_KEY_HEADER
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -81,17 +81,22 @@ impl PartialEq<&str> for PartitionKey {
 /// A message to publish: payload bytes, headers and the portable properties every
 /// transport maps to its own (partition key, content type, ids, delay).
 ///
+/// [`Message::new`] and [`Message::json`] make a message of a payload alone;
+/// [`Message::builder`] sets properties and headers first, then takes the payload.
+///
 /// ```
 /// use conveyor::Message;
 ///
 /// #[derive(serde::Serialize)]
 /// struct Order { id: u64 }
 ///
-/// let message = Message::json(&Order { id: 7 })?
+/// let message = Message::builder()
 ///     .partition_key("alice")
-///     .header("x-tenant", "acme");
+///     .header("x-tenant", "acme")
+///     .json(&Order { id: 7 })?;
 /// assert_eq!(message.payload().as_ref(), br#"{"id":7}"#);
-/// assert_eq!(message.get_partition_key().map(|k| k.as_str()), Some("alice"));
+/// assert_eq!(message.partition_key().map(|k| k.as_str()), Some("alice"));
+/// assert_eq!(message.content_type(), Some("application/json"));
 /// # Ok::<(), conveyor::Error>(())
 /// ```
 #[derive(Clone, Debug, Default)]
@@ -116,49 +121,12 @@ impl Message {
 
     /// A message whose payload is `value` as JSON, with content type `application/json`.
     pub fn json<T: Serialize + ?Sized>(value: &T) -> Result<Self, Error> {
-        let payload = serde_json::to_vec(value).map_err(|e| Error::Encode {
-            format: "json",
-            source: e.into(),
-        })?;
-        Ok(Message::new(payload).content_type("application/json"))
+        MessageBuilder::default().json(value)
     }
 
-    /// Sets a header, replacing any of the same name (names are case-insensitive).
-    pub fn header(mut self, name: impl Into<HeaderName>, value: impl Into<Bytes>) -> Self {
-        self.headers.insert(name, value);
-        self
-    }
-
-    /// Sets the partition key. Each transport writes it where it belongs: the FIFO message
-    /// group on SQS, the `amqp-partition-key` header on RabbitMQ, the
-    /// [`memory::PARTITION_KEY_HEADER`](crate::memory::PARTITION_KEY_HEADER) in process.
-    pub fn partition_key(mut self, key: impl Into<PartitionKey>) -> Self {
-        self.partition_key = Some(key.into());
-        self
-    }
-
-    /// Sets the content type (`application/json` for [`Message::json`]).
-    pub fn content_type(mut self, content_type: impl Into<Cow<'static, str>>) -> Self {
-        self.content_type = Some(content_type.into());
-        self
-    }
-
-    /// Sets the message id (SQS deduplication falls back to it; AMQP `message-id`).
-    pub fn message_id(mut self, id: impl Into<String>) -> Self {
-        self.message_id = Some(id.into());
-        self
-    }
-
-    /// Sets the correlation id.
-    pub fn correlation_id(mut self, id: impl Into<String>) -> Self {
-        self.correlation_id = Some(id.into());
-        self
-    }
-
-    /// Delays delivery: the message becomes visible to consumers only after `delay`.
-    pub fn delay(mut self, delay: Duration) -> Self {
-        self.delay = Some(delay);
-        self
+    /// A builder: set headers and properties, then give the payload.
+    pub fn builder() -> MessageBuilder {
+        MessageBuilder::default()
     }
 
     /// The payload bytes.
@@ -177,27 +145,27 @@ impl Message {
     }
 
     /// The partition key, if one was set.
-    pub fn get_partition_key(&self) -> Option<&PartitionKey> {
+    pub fn partition_key(&self) -> Option<&PartitionKey> {
         self.partition_key.as_ref()
     }
 
     /// The content type, if one was set.
-    pub fn get_content_type(&self) -> Option<&str> {
+    pub fn content_type(&self) -> Option<&str> {
         self.content_type.as_deref()
     }
 
     /// The message id, if one was set.
-    pub fn get_message_id(&self) -> Option<&str> {
+    pub fn message_id(&self) -> Option<&str> {
         self.message_id.as_deref()
     }
 
     /// The correlation id, if one was set.
-    pub fn get_correlation_id(&self) -> Option<&str> {
+    pub fn correlation_id(&self) -> Option<&str> {
         self.correlation_id.as_deref()
     }
 
     /// The delivery delay, if one was set.
-    pub fn get_delay(&self) -> Option<Duration> {
+    pub fn delay(&self) -> Option<Duration> {
         self.delay
     }
 
@@ -212,6 +180,86 @@ impl Message {
             correlation_id: self.correlation_id,
             delay: self.delay,
         }
+    }
+}
+
+/// Builds a [`Message`]: headers and properties first, then the payload, which makes
+/// the message ([`payload`](Self::payload) or [`json`](Self::json)).
+///
+/// ```
+/// use std::time::Duration;
+/// use conveyor::Message;
+///
+/// let message = Message::builder()
+///     .partition_key("alice")
+///     .message_id("order-7")
+///     .delay(Duration::from_secs(5))
+///     .payload("hello");
+/// assert_eq!(message.message_id(), Some("order-7"));
+/// assert_eq!(message.delay(), Some(Duration::from_secs(5)));
+/// ```
+#[derive(Clone, Debug, Default)]
+#[must_use = "a builder makes a message only when given its payload"]
+pub struct MessageBuilder {
+    message: Message,
+}
+
+impl MessageBuilder {
+    /// Sets a header, replacing any of the same name (names are case-insensitive).
+    pub fn header(mut self, name: impl Into<HeaderName>, value: impl Into<Bytes>) -> Self {
+        self.message.headers.insert(name, value);
+        self
+    }
+
+    /// Sets the partition key. Each transport writes it where it belongs: the FIFO message
+    /// group on SQS, the `amqp-partition-key` header on RabbitMQ, the
+    /// [`memory::PARTITION_KEY_HEADER`](crate::memory::PARTITION_KEY_HEADER) in process.
+    pub fn partition_key(mut self, key: impl Into<PartitionKey>) -> Self {
+        self.message.partition_key = Some(key.into());
+        self
+    }
+
+    /// Sets the content type ([`json`](Self::json) sets `application/json`).
+    pub fn content_type(mut self, content_type: impl Into<Cow<'static, str>>) -> Self {
+        self.message.content_type = Some(content_type.into());
+        self
+    }
+
+    /// Sets the message id (SQS deduplication falls back to it; AMQP `message-id`).
+    pub fn message_id(mut self, id: impl Into<String>) -> Self {
+        self.message.message_id = Some(id.into());
+        self
+    }
+
+    /// Sets the correlation id.
+    pub fn correlation_id(mut self, id: impl Into<String>) -> Self {
+        self.message.correlation_id = Some(id.into());
+        self
+    }
+
+    /// Delays delivery: the message becomes visible to consumers only after `delay`.
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.message.delay = Some(delay);
+        self
+    }
+
+    /// The message, with these payload bytes.
+    pub fn payload(mut self, payload: impl Into<Bytes>) -> Message {
+        self.message.payload = payload.into();
+        self.message
+    }
+
+    /// The message, with `value` as JSON for its payload and content type
+    /// `application/json` (unless one was set).
+    pub fn json<T: Serialize + ?Sized>(mut self, value: &T) -> Result<Message, Error> {
+        let payload = serde_json::to_vec(value).map_err(|e| Error::Encode {
+            format: "json",
+            source: e.into(),
+        })?;
+        if self.message.content_type.is_none() {
+            self.message.content_type = Some(Cow::Borrowed("application/json"));
+        }
+        Ok(self.payload(payload))
     }
 }
 
@@ -233,4 +281,45 @@ pub struct MessageParts {
     pub correlation_id: Option<String>,
     /// The delivery delay.
     pub delay: Option<Duration>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_builder_sets_every_property_and_the_getters_read_them() {
+        let message = Message::builder()
+            .partition_key("alice")
+            .header("X-Tenant", "acme")
+            .content_type("text/plain")
+            .message_id("m-1")
+            .correlation_id("c-1")
+            .delay(Duration::from_secs(3))
+            .payload("hi");
+        assert_eq!(message.payload().as_ref(), b"hi");
+        assert_eq!(
+            message.partition_key().map(PartitionKey::as_str),
+            Some("alice")
+        );
+        assert_eq!(message.headers().get_str("x-tenant"), Some("acme"));
+        assert_eq!(message.content_type(), Some("text/plain"));
+        assert_eq!(message.message_id(), Some("m-1"));
+        assert_eq!(message.correlation_id(), Some("c-1"));
+        assert_eq!(message.delay(), Some(Duration::from_secs(3)));
+    }
+
+    #[test]
+    fn json_sets_its_content_type_unless_one_was_given() {
+        assert_eq!(
+            Message::json(&1).unwrap().content_type(),
+            Some("application/json")
+        );
+        let custom = Message::builder()
+            .content_type("application/vnd.order+json")
+            .json(&1)
+            .unwrap();
+        assert_eq!(custom.content_type(), Some("application/vnd.order+json"));
+        assert_eq!(Message::new("x").content_type(), None);
+    }
 }

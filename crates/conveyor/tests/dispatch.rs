@@ -75,12 +75,13 @@ async fn lanes_keep_each_key_in_order() {
         let key = rng.next() % KEYS;
         let n = next_per_key[key as usize];
         next_per_key[key as usize] += 1;
-        let message = Message::json(&Numbered {
-            n,
-            delay_us: rng.next() % 3_000,
-        })
-        .unwrap()
-        .partition_key(format!("key-{key}"));
+        let message = Message::builder()
+            .partition_key(format!("key-{key}"))
+            .json(&Numbered {
+                n,
+                delay_us: rng.next() % 3_000,
+            })
+            .unwrap();
         test.publish("orders", message).await.unwrap();
     }
     test.settled().await.unwrap();
@@ -228,9 +229,10 @@ async fn lanes_read_ahead_stays_bounded() {
     for n in 0..50u64 {
         test.publish(
             "jobs",
-            Message::json(&n)
-                .unwrap()
-                .partition_key(format!("k{}", n % 5)),
+            Message::builder()
+                .partition_key(format!("k{}", n % 5))
+                .json(&n)
+                .unwrap(),
         )
         .await
         .unwrap();
@@ -334,10 +336,11 @@ async fn retry_each_once(
 async fn a_batch_handler_sees_each_elements_attempt_headers_and_key() {
     let broker = MemoryBroker::new();
     for n in 0..3u64 {
-        let message = Message::json(&n)
-            .unwrap()
+        let message = Message::builder()
             .header("source", format!("s{n}"))
-            .partition_key(format!("k{n}"));
+            .partition_key(format!("k{n}"))
+            .json(&n)
+            .unwrap();
         conveyor::Publisher::publish(&broker, "metrics", message)
             .await
             .unwrap();

@@ -89,9 +89,12 @@ async fn a_panic_in_a_lane_leaves_the_lane_running() {
     );
     let test = TestApp::start(app, &broker).await.unwrap();
     for n in [0u64, 1, 0, 2, 3] {
-        test.publish("numbers", Message::json(&n).unwrap().partition_key("same"))
-            .await
-            .unwrap();
+        test.publish(
+            "numbers",
+            Message::builder().partition_key("same").json(&n).unwrap(),
+        )
+        .await
+        .unwrap();
     }
     test.settled().await.unwrap();
     assert_eq!(*seen.0.lock().unwrap(), vec![1, 2, 3]);

@@ -96,7 +96,7 @@ async fn a_panic_in_an_extractor_goes_to_the_failure_policy_and_no_worker_is_los
     let test = TestApp::start(app, &broker).await.unwrap();
     // More panics than workers: each used to take a worker with it.
     for n in 0..4u64 {
-        let boom = Message::json(&n).unwrap().header("boom", "1");
+        let boom = Message::builder().header("boom", "1").json(&n).unwrap();
         test.publish("q", boom).await.unwrap();
     }
     for n in 10..14u64 {

@@ -41,9 +41,12 @@ async fn run_grouped(queue: &str) -> HashMap<String, Load> {
     let test = TestApp::start(app, &broker).await.unwrap();
     for n in 0..10u64 {
         for group in ["a", "b"] {
-            test.publish(queue, Message::json(&n).unwrap().partition_key(group))
-                .await
-                .unwrap();
+            test.publish(
+                queue,
+                Message::builder().partition_key(group).json(&n).unwrap(),
+            )
+            .await
+            .unwrap();
         }
     }
     test.settled().await.unwrap();
@@ -181,7 +184,7 @@ async fn a_rejected_message_carries_its_reason_into_the_dead_letter_queue() {
 async fn a_delivery_dropped_unsettled_returns_to_its_queue_uncounted() {
     let broker = MemoryBroker::new();
     broker
-        .publish("jobs", Message::new("x").partition_key("k"))
+        .publish("jobs", Message::builder().partition_key("k").payload("x"))
         .await
         .unwrap();
     let mut subscriber = broker
@@ -229,7 +232,12 @@ async fn a_standard_queue_keeps_publish_order() {
 async fn a_delayed_publish_becomes_visible_after_its_delay() {
     let broker = MemoryBroker::new();
     broker
-        .publish("later", Message::new("x").delay(Duration::from_secs(30)))
+        .publish(
+            "later",
+            Message::builder()
+                .delay(Duration::from_secs(30))
+                .payload("x"),
+        )
         .await
         .unwrap();
     let start = tokio::time::Instant::now();

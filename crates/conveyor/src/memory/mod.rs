@@ -16,7 +16,7 @@
 //! # async fn main() -> Result<(), conveyor::Error> {
 //! let broker = MemoryBroker::new();
 //! broker.declare_queue(&QueueSpec::new("orders").dead_letter_queue("orders.dlq", 3)).await?;
-//! broker.publish("orders", Message::new("hello").partition_key("alice")).await?;
+//! broker.publish("orders", Message::builder().partition_key("alice").payload("hello")).await?;
 //! assert_eq!(broker.queue_depth("orders").await?.ready, 1);
 //! # Ok(())
 //! # }
