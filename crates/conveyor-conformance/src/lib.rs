@@ -9,7 +9,7 @@
 //!
 //! ```text
 //! conveyor_conformance::suite!(my_fixture;
-//!     round_trip_keeps_payload_and_headers,
+//!     round_trip_keeps_payload_headers_and_properties,
 //!     #[ignore = "this broker carries no partition key"] lanes_keep_each_key_in_order_across_retries,
 //!     // ... every scenario in `SCENARIOS`
 //! );
@@ -34,7 +34,7 @@ pub use journal::Journal;
 
 /// Every scenario, by name; [`suite!`] checks that a transport lists each one.
 pub const SCENARIOS: &[&str] = &[
-    "round_trip_keeps_payload_and_headers",
+    "round_trip_keeps_payload_headers_and_properties",
     "competing_subscriptions_lose_nothing_and_handle_each_message_once",
     "the_sequential_mount_never_overlaps",
     "the_sequential_mount_keeps_order_across_retries",

@@ -115,8 +115,9 @@ async fn capture(payload: Bytes, headers: Headers, State(seen): State<Captured>)
     support::lock(&seen.0).push((payload, headers));
 }
 
-/// The payload arrives byte for byte, and so do text and binary headers.
-pub async fn round_trip_keeps_payload_and_headers<F: Fixture>(fixture: &F) {
+/// The payload arrives byte for byte, and so do text and binary headers; the message's
+/// properties arrive as the same headers on every transport.
+pub async fn round_trip_keeps_payload_headers_and_properties<F: Fixture>(fixture: &F) {
     let queue = fixture.declare(QueueKind::plain()).await;
     let payload = Bytes::from_static(b"{\"id\":1,\"note\":\"caf\xc3\xa9\"}");
     let binary = Bytes::from_static(&[0, 159, 146, 150, 255]);
@@ -124,6 +125,9 @@ pub async fn round_trip_keeps_payload_and_headers<F: Fixture>(fixture: &F) {
         .header("x-trace", "abc-123")
         .header("x-binary", binary.clone())
         .partition_key("k0")
+        .content_type("application/vnd.job+json")
+        .message_id("job-1")
+        .correlation_id("order-7")
         .payload(payload.clone());
     if let Err(error) = fixture.publisher().publish(&queue.name, message).await {
         panic!("cannot publish: {error}");
@@ -144,6 +148,15 @@ pub async fn round_trip_keeps_payload_and_headers<F: Fixture>(fixture: &F) {
     assert_eq!(got, payload);
     assert_eq!(headers.get_str("x-trace"), Some("abc-123"));
     assert_eq!(headers.get("x-binary"), Some(&binary));
+    assert_eq!(
+        headers.get_str(conveyor::CONTENT_TYPE_HEADER),
+        Some("application/vnd.job+json")
+    );
+    assert_eq!(headers.get_str(conveyor::MESSAGE_ID_HEADER), Some("job-1"));
+    assert_eq!(
+        headers.get_str(conveyor::CORRELATION_ID_HEADER),
+        Some("order-7")
+    );
     fixture.delete(queue).await;
 }
 

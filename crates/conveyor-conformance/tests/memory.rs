@@ -39,7 +39,7 @@ mod standard {
     use super::*;
 
     conveyor_conformance::suite!(|| async { Memory::new(false) };
-        round_trip_keeps_payload_and_headers,
+        round_trip_keeps_payload_headers_and_properties,
         competing_subscriptions_lose_nothing_and_handle_each_message_once,
         the_sequential_mount_never_overlaps,
         the_sequential_mount_keeps_order_across_retries,
@@ -59,7 +59,7 @@ mod fifo {
     use super::*;
 
     conveyor_conformance::suite!(|| async { Memory::new(true) };
-        round_trip_keeps_payload_and_headers,
+        round_trip_keeps_payload_headers_and_properties,
         competing_subscriptions_lose_nothing_and_handle_each_message_once,
         the_sequential_mount_never_overlaps,
         the_sequential_mount_keeps_order_across_retries,

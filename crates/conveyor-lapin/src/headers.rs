@@ -24,8 +24,8 @@ pub const ATTEMPTS_HEADER: &str = "x-conveyor-attempts";
 pub const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
 
 /// The headers of a received message as the core sees them: its AMQP header table, plus
-/// the AMQP properties `content-type`, `message-id`, `correlation-id` and `priority`
-/// (as on the in-process transport). The same for a subscription's deliveries and the
+/// the AMQP properties content type, message id and correlation id under the core's
+/// names for them ([`conveyor::MessageParts::property_headers`]), and `priority`. The same for a subscription's deliveries and the
 /// dead letters a broker takes back.
 pub(crate) fn received(properties: &BasicProperties) -> Headers {
     let mut headers = match properties.headers() {
@@ -33,13 +33,13 @@ pub(crate) fn received(properties: &BasicProperties) -> Headers {
         None => Headers::new(),
     };
     if let Some(v) = properties.content_type() {
-        headers.insert("content-type", v.as_str().to_string());
+        headers.insert(conveyor::CONTENT_TYPE_HEADER, v.as_str().to_string());
     }
     if let Some(v) = properties.message_id() {
-        headers.insert("message-id", v.as_str().to_string());
+        headers.insert(conveyor::MESSAGE_ID_HEADER, v.as_str().to_string());
     }
     if let Some(v) = properties.correlation_id() {
-        headers.insert("correlation-id", v.as_str().to_string());
+        headers.insert(conveyor::CORRELATION_ID_HEADER, v.as_str().to_string());
     }
     if let Some(v) = properties.priority() {
         headers.insert("priority", v.to_string());

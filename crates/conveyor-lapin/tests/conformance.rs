@@ -47,7 +47,7 @@ mod classic {
     use super::*;
 
     conveyor_conformance::suite!(|| Rabbit::new(false);
-        round_trip_keeps_payload_and_headers,
+        round_trip_keeps_payload_headers_and_properties,
         competing_subscriptions_lose_nothing_and_handle_each_message_once,
         the_sequential_mount_never_overlaps,
         the_sequential_mount_keeps_order_across_retries,
@@ -67,7 +67,7 @@ mod quorum {
     use super::*;
 
     conveyor_conformance::suite!(|| Rabbit::new(true);
-        round_trip_keeps_payload_and_headers,
+        round_trip_keeps_payload_headers_and_properties,
         competing_subscriptions_lose_nothing_and_handle_each_message_once,
         the_sequential_mount_never_overlaps,
         the_sequential_mount_keeps_order_across_retries,

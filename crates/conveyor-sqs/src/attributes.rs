@@ -39,21 +39,15 @@ pub(crate) struct Outgoing {
 /// On a FIFO queue (`fifo`) a [`PARTITION_KEY_HEADER`] header must hold the message's
 /// partition key: that travels as the message group, and a delivery gets it back in that
 /// header. A standard queue has no groups: there the header is an ordinary attribute.
-/// A header named like the `content-type` or `correlation-id` attribute the message's
-/// properties travel in must hold the same value.
+/// The message's properties (content type, message id, correlation id) travel as
+/// attributes under the core's header names for them, so they come back as those
+/// headers; a header of the same name must hold the same value.
 pub(crate) fn encode(queue: &str, fifo: bool, parts: &MessageParts) -> Result<Outgoing, SqsError> {
     let group = parts.partition_key.as_ref().map(PartitionKey::as_str);
     let mut attributes = Attributes::new(queue);
     attributes.add_headers(&parts.headers, fifo.then_some(group))?;
-    if let Some(content_type) = &parts.content_type {
-        attributes.add_property(
-            CONTENT_TYPE_ATTRIBUTE,
-            "content type",
-            content_type.as_bytes(),
-        )?;
-    }
-    if let Some(id) = &parts.correlation_id {
-        attributes.add_property(CORRELATION_ID_ATTRIBUTE, "correlation id", id.as_bytes())?;
+    for (name, value) in parts.property_headers() {
+        attributes.add_property(name, value.as_bytes())?;
     }
     attributes.finish(&parts.payload)
 }
@@ -78,12 +72,6 @@ pub(crate) fn encode_dead_letter(
     }
     attributes.finish(payload)
 }
-
-/// The attribute a message's content type travels in.
-const CONTENT_TYPE_ATTRIBUTE: &str = "content-type";
-
-/// The attribute a message's correlation id travels in.
-const CORRELATION_ID_ATTRIBUTE: &str = "correlation-id";
 
 /// The longest message attribute name SQS takes, in characters.
 const MAX_ATTRIBUTE_NAME_CHARS: usize = 256;
@@ -138,7 +126,7 @@ impl<'q> Attributes<'q> {
     /// A message property that travels as the attribute `name`: a header of that name
     /// (in any case) holding the same value already carries it; one holding another value
     /// is refused, since only one of them could come back.
-    fn add_property(&mut self, name: &str, what: &str, value: &[u8]) -> Result<(), SqsError> {
+    fn add_property(&mut self, name: &str, value: &[u8]) -> Result<(), SqsError> {
         let header = self
             .map
             .iter()
@@ -147,8 +135,9 @@ impl<'q> Attributes<'q> {
             None => self.add(name, value),
             Some((_, attribute)) if attribute_bytes(attribute) == Some(value) => Ok(()),
             Some((known, _)) => Err(self.invalid(format!(
-                "header `{}` differs from the message's {what}, which travels as the attribute `{name}`: only one of them could come back; drop the header or give it the same value",
-                shown(known)
+                "header `{}` differs from the message's {}, which travels as the attribute `{name}`: only one of them could come back; drop the header or give it the same value",
+                shown(known),
+                name.replace('-', " ")
             ))),
         }
     }

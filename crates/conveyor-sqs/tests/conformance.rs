@@ -44,7 +44,7 @@ mod standard {
     use super::*;
 
     conveyor_conformance::suite!(|| Sqs::new(false);
-        round_trip_keeps_payload_and_headers,
+        round_trip_keeps_payload_headers_and_properties,
         competing_subscriptions_lose_nothing_and_handle_each_message_once,
         the_sequential_mount_never_overlaps,
         #[ignore = "SQS standard queues keep no order; order is for FIFO queues"]
@@ -66,7 +66,7 @@ mod fifo {
     use super::*;
 
     conveyor_conformance::suite!(|| Sqs::new(true);
-        round_trip_keeps_payload_and_headers,
+        round_trip_keeps_payload_headers_and_properties,
         competing_subscriptions_lose_nothing_and_handle_each_message_once,
         the_sequential_mount_never_overlaps,
         the_sequential_mount_keeps_order_across_retries,

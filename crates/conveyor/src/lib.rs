@@ -69,7 +69,10 @@ pub use extract::{Context, DeliveryInfo, FromContext, FromDelivery, Rejection, S
 pub use handler::Handler;
 pub use headers::{HeaderName, Headers};
 pub use memory::{MemoryBroker, MemoryQueue, MemorySubscriber};
-pub use message::{Message, MessageBuilder, MessageParts, PartitionKey};
+pub use message::{
+    CONTENT_TYPE_HEADER, CORRELATION_ID_HEADER, MESSAGE_ID_HEADER, Message, MessageBuilder,
+    MessageParts, PartitionKey,
+};
 pub use mount::{DEFAULT_BATCH_SIZE, Dispatch, MountOptions};
 pub use outcome::{IntoOutcome, Outcome, REJECT_REASON_HEADER, Settlement};
 pub use payload::{DecodeError, FromPayload, Json};

@@ -263,6 +263,36 @@ impl MessageBuilder {
     }
 }
 
+/// The header a delivery carries its message's content type in, on every transport.
+pub const CONTENT_TYPE_HEADER: &str = "content-type";
+/// The header a delivery carries its message's id in, on every transport.
+pub const MESSAGE_ID_HEADER: &str = "message-id";
+/// The header a delivery carries its message's correlation id in, on every transport.
+pub const CORRELATION_ID_HEADER: &str = "correlation-id";
+
+impl MessageParts {
+    /// The message's properties that travel as headers, each with the header a delivery
+    /// gets it back in ([`CONTENT_TYPE_HEADER`], [`MESSAGE_ID_HEADER`],
+    /// [`CORRELATION_ID_HEADER`]): one mapping for every transport, so a handler finds
+    /// them under the same names whatever the broker.
+    ///
+    /// ```
+    /// use conveyor::{Message, MESSAGE_ID_HEADER};
+    ///
+    /// let parts = Message::builder().message_id("m-1").payload("x").into_parts();
+    /// assert_eq!(parts.property_headers().collect::<Vec<_>>(), [(MESSAGE_ID_HEADER, "m-1")]);
+    /// ```
+    pub fn property_headers(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        [
+            (CONTENT_TYPE_HEADER, self.content_type.as_deref()),
+            (MESSAGE_ID_HEADER, self.message_id.as_deref()),
+            (CORRELATION_ID_HEADER, self.correlation_id.as_deref()),
+        ]
+        .into_iter()
+        .filter_map(|(name, value)| Some((name, value?)))
+    }
+}
+
 /// A [`Message`] taken apart by [`Message::into_parts`].
 #[derive(Clone, Debug)]
 #[non_exhaustive]

@@ -202,9 +202,9 @@ impl MemoryBroker {
     }
 
     fn store(&self, destination: &str, message: Message) -> (Arc<Queue>, Stored, Option<Duration>) {
-        let parts = message.into_parts();
-        let mut headers = parts.headers;
-        let key = match parts.partition_key {
+        let mut parts = message.into_parts();
+        let mut headers = std::mem::take(&mut parts.headers);
+        let key = match parts.partition_key.take() {
             Some(key) => {
                 headers.insert(PARTITION_KEY_HEADER, key.as_str().to_string());
                 Some(key)
@@ -213,14 +213,8 @@ impl MemoryBroker {
                 .get_str(PARTITION_KEY_HEADER)
                 .map(PartitionKey::from),
         };
-        if let Some(content_type) = parts.content_type {
-            headers.insert("content-type", content_type.into_owned());
-        }
-        if let Some(id) = parts.message_id {
-            headers.insert("message-id", id);
-        }
-        if let Some(id) = parts.correlation_id {
-            headers.insert("correlation-id", id);
+        for (name, value) in parts.property_headers() {
+            headers.insert(name, value.to_string());
         }
         let stored = Stored {
             payload: parts.payload,
