@@ -16,6 +16,8 @@ use std::io;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use conveyor::Backoff;
+use conveyor::support::RetryPause;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -29,9 +31,9 @@ use tokio::time::Instant;
 pub(crate) const LAPIN_RETRIES: usize = 500;
 
 /// The first reconnect delay, doubled after each failed attempt.
-const MIN_DELAY: Duration = Duration::from_millis(100);
+const MIN_DELAY: Duration = RetryPause::MIN;
 /// The longest delay between two attempts (before jitter).
-const MAX_DELAY: Duration = Duration::from_secs(30);
+const MAX_DELAY: Duration = RetryPause::MAX;
 /// How long one reconnect attempt may take to open its stream, so that an attempt the
 /// network swallows (no answer at all) is given up for a new one.
 const RECONNECT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -296,9 +298,7 @@ impl Dialer {
 /// doubling up to [`MAX_DELAY`], plus up to as much again at random, so that the
 /// clients of a broker that restarts do not all come back at the same moment.
 fn backoff(failures: u32) -> Duration {
-    let delay = MIN_DELAY
-        .saturating_mul(1u32.checked_shl(failures).unwrap_or(u32::MAX))
-        .min(MAX_DELAY);
+    let delay = Backoff::exponential(MIN_DELAY, MAX_DELAY).delay(failures.saturating_add(1));
     delay.saturating_add(delay.mul_f64(jitter()))
 }
 

@@ -31,11 +31,12 @@
 //! dies, its ackers turn into no-ops and the broker delivers the message again: so a
 //! delivery whose channel is gone is never republished, which would make a second copy.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use conveyor::support::TagTable;
 use conveyor::{Bytes, REJECT_REASON_HEADER, Settle, Settled, Settlement};
 use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
@@ -108,7 +109,7 @@ enum Op<J> {
 /// The [`Settle`] of one subscription.
 pub(crate) struct Settler {
     queue: Arc<str>,
-    pending: Mutex<HashMap<u64, Pending>>,
+    pending: Mutex<TagTable<Pending>>,
     ops: mpsc::UnboundedSender<Op<Job>>,
 }
 
@@ -121,16 +122,16 @@ impl Settler {
         let (ops, rx) = mpsc::unbounded_channel();
         let settler = Arc::new(Settler {
             queue: queue.clone(),
-            pending: Mutex::new(HashMap::new()),
+            pending: Mutex::default(),
             ops,
         });
         let task = tokio::spawn(run(rx, Settling { queue, routes }));
         (settler, task)
     }
 
-    /// Remembers a delivery under `tag` until the core settles it.
-    pub(crate) fn track(&self, tag: u64, pending: Pending) {
-        conveyor::support::lock(&self.pending).insert(tag, pending);
+    /// Remembers a delivery until the core settles it; returns its tag.
+    pub(crate) fn track(&self, pending: Pending) -> u64 {
+        conveyor::support::lock(&self.pending).insert(pending)
     }
 
     /// Waits until every settlement queued so far has been performed, republishes
@@ -145,7 +146,7 @@ impl Settler {
 
 impl Settle for Settler {
     fn settle(&self, settled: Settled<'_>) {
-        let pending = conveyor::support::lock(&self.pending).remove(&settled.tag);
+        let pending = conveyor::support::lock(&self.pending).remove(settled.tag);
         let Some(pending) = pending else {
             return;
         };

@@ -47,7 +47,6 @@ pub struct LapinSubscriber {
     settle_task: tokio::task::JoinHandle<()>,
     /// The confirm-mode channel retries, retry-afters and dead letters are republished on.
     republish_channel: Channel,
-    next_tag: u64,
     /// An error met while taking a batch, reported by the next receive.
     stashed: Option<lapin::Error>,
     /// False once [`Subscriber::stop_receiving`] has run.
@@ -223,7 +222,6 @@ impl LapinSubscriber {
             settler,
             settle_task,
             republish_channel,
-            next_tag: 0,
             stashed: None,
             receiving: true,
             cancelled: false,
@@ -256,9 +254,7 @@ impl LapinSubscriber {
         };
 
         let payload = Bytes::from(data);
-        let tag = self.next_tag;
-        self.next_tag += 1;
-        self.settler.track(tag, Pending { acker, properties });
+        let tag = self.settler.track(Pending { acker, properties });
         let settler: Arc<dyn Settle> = self.settler.clone();
         let mut out = Delivery::new(payload, self.queue.clone(), settler, tag)
             .with_headers(headers)

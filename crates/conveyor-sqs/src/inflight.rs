@@ -5,11 +5,10 @@
 //! not yet sent still counts against the pump's room: a keeper that cannot reach SQS stops
 //! the pump from receiving more, and what waits for it is bounded.
 
-use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use conveyor::support::TagTable;
 use conveyor::{Bytes, Headers, PartitionKey};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -69,7 +68,7 @@ pub(crate) struct Pending {
 
 #[derive(Debug, Default)]
 struct Table {
-    entries: HashMap<u64, Entry>,
+    entries: TagTable<Entry>,
     /// Tags of settled entries, in the order they were settled.
     settled: Vec<u64>,
 }
@@ -80,7 +79,6 @@ struct Table {
 #[derive(Debug, Default)]
 pub(crate) struct InFlight {
     table: Mutex<Table>,
-    next_tag: AtomicU64,
     /// Wakes the keeper when a message is settled.
     pub(crate) settled: Notify,
     /// Wakes the pump when messages are finished with, making room.
@@ -99,19 +97,14 @@ impl InFlight {
         message_id: Option<String>,
         visibility: Duration,
     ) -> u64 {
-        let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
         let now = Instant::now();
-        self.lock().entries.insert(
-            tag,
-            Entry {
-                receipt,
-                message_id,
-                received_at: now,
-                visible_at: now + visibility,
-                state: State::Held,
-            },
-        );
-        tag
+        self.lock().entries.insert(Entry {
+            receipt,
+            message_id,
+            received_at: now,
+            visible_at: now + visibility,
+            state: State::Held,
+        })
     }
 
     /// Settles `tag` with the op `make` chooses for it. Returns `false` (and does
@@ -119,7 +112,7 @@ impl InFlight {
     pub(crate) fn settle(&self, tag: u64, make: impl FnOnce(&Entry) -> Op) -> bool {
         {
             let mut table = self.lock();
-            let Some(entry) = table.entries.get_mut(&tag) else {
+            let Some(entry) = table.entries.get_mut(tag) else {
                 return false;
             };
             if !matches!(entry.state, State::Held) {
@@ -145,7 +138,7 @@ impl InFlight {
         settled
             .drain(..)
             .filter_map(|tag| {
-                let entry = entries.get_mut(&tag)?;
+                let entry = entries.get_mut(tag)?;
                 match std::mem::replace(&mut entry.state, State::Settling) {
                     State::Settled(op) => Some(Pending {
                         tag,
@@ -167,7 +160,7 @@ impl InFlight {
         {
             let mut table = self.lock();
             for tag in tags {
-                table.entries.remove(&tag);
+                table.entries.remove(tag);
             }
         }
         self.room.notify_waiters();
@@ -186,7 +179,7 @@ impl InFlight {
     pub(crate) fn is_held(&self, tag: u64) -> bool {
         self.lock()
             .entries
-            .get(&tag)
+            .get(tag)
             .is_some_and(|entry| matches!(entry.state, State::Held))
     }
 
@@ -207,14 +200,14 @@ impl InFlight {
             .filter_map(|(tag, entry)| {
                 let left = cap.checked_sub(now - entry.received_at)?;
                 let renew = visibility.min(left);
-                (renew >= Duration::from_secs(1)).then(|| (*tag, entry.receipt.clone(), renew))
+                (renew >= Duration::from_secs(1)).then(|| (tag, entry.receipt.clone(), renew))
             })
             .collect()
     }
 
     /// Notes that `tag` is now hidden until `renew` from now (if it is still held).
     pub(crate) fn renewed(&self, tag: u64, renew: Duration) {
-        if let Some(entry) = self.lock().entries.get_mut(&tag)
+        if let Some(entry) = self.lock().entries.get_mut(tag)
             && matches!(entry.state, State::Held)
         {
             entry.visible_at = Instant::now() + renew;

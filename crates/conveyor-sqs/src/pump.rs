@@ -2,10 +2,10 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::types::MessageSystemAttributeName;
+use conveyor::support::RetryPause;
 use conveyor::{Delivery, Error};
 use tokio::sync::{Notify, watch};
 
@@ -142,9 +142,6 @@ pub(crate) struct Pump {
     pub(crate) stop: watch::Receiver<bool>,
 }
 
-const RETRY_MIN: Duration = Duration::from_millis(200);
-const RETRY_MAX: Duration = Duration::from_secs(30);
-
 /// Why a receive failed, and whether trying again can help.
 struct Failure {
     error: SqsError,
@@ -158,12 +155,12 @@ impl Pump {
     ///
     /// Stopping never cuts a receive short: one under way completes, and its messages are
     /// released at once. A failed receive is logged as a warning and retried after a pause
-    /// that doubles up to 30 s and resets on success; one known never to succeed (the
+    /// that doubles from 100 ms up to 30 s and resets on success ([`RetryPause`]); one known never to succeed (the
     /// queue is gone, access or credentials refused: [`cannot_heal`]) ends the
     /// subscription with [`Error::Subscribe`]. An error code this transport does not
     /// recognise is retried.
     pub(crate) async fn run(mut self) {
-        let mut pause = RETRY_MIN;
+        let mut pause = RetryPause::new();
         loop {
             let handover = &self.handover;
             let in_flight = &self.in_flight;
@@ -179,7 +176,7 @@ impl Pump {
             }
             match self.receive().await {
                 Ok(deliveries) => {
-                    pause = RETRY_MIN;
+                    pause.reset();
                     let count = deliveries.len();
                     tracing::trace!(queue = self.queue.name, count, "received");
                     if let Err(late) = self.handover.offer(deliveries) {
@@ -204,13 +201,13 @@ impl Pump {
                     return;
                 }
                 Err(Failure { error, .. }) => {
-                    tracing::warn!(queue = self.queue.name, error = %Report(&error), retry_in = ?pause, "receive failed");
+                    let retry_in = pause.failed();
+                    tracing::warn!(queue = self.queue.name, error = %Report(&error), ?retry_in, "receive failed");
                     tokio::select! {
                         biased;
                         () = stopped(&mut self.stop) => return,
-                        () = tokio::time::sleep(pause) => {}
+                        () = tokio::time::sleep(retry_in) => {}
                     }
-                    pause = (pause * 2).min(RETRY_MAX);
                 }
             }
         }

@@ -1,10 +1,14 @@
 //! Small building blocks that every transport needs in the same shape, kept here so each
-//! is written once: a lock that outlives a panic, and a wait on a [`Notify`] for a
-//! condition that misses no wake-up.
+//! is written once: a lock that outlives a panic, a wait on a [`Notify`] for a condition
+//! that misses no wake-up, the table of deliveries not settled yet, the pause between
+//! retries of a failing broker call, and error texts that quote a name boundedly.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use tokio::sync::Notify;
+
+use crate::policy::Backoff;
 
 /// Locks `mutex`, even if a thread panicked while holding it.
 ///
@@ -86,4 +90,232 @@ pub fn bounded(name: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
         text.push('…');
     }
     std::borrow::Cow::Owned(text)
+}
+
+/// What a transport keeps of each delivery until it is settled, under the delivery tag
+/// it was given: the one table each transport's deliveries are looked up in.
+///
+/// Tags are handed out by [`insert`](Self::insert) and never reused while their entry
+/// lives; a tag whose entry was removed finds nothing (a second settlement of the same
+/// delivery is a no-op). Slots are reused, so the table costs no allocation once it has
+/// grown to the number of deliveries in flight, and a lookup is an index, not a hash.
+///
+/// ```
+/// use conveyor::support::TagTable;
+///
+/// let mut pending = TagTable::new();
+/// let tag = pending.insert("receipt-1");
+/// assert_eq!(pending.get(tag), Some(&"receipt-1"));
+/// assert_eq!(pending.remove(tag), Some("receipt-1"));
+/// assert_eq!(pending.remove(tag), None); // settled twice: nothing the second time
+/// ```
+#[derive(Debug)]
+pub struct TagTable<T> {
+    slots: Vec<Slot<T>>,
+    /// Indexes of empty slots, to fill before growing.
+    free: Vec<u32>,
+    len: usize,
+}
+
+#[derive(Debug)]
+struct Slot<T> {
+    /// Bumped each time the slot is filled, so that an old tag of the slot finds nothing.
+    generation: u32,
+    value: Option<T>,
+}
+
+impl<T> Default for TagTable<T> {
+    fn default() -> Self {
+        TagTable {
+            slots: Vec::new(),
+            free: Vec::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<T> TagTable<T> {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Keeps `value`; returns its tag.
+    ///
+    /// # Panics
+    ///
+    /// With 2^32 values kept at once (as `Vec` panics on capacity overflow): each slot
+    /// takes at least 8 bytes, so memory runs out first.
+    pub fn insert(&mut self, value: T) -> u64 {
+        let index = match self.free.pop() {
+            Some(index) => index,
+            None => {
+                let index = u32::try_from(self.slots.len())
+                    .unwrap_or_else(|_| panic!("a TagTable holds at most 2^32 values"));
+                self.slots.push(Slot {
+                    generation: 0,
+                    value: None,
+                });
+                index
+            }
+        };
+        let slot = &mut self.slots[index as usize];
+        slot.generation = slot.generation.wrapping_add(1);
+        slot.value = Some(value);
+        self.len += 1;
+        (u64::from(slot.generation) << 32) | u64::from(index)
+    }
+
+    fn slot(&self, tag: u64) -> Option<&Slot<T>> {
+        let slot = self.slots.get((tag & u64::from(u32::MAX)) as usize)?;
+        (u64::from(slot.generation) == tag >> 32).then_some(slot)
+    }
+
+    /// The value kept under `tag`, if it is still there.
+    pub fn get(&self, tag: u64) -> Option<&T> {
+        self.slot(tag)?.value.as_ref()
+    }
+
+    /// The value kept under `tag`, to change in place.
+    pub fn get_mut(&mut self, tag: u64) -> Option<&mut T> {
+        let slot = self.slots.get_mut((tag & u64::from(u32::MAX)) as usize)?;
+        if u64::from(slot.generation) != tag >> 32 {
+            return None;
+        }
+        slot.value.as_mut()
+    }
+
+    /// Takes the value kept under `tag` out of the table.
+    pub fn remove(&mut self, tag: u64) -> Option<T> {
+        let index = tag & u64::from(u32::MAX);
+        let slot = self.slots.get_mut(index as usize)?;
+        if u64::from(slot.generation) != tag >> 32 {
+            return None;
+        }
+        let value = slot.value.take()?;
+        self.len -= 1;
+        // `index` came from a slot that exists, so it fits in u32.
+        self.free.push(index as u32);
+        Some(value)
+    }
+
+    /// Every value kept, with its tag.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &T)> {
+        self.slots.iter().enumerate().filter_map(|(index, slot)| {
+            let value = slot.value.as_ref()?;
+            Some(((u64::from(slot.generation) << 32) | index as u64, value))
+        })
+    }
+
+    /// How many values are kept.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no value is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// The pause before retrying a broker call that keeps failing (a receive, a reconnect):
+/// from 100 ms, doubling with each failure in a row, up to 30 s; back to the shortest
+/// after a success.
+///
+/// ```
+/// use std::time::Duration;
+/// use conveyor::support::RetryPause;
+///
+/// let mut pause = RetryPause::new();
+/// assert_eq!(pause.failed(), Duration::from_millis(100));
+/// assert_eq!(pause.failed(), Duration::from_millis(200));
+/// pause.reset();
+/// assert_eq!(pause.failed(), Duration::from_millis(100));
+/// ```
+#[derive(Clone, Debug)]
+pub struct RetryPause {
+    backoff: Backoff,
+    failures: u32,
+}
+
+impl Default for RetryPause {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RetryPause {
+    /// The shortest pause.
+    pub const MIN: Duration = Duration::from_millis(100);
+    /// The longest pause.
+    pub const MAX: Duration = Duration::from_secs(30);
+
+    /// No failure yet.
+    pub fn new() -> Self {
+        RetryPause {
+            backoff: Backoff::exponential(Self::MIN, Self::MAX),
+            failures: 0,
+        }
+    }
+
+    /// The pause before the next try, after one more failure.
+    pub fn failed(&mut self) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        self.backoff.delay(self.failures)
+    }
+
+    /// The pause the next failure will get, without counting one.
+    pub fn peek(&self) -> Duration {
+        self.backoff.delay(self.failures.saturating_add(1))
+    }
+
+    /// Back to the shortest pause, after a call that worked.
+    pub fn reset(&mut self) {
+        self.failures = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tag_finds_its_value_until_removed_and_never_a_later_one_in_its_slot() {
+        let mut table = TagTable::new();
+        let first = table.insert('a');
+        let second = table.insert('b');
+        assert_ne!(first, second);
+        assert_eq!(table.len(), 2);
+        assert_eq!(table.remove(first), Some('a'));
+        // The slot is reused, under a new tag: the old one finds nothing.
+        let third = table.insert('c');
+        assert_ne!(third, first);
+        assert_eq!(table.get(first), None);
+        assert_eq!(table.remove(first), None);
+        assert_eq!(table.get(third), Some(&'c'));
+        if let Some(value) = table.get_mut(second) {
+            *value = 'B';
+        }
+        let mut all: Vec<_> = table.iter().map(|(tag, v)| (tag, *v)).collect();
+        all.sort();
+        let mut expected = vec![(second, 'B'), (third, 'c')];
+        expected.sort();
+        assert_eq!(all, expected);
+        assert_eq!(table.len(), 2);
+        // A tag the table never gave out finds nothing.
+        assert_eq!(table.get(u64::MAX), None);
+        assert_eq!(table.remove(u64::MAX), None);
+    }
+
+    #[test]
+    fn the_retry_pause_doubles_up_to_its_ceiling_and_resets() {
+        let mut pause = RetryPause::new();
+        let pauses: Vec<_> = (0..12).map(|_| pause.failed()).collect();
+        assert_eq!(pauses[0], RetryPause::MIN);
+        assert_eq!(pauses[1], RetryPause::MIN * 2);
+        assert_eq!(pauses[11], RetryPause::MAX);
+        assert_eq!(pause.peek(), RetryPause::MAX);
+        pause.reset();
+        assert_eq!(pause.peek(), RetryPause::MIN);
+    }
 }

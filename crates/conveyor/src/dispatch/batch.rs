@@ -6,7 +6,7 @@ use std::sync::Arc;
 use futures_util::FutureExt;
 
 use super::settle::{Failure, REJECTED_BY_HANDLER, settle_failed};
-use super::{End, RetryPause, Run, StopOnDrain, finish};
+use super::{End, Run, StopOnDrain, finish, pause_after};
 use crate::batch::{Batch, BatchOutcome, IntoBatchOutcome, Metadata};
 use crate::delivery::Delivery;
 use crate::error::Error;
@@ -14,6 +14,7 @@ use crate::handler::CallBatch;
 use crate::mount::DEFAULT_BATCH_SIZE;
 use crate::outcome::Settlement;
 use crate::payload::FromPayload;
+use crate::support::RetryPause;
 use crate::transport::Subscriber;
 
 pub(super) async fn drive<H: CallBatch, S: Subscriber>(
@@ -51,7 +52,7 @@ pub(super) async fn drive<H: CallBatch, S: Subscriber>(
             }
             Some(Err(error @ Error::Subscribe { .. })) => break End::Failed(error),
             Some(Err(error)) => {
-                if !pause.after(&error, &mut run).await {
+                if !pause_after(&mut pause, &error, &mut run).await {
                     break End::Stopped;
                 }
             }

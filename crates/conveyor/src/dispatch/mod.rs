@@ -20,7 +20,6 @@ mod workers;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::{JoinError, JoinSet};
@@ -30,6 +29,7 @@ use crate::error::Error;
 use crate::extract::Context;
 use crate::handler::{CallBatch, CallOne};
 use crate::mount::{Dispatch, MountOptions};
+use crate::support::RetryPause;
 use crate::transport::Subscriber;
 
 pub use lanes::lane_for_key;
@@ -157,39 +157,20 @@ impl From<Received> for End {
     }
 }
 
-/// The pause after failed receives: from 100 ms, doubling up to 30 s.
-pub(crate) struct RetryPause(Duration);
-
-impl RetryPause {
-    const MIN: Duration = Duration::from_millis(100);
-    const MAX: Duration = Duration::from_secs(30);
-
-    pub(crate) fn new() -> Self {
-        RetryPause(Self::MIN)
-    }
-
-    /// Back to the shortest pause, after a receive that worked.
-    pub(crate) fn reset(&mut self) {
-        self.0 = Self::MIN;
-    }
-
-    /// Logs a failed receive and waits out the pause, doubling it for next time. Returns
-    /// `false` if shutdown was requested meanwhile.
-    pub(crate) async fn after(&mut self, error: &Error, run: &mut Run) -> bool {
-        tracing::warn!(
-            queue = run.cx.queue(),
-            error = %error_chain(error),
-            retry_in = ?self.0,
-            "receive failed"
-        );
-        tokio::select! {
-            biased;
-            () = run.shutdown.requested() => false,
-            () = tokio::time::sleep(self.0) => {
-                self.0 = (self.0 * 2).min(Self::MAX);
-                true
-            }
-        }
+/// Logs a failed receive and waits out the next `pause`. Returns `false` if shutdown was
+/// requested meanwhile.
+pub(crate) async fn pause_after(pause: &mut RetryPause, error: &Error, run: &mut Run) -> bool {
+    let retry_in = pause.failed();
+    tracing::warn!(
+        queue = run.cx.queue(),
+        error = %error_chain(error),
+        ?retry_in,
+        "receive failed"
+    );
+    tokio::select! {
+        biased;
+        () = run.shutdown.requested() => false,
+        () = tokio::time::sleep(retry_in) => true,
     }
 }
 
@@ -209,7 +190,7 @@ pub(crate) async fn receive<S: Subscriber>(subscriber: &mut S, run: &mut Run) ->
                 Some(Err(error)) => error,
             },
         };
-        if !pause.after(&error, run).await {
+        if !pause_after(&mut pause, &error, run).await {
             return Received::Stop;
         }
     }

@@ -16,6 +16,7 @@ use crate::headers::Headers;
 use crate::message::PartitionKey;
 use crate::outcome::Settlement;
 use crate::support;
+use crate::support::TagTable;
 
 /// A message at rest in a queue.
 #[derive(Clone, Debug)]
@@ -53,10 +54,9 @@ struct Delayed {
 struct State {
     ready: VecDeque<Stored>,
     delayed: BTreeMap<(Instant, u64), Delayed>,
-    in_flight: HashMap<u64, Stored>,
+    in_flight: TagTable<Stored>,
     /// FIFO only: groups with a message in flight (or waiting out a retry delay).
     held_groups: HashMap<PartitionKey, usize>,
-    next_tag: u64,
     /// The `seq` of the next message to arrive.
     next_seq: u64,
     /// Tells apart delayed messages due at the same instant.
@@ -193,20 +193,19 @@ impl Queue {
                         continue;
                     }
                 }
-                state.next_tag += 1;
-                let tag = state.next_tag;
                 if self.fifo {
                     if let Some(key) = &stored.key {
                         *state.held_groups.entry(key.clone()).or_default() += 1;
                     }
                 }
+                let (payload, headers) = (stored.payload.clone(), stored.headers.clone());
+                let (key, receive_count) = (stored.key.clone(), stored.receive_count);
+                let tag = state.in_flight.insert(stored);
                 let settler: Arc<dyn Settle> = self.clone();
-                let delivery =
-                    Delivery::new(stored.payload.clone(), self.name.clone(), settler, tag)
-                        .with_headers(stored.headers.clone())
-                        .with_partition_key(stored.key.clone())
-                        .with_receive_count(stored.receive_count);
-                state.in_flight.insert(tag, stored);
+                let delivery = Delivery::new(payload, self.name.clone(), settler, tag)
+                    .with_headers(headers)
+                    .with_partition_key(key)
+                    .with_receive_count(receive_count);
                 break Take::Taken(delivery);
             }
         };
@@ -355,7 +354,7 @@ impl Settle for Queue {
         let mut acked = None;
         {
             let mut state = self.lock();
-            let Some(mut stored) = state.in_flight.remove(&settled.tag) else {
+            let Some(mut stored) = state.in_flight.remove(settled.tag) else {
                 return;
             };
             if matches!(
