@@ -16,12 +16,14 @@
 //!   Otherwise (a queue declared elsewhere, a policy) it is `basic.nack` without
 //!   requeue: the broker dead-letters or drops it, without the reason.
 //!
-//! The task takes settlements in the order the core made them. Acks and nacks are sent
-//! at once; a republish is sent at once too (so copies leave in that order), but its
-//! wait for the confirm, and the ack of the original after it, run beside the later
-//! settlements (at most [`MAX_CONFIRMING`] at a time): a slow confirm holds back nothing
-//! but its own message, and the prefetch window keeps moving. [`Settler::flush`] waits
-//! for everything queued before it, confirms included.
+//! The task takes settlements in the order the core made them, all that are queued at a
+//! time (up to [`BATCH`]). The acks and nacks of such a batch are handed to lapin
+//! together and awaited as one, so they leave in as few writes as lapin makes of them and
+//! the task does not wait for each before the next; a republish is sent at once (so copies
+//! leave in order), but its wait for the confirm, and the ack of the original after it,
+//! run beside the later settlements (at most [`MAX_CONFIRMING`] at a time): a slow
+//! confirm holds back nothing but its own message, and the prefetch window keeps moving.
+//! [`Settler::flush`] waits for everything queued before it, confirms included.
 //!
 //! Republishing happens on one confirm-mode channel per subscription. When a republish
 //! fails, the original is settled the plain AMQP way instead (requeued, or nacked to the
@@ -33,14 +35,16 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use conveyor::support::TagTable;
 use conveyor::{Bytes, REJECT_REASON_HEADER, Settle, Settled, Settlement};
-use futures_util::future::BoxFuture;
+use futures_util::StreamExt;
+use futures_util::future::{BoxFuture, join_all};
 use futures_util::stream::FuturesUnordered;
-use futures_util::{FutureExt, StreamExt};
 use lapin::options::{BasicAckOptions, BasicNackOptions, BasicPublishOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Acker, BasicProperties, Channel, Confirmation, PublisherConfirm};
@@ -178,28 +182,54 @@ impl Settle for Settler {
 
 /// What the settle task does with a settlement: [`start`](Self::start) performs it, or
 /// begins it and returns the rest (a republish's wait for its confirm, then the ack of
-/// the original), which runs beside later settlements.
+/// the original), which runs beside later settlements; a settlement that is one frame on
+/// the consuming channel (an ack, a nack) comes back as [`Started::Plain`], and
+/// [`send`](Self::send) sends those of one batch together.
 trait Perform {
     type Job;
-    fn start(&self, job: Self::Job) -> impl Future<Output = Option<BoxFuture<'static, ()>>> + Send;
+    type Plain: Send + 'static;
+    fn start(&self, job: Self::Job) -> impl Future<Output = Started<Self::Plain>> + Send;
+    /// Sends `plain` in order, all at once: the future ends when every one has been
+    /// written (or has failed).
+    fn send(&self, plain: Vec<Self::Plain>) -> BoxFuture<'static, ()>;
 }
 
-/// Performs `ops` in order, with up to [`MAX_CONFIRMING`] rests (see [`Perform`]) running
+/// What starting a settlement gave.
+enum Started<P> {
+    /// Performed.
+    Done,
+    /// One frame to send with the others of its batch.
+    Plain(P),
+    /// The rest, to run beside later settlements.
+    Rest(BoxFuture<'static, ()>),
+}
+
+/// How many ops the task takes at once: the acks among them are sent together.
+const BATCH: usize = 256;
+
+/// Performs `ops` in order, a batch of what is queued at a time, with up to
+/// [`MAX_CONFIRMING`] rests (see [`Perform`]; a batch's plain frames are one) running
 /// beside them; a flush is answered once every rest begun before it has finished.
+///
+/// The acks and nacks of a batch are handed to lapin together and awaited as one, so
+/// that they leave in as few writes as lapin can make of them, instead of one ack, one
+/// write and one wake-up after another.
 async fn run<P: Perform>(mut ops: mpsc::UnboundedReceiver<Op<P::Job>>, perform: P) {
-    let mut confirming = FuturesUnordered::new();
-    // The rests under way, numbered in the order they began.
-    let mut outstanding = BTreeSet::new();
-    let mut next = 0u64;
+    let mut underway = Underway::default();
     // Each waiting flush, with the number of the first rest begun after it.
     let mut flushes: VecDeque<(u64, oneshot::Sender<()>)> = VecDeque::new();
+    let mut batch = Vec::with_capacity(BATCH);
+    let mut plain = Vec::new();
     loop {
+        let room = MAX_CONFIRMING
+            .saturating_sub(underway.rests.len())
+            .min(BATCH);
         tokio::select! {
             biased;
-            Some(number) = confirming.next(), if !confirming.is_empty() => {
-                outstanding.remove(&number);
+            Some(number) = underway.rests.next(), if !underway.rests.is_empty() => {
+                underway.numbers.remove(&number);
                 while let Some((after, _)) = flushes.front() {
-                    if outstanding.first().is_some_and(|first| first < after) {
+                    if underway.numbers.first().is_some_and(|first| first < after) {
                         break;
                     }
                     if let Some((_, done)) = flushes.pop_front() {
@@ -207,28 +237,70 @@ async fn run<P: Perform>(mut ops: mpsc::UnboundedReceiver<Op<P::Job>>, perform: 
                     }
                 }
             }
-            op = ops.recv(), if confirming.len() < MAX_CONFIRMING => match op {
-                None => break,
-                Some(Op::Flush(done)) => {
-                    if outstanding.is_empty() {
-                        let _ = done.send(());
-                    } else {
-                        flushes.push_back((next, done));
+            taken = ops.recv_many(&mut batch, room), if room > 0 => {
+                if taken == 0 {
+                    break;
+                }
+                for op in batch.drain(..) {
+                    match op {
+                        Op::Flush(done) => {
+                            // What came before the flush is under way before it is.
+                            if !plain.is_empty() {
+                                underway.begin(perform.send(std::mem::take(&mut plain)));
+                            }
+                            if underway.numbers.is_empty() {
+                                let _ = done.send(());
+                            } else {
+                                flushes.push_back((underway.next, done));
+                            }
+                        }
+                        Op::Settle(job) => match perform.start(job).await {
+                            Started::Done => {}
+                            Started::Plain(frame) => plain.push(frame),
+                            Started::Rest(rest) => underway.begin(rest),
+                        },
                     }
                 }
-                Some(Op::Settle(job)) => {
-                    if let Some(rest) = perform.start(job).await {
-                        let number = next;
-                        next += 1;
-                        outstanding.insert(number);
-                        confirming.push(rest.map(move |()| number));
-                    }
+                if !plain.is_empty() {
+                    underway.begin(perform.send(std::mem::take(&mut plain)));
                 }
             },
         }
     }
     // The settler is gone: the confirms under way still settle their originals.
-    while confirming.next().await.is_some() {}
+    while underway.rests.next().await.is_some() {}
+}
+
+/// The rests under way, numbered in the order they began.
+#[derive(Default)]
+struct Underway {
+    rests: FuturesUnordered<Numbered>,
+    numbers: BTreeSet<u64>,
+    next: u64,
+}
+
+impl Underway {
+    fn begin(&mut self, rest: BoxFuture<'static, ()>) {
+        let number = self.next;
+        self.next += 1;
+        self.numbers.insert(number);
+        self.rests.push(Numbered { rest, number });
+    }
+}
+
+/// A rest that ends with its number.
+struct Numbered {
+    rest: BoxFuture<'static, ()>,
+    number: u64,
+}
+
+impl Future for Numbered {
+    type Output = u64;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<u64> {
+        let number = self.number;
+        self.rest.as_mut().poll(cx).map(|()| number)
+    }
 }
 
 /// Settling on RabbitMQ.
@@ -237,10 +309,44 @@ struct Settling {
     routes: Routes,
 }
 
+/// An ack or nack of one delivery: one frame on the consuming channel.
+pub(crate) struct Frame {
+    acker: Acker,
+    /// `None`: ack; `Some(requeue)`: nack.
+    nack: Option<bool>,
+}
+
+impl Frame {
+    fn nack(acker: Acker, requeue: bool) -> Self {
+        Frame {
+            acker,
+            nack: Some(requeue),
+        }
+    }
+
+    async fn send(&self) -> lapin::Result<bool> {
+        match self.nack {
+            None => self.acker.ack(BasicAckOptions::default()).await,
+            Some(requeue) => nack(&self.acker, requeue).await,
+        }
+    }
+}
+
 impl Perform for Settling {
     type Job = Job;
+    type Plain = Frame;
 
-    async fn start(&self, job: Job) -> Option<BoxFuture<'static, ()>> {
+    fn send(&self, plain: Vec<Frame>) -> BoxFuture<'static, ()> {
+        let queue = self.queue.clone();
+        Box::pin(async move {
+            let sent = join_all(plain.iter().map(Frame::send)).await;
+            for result in sent {
+                report(&queue, result);
+            }
+        })
+    }
+
+    async fn start(&self, job: Job) -> Started<Frame> {
         let Job {
             pending: Pending { acker, properties },
             action,
@@ -248,11 +354,13 @@ impl Perform for Settling {
         } = job;
         let (queue, routes) = (&*self.queue, &self.routes);
         let result = match action {
-            Action::Ack => acker.ack(BasicAckOptions::default()).await,
-            Action::Release => nack(&acker, true).await,
+            Action::Ack => return Started::Plain(Frame { acker, nack: None }),
+            Action::Release => return Started::Plain(Frame::nack(acker, true)),
             // The channel the message came on is gone, so the broker delivers the
             // original again: a copy would be a duplicate. (The nack is then a no-op.)
-            Action::Retry { .. } | Action::Reject(_) if !acker.usable() => nack(&acker, true).await,
+            Action::Retry { .. } | Action::Reject(_) if !acker.usable() => {
+                return Started::Plain(Frame::nack(acker, true));
+            }
             Action::Retry { delay, attempt } => {
                 let (destination, properties) = match (delay, &routes.delay_queue) {
                     (Some(delay), Some(delay_queue)) => {
@@ -272,7 +380,9 @@ impl Perform for Settling {
                     to: destination.clone(),
                 };
                 match publish(routes, copy, &payload).await {
-                    Ok(confirm) => return Some(self.confirm_then_ack(confirm, acker, fallback)),
+                    Ok(confirm) => {
+                        return Started::Rest(self.confirm_then_ack(confirm, acker, fallback));
+                    }
                     Err(error) => fallback.settle(&acker, queue, &error).await,
                 }
             }
@@ -288,16 +398,16 @@ impl Perform for Settling {
                     };
                     match publish(routes, copy, &payload).await {
                         Ok(confirm) => {
-                            return Some(self.confirm_then_ack(confirm, acker, fallback));
+                            return Started::Rest(self.confirm_then_ack(confirm, acker, fallback));
                         }
                         Err(error) => fallback.settle(&acker, queue, &error).await,
                     }
                 }
-                None => nack(&acker, false).await,
+                None => return Started::Plain(Frame::nack(acker, false)),
             },
         };
         report(queue, result);
-        None
+        Started::Done
     }
 }
 
@@ -502,26 +612,38 @@ mod tests {
         Confirm(&'static str, oneshot::Receiver<()>),
     }
 
-    /// Performs steps by recording their names, in the order they are done.
-    struct Script(mpsc::UnboundedSender<&'static str>);
+    /// Performs steps by recording their names, in the order they are done, and counts
+    /// the batches of plain frames sent.
+    struct Script(
+        mpsc::UnboundedSender<&'static str>,
+        Arc<std::sync::atomic::AtomicUsize>,
+    );
 
     impl Perform for Script {
         type Job = Step;
+        type Plain = &'static str;
 
-        async fn start(&self, step: Step) -> Option<BoxFuture<'static, ()>> {
+        async fn start(&self, step: Step) -> Started<&'static str> {
             match step {
-                Step::Done(name) => {
-                    let _ = self.0.send(name);
-                    None
-                }
+                Step::Done(name) => Started::Plain(name),
                 Step::Confirm(name, confirm) => {
                     let done = self.0.clone();
-                    Some(Box::pin(async move {
+                    Started::Rest(Box::pin(async move {
                         let _ = confirm.await;
                         let _ = done.send(name);
                     }))
                 }
             }
+        }
+
+        fn send(&self, plain: Vec<&'static str>) -> BoxFuture<'static, ()> {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let done = self.0.clone();
+            Box::pin(async move {
+                for name in plain {
+                    let _ = done.send(name);
+                }
+            })
         }
     }
 
@@ -532,8 +654,24 @@ mod tests {
     ) {
         let (ops, rx) = mpsc::unbounded_channel();
         let (done, performed) = mpsc::unbounded_channel();
-        tokio::spawn(run(rx, Script(done)));
+        tokio::spawn(run(rx, Script(done, Arc::default())));
         (ops, performed)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_acks_queued_together_are_sent_together_in_order() {
+        let (ops, rx) = mpsc::unbounded_channel();
+        let (done, mut performed) = mpsc::unbounded_channel();
+        let batches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        // Queued before the task first runs: one batch.
+        for name in ["ack 1", "nack 2", "ack 3"] {
+            ops.send(Op::Settle(Step::Done(name))).unwrap();
+        }
+        tokio::spawn(run(rx, Script(done, batches.clone())));
+        for name in ["ack 1", "nack 2", "ack 3"] {
+            assert_eq!(now(performed.recv()).await, Some(name));
+        }
+        assert_eq!(batches.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 
     /// Queues a flush, and returns what answers it.
