@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use conveyor::support::TagTable;
+use conveyor::support::{SettleQueue, TagTable};
 use conveyor::{Bytes, REJECT_REASON_HEADER, Settle, Settled, Settlement};
 use futures_util::StreamExt;
 use futures_util::future::{BoxFuture, join_all};
@@ -48,7 +48,7 @@ use futures_util::stream::FuturesUnordered;
 use lapin::options::{BasicAckOptions, BasicNackOptions, BasicPublishOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Acker, BasicProperties, Channel, Confirmation, PublisherConfirm};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::error::LapinError;
 use crate::headers::{ATTEMPTS_HEADER, DELIVERY_COUNT_HEADER, oversize_header_frame};
@@ -114,7 +114,15 @@ enum Op<J> {
 pub(crate) struct Settler {
     queue: Arc<str>,
     pending: Mutex<TagTable<Pending>>,
-    ops: mpsc::UnboundedSender<Op<Job>>,
+    ops: Arc<SettleQueue<Op<Job>>>,
+}
+
+/// The last delivery (or the subscription) let go of the settler: nothing more comes, and
+/// the task ends once what is under way has finished.
+impl Drop for Settler {
+    fn drop(&mut self) {
+        self.ops.close();
+    }
 }
 
 impl Settler {
@@ -123,13 +131,13 @@ impl Settler {
         queue: Arc<str>,
         routes: Routes,
     ) -> (Arc<Settler>, tokio::task::JoinHandle<()>) {
-        let (ops, rx) = mpsc::unbounded_channel();
+        let ops = Arc::new(SettleQueue::new());
         let settler = Arc::new(Settler {
             queue: queue.clone(),
             pending: Mutex::default(),
-            ops,
+            ops: ops.clone(),
         });
-        let task = tokio::spawn(run(rx, Settling { queue, routes }));
+        let task = tokio::spawn(run(ops, Settling { queue, routes }));
         (settler, task)
     }
 
@@ -139,12 +147,12 @@ impl Settler {
     }
 
     /// Waits until every settlement queued so far has been performed, republishes
-    /// included (their confirms, then the acks of their originals).
+    /// included (their confirms, then the acks of their originals). (Should the task have
+    /// died, the answer never comes: race it with the task.)
     pub(crate) async fn flush(&self) {
         let (done, flushed) = oneshot::channel();
-        if self.ops.send(Op::Flush(done)).is_ok() {
-            let _ = flushed.await;
-        }
+        self.ops.push(Op::Flush(done));
+        let _ = flushed.await;
     }
 }
 
@@ -172,7 +180,7 @@ impl Settle for Settler {
             _ => Action::Release,
         };
         // If the task is gone the channel is closing, and closing it returns the message.
-        let _ = self.ops.send(Op::Settle(Job {
+        self.ops.push(Op::Settle(Job {
             pending,
             action,
             payload: settled.payload,
@@ -214,7 +222,7 @@ const BATCH: usize = 256;
 /// The acks and nacks of a batch are handed to lapin together and awaited as one, so
 /// that they leave in as few writes as lapin can make of them, instead of one ack, one
 /// write and one wake-up after another.
-async fn run<P: Perform>(mut ops: mpsc::UnboundedReceiver<Op<P::Job>>, perform: P) {
+async fn run<P: Perform>(ops: Arc<SettleQueue<Op<P::Job>>>, perform: P) {
     let mut underway = Underway::default();
     // Each waiting flush, with the number of the first rest begun after it.
     let mut flushes: VecDeque<(u64, oneshot::Sender<()>)> = VecDeque::new();
@@ -237,10 +245,11 @@ async fn run<P: Perform>(mut ops: mpsc::UnboundedReceiver<Op<P::Job>>, perform: 
                     }
                 }
             }
-            taken = ops.recv_many(&mut batch, room), if room > 0 => {
-                if taken == 0 {
+            ready = ops.ready(1, Duration::ZERO), if room > 0 => {
+                if !ready {
                     break;
                 }
+                ops.take(room, &mut batch);
                 for op in batch.drain(..) {
                     match op {
                         Op::Flush(done) => {
@@ -591,6 +600,7 @@ async fn confirmed(confirm: PublisherConfirm, timeout: Duration) -> Result<(), S
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::sync::mpsc;
 
     fn received(headers: &[(&str, AMQPValue)]) -> BasicProperties {
         let mut table = FieldTable::default();
@@ -649,25 +659,25 @@ mod tests {
 
     /// A settle task running [`Script`]: where to queue ops, and what it has done.
     fn scripted() -> (
-        mpsc::UnboundedSender<Op<Step>>,
+        Arc<SettleQueue<Op<Step>>>,
         mpsc::UnboundedReceiver<&'static str>,
     ) {
-        let (ops, rx) = mpsc::unbounded_channel();
+        let ops = Arc::new(SettleQueue::new());
         let (done, performed) = mpsc::unbounded_channel();
-        tokio::spawn(run(rx, Script(done, Arc::default())));
+        tokio::spawn(run(ops.clone(), Script(done, Arc::default())));
         (ops, performed)
     }
 
     #[tokio::test(start_paused = true)]
     async fn the_acks_queued_together_are_sent_together_in_order() {
-        let (ops, rx) = mpsc::unbounded_channel();
+        let ops = Arc::new(SettleQueue::new());
         let (done, mut performed) = mpsc::unbounded_channel();
         let batches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         // Queued before the task first runs: one batch.
         for name in ["ack 1", "nack 2", "ack 3"] {
-            ops.send(Op::Settle(Step::Done(name))).unwrap();
+            ops.push(Op::Settle(Step::Done(name)));
         }
-        tokio::spawn(run(rx, Script(done, batches.clone())));
+        tokio::spawn(run(ops, Script(done, batches.clone())));
         for name in ["ack 1", "nack 2", "ack 3"] {
             assert_eq!(now(performed.recv()).await, Some(name));
         }
@@ -675,9 +685,9 @@ mod tests {
     }
 
     /// Queues a flush, and returns what answers it.
-    fn flush(ops: &mpsc::UnboundedSender<Op<Step>>) -> oneshot::Receiver<()> {
+    fn flush(ops: &SettleQueue<Op<Step>>) -> oneshot::Receiver<()> {
         let (done, flushed) = oneshot::channel();
-        ops.send(Op::Flush(done)).unwrap();
+        ops.push(Op::Flush(done));
         flushed
     }
 
@@ -700,10 +710,9 @@ mod tests {
     async fn settlements_after_a_republish_do_not_wait_for_its_confirm() {
         let (ops, mut performed) = scripted();
         let (confirm, confirmation) = oneshot::channel();
-        ops.send(Op::Settle(Step::Confirm("retry", confirmation)))
-            .unwrap();
-        ops.send(Op::Settle(Step::Done("ack 1"))).unwrap();
-        ops.send(Op::Settle(Step::Done("nack 2"))).unwrap();
+        ops.push(Op::Settle(Step::Confirm("retry", confirmation)));
+        ops.push(Op::Settle(Step::Done("ack 1")));
+        ops.push(Op::Settle(Step::Done("nack 2")));
         assert_eq!(now(performed.recv()).await, Some("ack 1"));
         assert_eq!(now(performed.recv()).await, Some("nack 2"));
         assert!(stuck(performed.recv()).await, "nothing else is done");
@@ -717,12 +726,10 @@ mod tests {
         let (ops, mut performed) = scripted();
         let (first, first_confirmation) = oneshot::channel();
         let (second, second_confirmation) = oneshot::channel();
-        ops.send(Op::Settle(Step::Confirm("first", first_confirmation)))
-            .unwrap();
-        ops.send(Op::Settle(Step::Done("ack"))).unwrap();
+        ops.push(Op::Settle(Step::Confirm("first", first_confirmation)));
+        ops.push(Op::Settle(Step::Done("ack")));
         let mut flushed = flush(&ops);
-        ops.send(Op::Settle(Step::Confirm("second", second_confirmation)))
-            .unwrap();
+        ops.push(Op::Settle(Step::Confirm("second", second_confirmation)));
         let mut flushed_later = flush(&ops);
 
         assert!(
@@ -752,10 +759,9 @@ mod tests {
         for _ in 0..MAX_CONFIRMING {
             let (confirm, confirmation) = oneshot::channel();
             confirms.push(confirm);
-            ops.send(Op::Settle(Step::Confirm("held", confirmation)))
-                .unwrap();
+            ops.push(Op::Settle(Step::Confirm("held", confirmation)));
         }
-        ops.send(Op::Settle(Step::Done("ack"))).unwrap();
+        ops.push(Op::Settle(Step::Done("ack")));
         assert!(stuck(performed.recv()).await, "the ack waits for room");
         confirms.pop().unwrap().send(()).unwrap();
         assert_eq!(now(performed.recv()).await, Some("held"));
@@ -766,9 +772,8 @@ mod tests {
     async fn confirms_under_way_still_finish_when_the_settler_is_gone() {
         let (ops, mut performed) = scripted();
         let (confirm, confirmation) = oneshot::channel();
-        ops.send(Op::Settle(Step::Confirm("retry", confirmation)))
-            .unwrap();
-        drop(ops);
+        ops.push(Op::Settle(Step::Confirm("retry", confirmation)));
+        ops.close();
         confirm.send(()).unwrap();
         assert_eq!(now(performed.recv()).await, Some("retry"));
         assert_eq!(now(performed.recv()).await, None, "then the task ends");

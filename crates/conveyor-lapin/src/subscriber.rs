@@ -386,12 +386,16 @@ impl Subscriber for LapinSubscriber {
             queue,
             channel,
             settler,
-            settle_task,
+            mut settle_task,
             republish_channel,
             consumer,
             ..
         } = self;
-        settler.flush().await;
+        // A settle task that died cannot answer the flush.
+        tokio::select! {
+            () = settler.flush() => {}
+            _ = &mut settle_task => {}
+        }
         drop(consumer);
         // Closing the channel returns every delivery it holds unacked to the queue at once.
         if let Err(error) = channel.close(200, "subscription closed".into()).await {

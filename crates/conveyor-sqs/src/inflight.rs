@@ -8,7 +8,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use conveyor::support::TagTable;
+use conveyor::support::{SettleQueue, TagTable};
 use conveyor::{Bytes, Headers, PartitionKey};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -66,28 +66,21 @@ pub(crate) struct Pending {
     pub(crate) op: Op,
 }
 
-#[derive(Debug, Default)]
-struct Table {
-    entries: TagTable<Entry>,
-    /// Tags of settled entries, in the order they were settled.
-    settled: Vec<u64>,
-}
-
 /// The messages of one subscription, shared by its pump (which adds them), its
 /// deliveries' settler (which settles them) and its keeper (which renews and finishes
 /// them).
 #[derive(Debug, Default)]
 pub(crate) struct InFlight {
-    table: Mutex<Table>,
-    /// Wakes the keeper when a message is settled.
-    pub(crate) settled: Notify,
+    entries: Mutex<TagTable<Entry>>,
+    /// Tags of settled entries, in the order they were settled, for the keeper.
+    pub(crate) settled: SettleQueue<u64>,
     /// Wakes the pump when messages are finished with, making room.
     pub(crate) room: Notify,
 }
 
 impl InFlight {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
-        conveyor::support::lock(&self.table)
+    fn lock(&self) -> std::sync::MutexGuard<'_, TagTable<Entry>> {
+        conveyor::support::lock(&self.entries)
     }
 
     /// Records a message hidden for `visibility` from now; returns its delivery tag.
@@ -98,7 +91,7 @@ impl InFlight {
         visibility: Duration,
     ) -> u64 {
         let now = Instant::now();
-        self.lock().entries.insert(Entry {
+        self.lock().insert(Entry {
             receipt,
             message_id,
             received_at: now,
@@ -111,32 +104,26 @@ impl InFlight {
     /// nothing) if `tag` is unknown or already settled.
     pub(crate) fn settle(&self, tag: u64, make: impl FnOnce(&Entry) -> Op) -> bool {
         {
-            let mut table = self.lock();
-            let Some(entry) = table.entries.get_mut(tag) else {
+            let mut entries = self.lock();
+            let Some(entry) = entries.get_mut(tag) else {
                 return false;
             };
             if !matches!(entry.state, State::Held) {
                 return false;
             }
             entry.state = State::Settled(make(entry));
-            table.settled.push(tag);
         }
-        self.settled.notify_one();
+        self.settled.push(tag);
         true
-    }
-
-    /// How many settlements wait for the keeper.
-    pub(crate) fn settled_count(&self) -> usize {
-        self.lock().settled.len()
     }
 
     /// Takes every settlement waiting for the keeper. Their entries stay (and count) until
     /// [`finish`](Self::finish).
     pub(crate) fn take_settled(&self) -> Vec<Pending> {
-        let mut table = self.lock();
-        let Table { entries, settled } = &mut *table;
-        settled
-            .drain(..)
+        let mut tags = Vec::new();
+        self.settled.take(usize::MAX, &mut tags);
+        let mut entries = self.lock();
+        tags.into_iter()
             .filter_map(|tag| {
                 let entry = entries.get_mut(tag)?;
                 match std::mem::replace(&mut entry.state, State::Settling) {
@@ -158,9 +145,9 @@ impl InFlight {
     /// Forgets messages whose settlement was carried out (or given up on).
     pub(crate) fn finish(&self, tags: impl IntoIterator<Item = u64>) {
         {
-            let mut table = self.lock();
+            let mut entries = self.lock();
             for tag in tags {
-                table.entries.remove(tag);
+                entries.remove(tag);
             }
         }
         self.room.notify_waiters();
@@ -168,7 +155,7 @@ impl InFlight {
 
     /// Messages received and not finished with: held, or settled with the call not made.
     pub(crate) fn len(&self) -> usize {
-        self.lock().entries.len()
+        self.lock().len()
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -178,7 +165,6 @@ impl InFlight {
     /// Whether `tag` is still held (received, not settled).
     pub(crate) fn is_held(&self, tag: u64) -> bool {
         self.lock()
-            .entries
             .get(tag)
             .is_some_and(|entry| matches!(entry.state, State::Held))
     }
@@ -193,7 +179,6 @@ impl InFlight {
     ) -> Vec<(u64, String, Duration)> {
         let now = Instant::now();
         self.lock()
-            .entries
             .iter()
             .filter(|(_, entry)| matches!(entry.state, State::Held))
             .filter(|(_, entry)| entry.visible_at <= now + margin)
@@ -207,7 +192,7 @@ impl InFlight {
 
     /// Notes that `tag` is now hidden until `renew` from now (if it is still held).
     pub(crate) fn renewed(&self, tag: u64, renew: Duration) {
-        if let Some(entry) = self.lock().entries.get_mut(tag)
+        if let Some(entry) = self.lock().get_mut(tag)
             && matches!(entry.state, State::Held)
         {
             entry.visible_at = Instant::now() + renew;
@@ -273,7 +258,7 @@ mod tests {
             !in_flight.settle(tag, |_| Op::Hide { seconds: 0 }),
             "settled once only"
         );
-        assert_eq!((in_flight.len(), in_flight.settled_count()), (1, 1));
+        assert_eq!((in_flight.len(), in_flight.settled.len()), (1, 1));
         let taken = in_flight.take_settled();
         assert_eq!(taken.len(), 1);
         assert_eq!(
@@ -282,7 +267,7 @@ mod tests {
         );
         assert!(matches!(taken[0].op, Op::Delete));
         assert_eq!(
-            (in_flight.len(), in_flight.settled_count()),
+            (in_flight.len(), in_flight.settled.len()),
             (1, 0),
             "still counted while its call is made"
         );

@@ -117,30 +117,21 @@ impl<C: Calls> Keeper<C> {
             // steady stream of settlements `settled` is ready after every flush (one that
             // arrives during a flush leaves a stored notification), and polled first it
             // would keep the renewals from ever running.
+            // A batch call takes ten: a settlement waits up to the flush interval for
+            // nine more (not when closing).
+            let (enough, linger) = if closing {
+                (1, Duration::ZERO)
+            } else {
+                (BATCH_LIMIT, self.flush_interval)
+            };
             tokio::select! {
                 biased;
                 _ = renewals.tick() => self.renew().await,
-                () = in_flight.settled.notified() => {
-                    if !closing {
-                        self.gather().await;
-                    }
-                    self.flush().await;
-                }
+                _ = in_flight.settled.ready(enough, linger) => self.flush().await,
                 () = close_requested(&mut self.closing, &mut self.alive), if !closing => {
                     closing = true;
                     self.flush().await;
                 }
-            }
-        }
-    }
-
-    /// Waits up to the flush interval for a full batch of settlements.
-    async fn gather(&self) {
-        let deadline = Instant::now() + self.flush_interval;
-        while self.in_flight.settled_count() < BATCH_LIMIT {
-            tokio::select! {
-                () = self.in_flight.settled.notified() => {}
-                () = tokio::time::sleep_until(deadline) => return,
             }
         }
     }

@@ -218,6 +218,125 @@ impl<T> TagTable<T> {
     }
 }
 
+/// The settlements of one subscription on their way to the task that carries them out
+/// (one task per subscription, on every transport): pushed from any thread by the core's
+/// synchronous [`Settle`](crate::Settle) calls, taken by the task in batches.
+///
+/// [`ready`](Self::ready) waits (taking nothing, so it can be raced in a `select!` and
+/// cancelled) until a batch is worth taking: one item at least, and `enough` of them or
+/// `linger` after the first, whichever comes sooner. [`take`](Self::take) then takes
+/// them in order. A transport that batches its broker calls (ten per SQS call) lingers;
+/// one that sends each settlement as it comes (an AMQP ack) does not, and still sends
+/// together what queued up while it was busy.
+///
+/// ```
+/// use std::time::Duration;
+/// use conveyor::support::SettleQueue;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let queue = SettleQueue::new();
+/// queue.push("ack 1");
+/// queue.push("ack 2");
+/// assert!(queue.ready(1, Duration::ZERO).await);
+/// let mut batch = Vec::new();
+/// queue.take(10, &mut batch);
+/// assert_eq!(batch, ["ack 1", "ack 2"]);
+/// queue.close();
+/// assert!(!queue.ready(1, Duration::ZERO).await); // closed, and nothing left
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct SettleQueue<T> {
+    state: Mutex<Queued<T>>,
+    /// Wakes the task waiting in `ready` when an item is pushed, or the queue is closed.
+    changed: Notify,
+}
+
+#[derive(Debug)]
+struct Queued<T> {
+    items: std::collections::VecDeque<T>,
+    closed: bool,
+}
+
+impl<T> Default for SettleQueue<T> {
+    fn default() -> Self {
+        SettleQueue {
+            state: Mutex::new(Queued {
+                items: std::collections::VecDeque::new(),
+                closed: false,
+            }),
+            changed: Notify::new(),
+        }
+    }
+}
+
+impl<T> SettleQueue<T> {
+    /// An empty, open queue.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Queues `item` for the task. Items pushed after [`close`](Self::close) are still
+    /// queued (the task takes what is left before it ends).
+    pub fn push(&self, item: T) {
+        lock(&self.state).items.push_back(item);
+        self.changed.notify_one();
+    }
+
+    /// No more items are coming: once the queue is empty, [`ready`](Self::ready)
+    /// returns `false`.
+    pub fn close(&self) {
+        lock(&self.state).closed = true;
+        self.changed.notify_one();
+    }
+
+    /// How many items wait.
+    pub fn len(&self) -> usize {
+        lock(&self.state).items.len()
+    }
+
+    /// Whether no item waits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Waits until at least one item waits, then until `enough` do or `linger` has passed
+    /// since, whichever is sooner; `true` then, `false` if the queue is closed and empty.
+    /// Takes nothing.
+    pub async fn ready(&self, enough: usize, linger: Duration) -> bool {
+        let first = wait_for(&self.changed, || {
+            let state = lock(&self.state);
+            match (state.items.is_empty(), state.closed) {
+                (false, _) => Some(true),
+                (true, true) => Some(false),
+                (true, false) => None,
+            }
+        })
+        .await;
+        if !first || linger.is_zero() {
+            return first;
+        }
+        let enough = async {
+            wait_for(&self.changed, || {
+                let state = lock(&self.state);
+                (state.items.len() >= enough || state.closed).then_some(())
+            })
+            .await;
+        };
+        let _ = tokio::time::timeout(linger, enough).await;
+        true
+    }
+
+    /// Takes up to `max` waiting items, oldest first, into `into`; returns how many.
+    pub fn take(&self, max: usize, into: &mut Vec<T>) -> usize {
+        let mut state = lock(&self.state);
+        let count = state.items.len().min(max);
+        into.extend(state.items.drain(..count));
+        count
+    }
+}
+
 /// The pause before retrying a broker call that keeps failing (a receive, a reconnect):
 /// from 100 ms, doubling with each failure in a row, up to 30 s; back to the shortest
 /// after a success.
@@ -305,6 +424,50 @@ mod tests {
         // A tag the table never gave out finds nothing.
         assert_eq!(table.get(u64::MAX), None);
         assert_eq!(table.remove(u64::MAX), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_is_ready_when_enough_wait_or_the_linger_has_passed() {
+        use std::sync::Arc;
+
+        let queue = Arc::new(SettleQueue::new());
+        let linger = Duration::from_millis(5);
+        // Nothing waits: not ready, however long.
+        let waiting = tokio::time::timeout(Duration::from_secs(60), queue.ready(1, linger));
+        assert!(waiting.await.is_err());
+
+        // One waits: ready once the linger has passed, and no sooner.
+        queue.push(1);
+        let started = tokio::time::Instant::now();
+        assert!(queue.ready(3, linger).await);
+        assert_eq!(started.elapsed(), linger);
+
+        // Enough wait: ready at once.
+        queue.push(2);
+        queue.push(3);
+        let started = tokio::time::Instant::now();
+        assert!(queue.ready(3, linger).await);
+        assert_eq!(started.elapsed(), Duration::ZERO);
+
+        let mut batch = Vec::new();
+        assert_eq!(queue.take(2, &mut batch), 2);
+        assert_eq!(batch, [1, 2]);
+        assert_eq!(queue.len(), 1);
+
+        // Pushed from another task while the first waits.
+        let (q, mut batch) = (queue.clone(), Vec::new());
+        q.take(10, &mut batch);
+        let pusher = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            q.push(4);
+        });
+        assert!(queue.ready(1, Duration::ZERO).await);
+        pusher.await.unwrap();
+        queue.close();
+        assert!(queue.ready(1, linger).await, "closed, but one still waits");
+        queue.take(10, &mut batch);
+        assert_eq!(batch, [3, 4]);
+        assert!(!queue.ready(1, linger).await, "closed and empty");
     }
 
     #[test]
