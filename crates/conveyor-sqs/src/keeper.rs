@@ -114,11 +114,10 @@ impl<C: Calls> Keeper<C> {
             }
             let in_flight = self.in_flight.clone();
             // The renewal tick comes first: it is ready at most once a tick, while under a
-            // steady stream of settlements `settled` is ready after every flush (one that
-            // arrives during a flush leaves a stored notification), and polled first it
-            // would keep the renewals from ever running.
-            // A batch call takes ten: a settlement waits up to the flush interval for
-            // nine more (not when closing).
+            // steady stream of settlements `settled` is ready after every flush (what
+            // arrived during it waits), and polled first it would keep the renewals from
+            // ever running. A batch call takes ten: a settlement waits up to the flush
+            // interval for nine more (not when closing).
             let (enough, linger) = if closing {
                 (1, Duration::ZERO)
             } else {

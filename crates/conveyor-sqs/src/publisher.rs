@@ -283,22 +283,9 @@ mod tests {
     #[test]
     fn without_content_deduplication_each_publish_gets_its_own_id() {
         let fifo = queue(true, false);
-        let a = prepare(
-            &fifo,
-            Message::builder()
-                .partition_key("k")
-                .payload("x")
-                .into_parts(),
-        )
-        .unwrap();
-        let b = prepare(
-            &fifo,
-            Message::builder()
-                .partition_key("k")
-                .payload("x")
-                .into_parts(),
-        )
-        .unwrap();
+        let keyed = || Message::builder().partition_key("k").payload("x");
+        let a = prepare(&fifo, keyed().into_parts()).unwrap();
+        let b = prepare(&fifo, keyed().into_parts()).unwrap();
         assert!(a.deduplication.is_some() && a.deduplication != b.deduplication);
         let explicit = prepare(
             &fifo,
