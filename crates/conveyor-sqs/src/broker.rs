@@ -168,7 +168,8 @@ impl SqsBrokerBuilder {
         {
             return Err(Error::config("visibility_timeout is between 1 s and 12 h"));
         }
-        let mut loader = aws_config::defaults(BehaviorVersion::latest());
+        let mut loader =
+            aws_config::defaults(BehaviorVersion::latest()).http_client(https_client());
         if let Some(region) = self.region {
             loader = loader.region(Region::new(region));
         }
@@ -190,6 +191,15 @@ impl SqsBrokerBuilder {
             .build();
         Ok(SqsBroker::from_parts(Client::from_conf(config), settings))
     }
+}
+
+/// The SDK's HTTP client (hyper 1) over rustls with ring, the crypto provider the
+/// RabbitMQ transport uses too, so that a service built with both compiles one of each.
+pub(crate) fn https_client() -> aws_sdk_sqs::config::SharedHttpClient {
+    use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
+    aws_smithy_http_client::Builder::new()
+        .tls_provider(Provider::Rustls(CryptoMode::Ring))
+        .build_https()
 }
 
 impl SqsBroker {

@@ -46,6 +46,7 @@ pub(crate) async fn answering_once(
     });
     let config = aws_sdk_sqs::Config::builder()
         .behavior_version(BehaviorVersion::latest())
+        .http_client(crate::broker::https_client())
         .endpoint_url(endpoint)
         .region(Region::new("us-east-1"))
         .credentials_provider(Credentials::new("test", "test", None, None, "test"))

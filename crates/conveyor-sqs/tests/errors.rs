@@ -190,3 +190,31 @@ async fn errors_about_an_oversize_queue_name_quote_only_its_start() {
         assert_readable(&text, &long);
     }
 }
+
+/// The SDK has no HTTP client of its own here (its default brings a second crypto
+/// provider and HTTP stack): an `https://` endpoint is reached through the transport's
+/// own client, over TLS, and an endpoint that is no TLS server is an error, not a panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_endpoint_is_spoken_to_over_tls() {
+    use tokio::io::AsyncReadExt;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // Reads what the client sends first, then hangs up.
+    let server = tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut first = [0u8; 3];
+        stream.read_exact(&mut first).await.unwrap();
+        first
+    });
+    let broker = common::broker_at(
+        &format!("https://127.0.0.1:{port}"),
+        std::time::Duration::from_secs(10),
+    )
+    .await;
+    let error = broker.queue_depth("q").await.unwrap_err();
+    let first = server.await.unwrap();
+    // A TLS record: handshake (22), protocol version 3.x.
+    assert_eq!(&first[..2], &[22, 3], "{first:?}");
+    println!("{}", conveyor::Report(&error));
+}
