@@ -308,13 +308,17 @@ fn prepare(
             reason: "it asks for a delivery delay, which plain RabbitMQ cannot do".to_string(),
         });
     }
-    let mut properties = BasicProperties::default()
-        .with_delivery_mode(if options.persistent {
-            PERSISTENT
-        } else {
-            TRANSIENT
-        })
-        .with_headers(to_table(&parts.headers, parts.partition_key.as_ref())?);
+    let mut properties = BasicProperties::default().with_delivery_mode(if options.persistent {
+        PERSISTENT
+    } else {
+        TRANSIENT
+    });
+    // No table at all when there is nothing in it: an empty one still costs the broker
+    // its parsing, on every message.
+    let table = to_table(&parts.headers, parts.partition_key.as_ref())?;
+    if !table.inner().is_empty() {
+        properties = properties.with_headers(table);
+    }
     if let Some(v) = parts.content_type {
         properties = properties.with_content_type(short("content type", &v)?);
     }
@@ -360,5 +364,25 @@ impl Publisher for LapinPublisher {
         self.publish_all_to("", destination, messages, self.defaults)
             .await
             .map_err(|e| e.into_publish(destination))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_without_headers_or_key_carries_no_header_table() {
+        let bare = prepare("", "q", Message::new("x"), PublishOptions::default()).unwrap();
+        assert!(bare.properties.headers().is_none());
+        let keyed = prepare(
+            "",
+            "q",
+            Message::builder().partition_key("k").payload("x"),
+            PublishOptions::default(),
+        )
+        .unwrap();
+        let table = keyed.properties.headers().as_ref().expect("a table");
+        assert!(table.inner().contains_key(crate::PARTITION_KEY_HEADER));
     }
 }
