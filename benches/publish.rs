@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use conveyor::{Broker, Message, Publisher, QueueSpec};
+use conveyor::{Message, Publisher, QueueSpec};
 use conveyor_lapin::LapinBroker;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Confirmation};
