@@ -112,6 +112,11 @@ pub(crate) struct BrokerInner {
 impl BrokerInner {
     fn queue(self: &Arc<Self>, name: &str) -> Arc<Queue> {
         let mut queues = support::lock(&self.queues);
+        // Looked up first: the name is copied only for a queue met for the first time,
+        // not on every publish.
+        if let Some(queue) = queues.get(name) {
+            return queue.clone();
+        }
         queues
             .entry(name.to_string())
             .or_insert_with(|| {
