@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use conveyor::{App, Broker, Json, MemoryBroker, Message, Publisher, QueueSpec, State};
+use conveyor::{App, Broker, Json, MemoryBroker, Message, QueueSpec, State};
 use conveyor_lapin::LapinBroker;
 
 const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
