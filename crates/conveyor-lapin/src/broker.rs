@@ -294,7 +294,8 @@ impl LapinBrokerBuilder {
                 prefetch: self.prefetch,
                 confirm_timeout: self.confirm_timeout,
                 topology: Mutex::new(None),
-                publisher: Mutex::new(None),
+                publisher: std::sync::Mutex::new(None),
+                opening_publisher: Mutex::new(()),
                 declared: std::sync::Mutex::default(),
                 delay_queues: std::sync::Mutex::default(),
             }),
@@ -346,7 +347,9 @@ pub(crate) struct BrokerInner {
     topology: Mutex<Option<Channel>>,
     /// The confirm-mode publisher behind [`Publisher`] on the broker, opened on the first
     /// publish (and again when its channel has closed).
-    publisher: Mutex<Option<LapinPublisher>>,
+    publisher: std::sync::Mutex<Option<Arc<LapinPublisher>>>,
+    /// Held while a publisher is being opened, so that tasks publishing at once open one.
+    opening_publisher: Mutex<()>,
     /// The declarations this broker made, by queue name: a subscription to one of these
     /// queues knows its dead-letter target and whether to declare it again on recovery.
     declared: std::sync::Mutex<HashMap<String, Arc<Declaration>>>,
@@ -603,15 +606,26 @@ impl LapinBroker {
     /// its channel has closed (a channel error, or the connection closed for good), in
     /// which case a new one. A channel waiting for the connection to recover is kept:
     /// the publish waits for the recovery.
-    async fn confirm_publisher(&self) -> Result<LapinPublisher, LapinError> {
-        let mut slot = self.inner.publisher.lock().await;
-        if let Some(publisher) = slot.as_ref()
-            && publisher.is_open()
-        {
-            return Ok(publisher.clone());
+    ///
+    /// Publishing takes a plain lock and a reference count; only opening a publisher
+    /// waits on an async lock.
+    async fn confirm_publisher(&self) -> Result<Arc<LapinPublisher>, LapinError> {
+        let current = || {
+            conveyor::support::lock(&self.inner.publisher)
+                .as_ref()
+                .filter(|publisher| publisher.is_open())
+                .cloned()
+        };
+        if let Some(publisher) = current() {
+            return Ok(publisher);
         }
-        let publisher = LapinPublisher::open(self.clone()).await?;
-        *slot = Some(publisher.clone());
+        let _opening = self.inner.opening_publisher.lock().await;
+        // Another task may have opened one while this one waited.
+        if let Some(publisher) = current() {
+            return Ok(publisher);
+        }
+        let publisher = Arc::new(LapinPublisher::open(self.clone()).await?);
+        *conveyor::support::lock(&self.inner.publisher) = Some(publisher.clone());
         Ok(publisher)
     }
 
@@ -796,7 +810,7 @@ mod tests {
     const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
     async fn publish_channel(broker: &LapinBroker) -> Option<Channel> {
-        let slot = broker.inner.publisher.lock().await;
+        let slot = conveyor::support::lock(&broker.inner.publisher);
         slot.as_ref().map(|publisher| publisher.channel.clone())
     }
 
