@@ -111,3 +111,12 @@ unsafe impl GlobalAlloc for CountingAlloc {
         unsafe { System.dealloc(ptr, layout) }
     }
 }
+
+/// The number in the environment variable `name`, or `default` when it is unset or not a
+/// number: how the bench binaries take their sizes.
+pub fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}

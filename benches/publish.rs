@@ -16,20 +16,13 @@ use std::time::{Duration, Instant};
 use conveyor::{Message, Publisher, QueueSpec};
 use conveyor_lapin::LapinBroker;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::{BasicProperties, Confirmation};
+use lapin::{BasicProperties, Confirmation, PublisherConfirm};
 
 const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 /// Tasks publishing at once on one publisher: confirms outstanding.
 const TASKS: u64 = 64;
 /// Messages per batch publish: confirms outstanding.
 const BATCH: usize = 256;
-
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn payload(i: u64) -> Vec<u8> {
     let mut body = format!(r#"{{"id":{i},"item":"tea","quantity":3,"note":""#).into_bytes();
@@ -38,9 +31,8 @@ fn payload(i: u64) -> Vec<u8> {
     body
 }
 
-/// Raw lapin: `TASKS` tasks share one confirm-mode channel, each publishing and awaiting
-/// its confirm, as `Publisher::publish` does.
-async fn raw_tasks(queue: &str, n: u64) -> Duration {
+/// A raw lapin connection and a confirm-mode channel on it.
+async fn raw_channel() -> (lapin::Connection, lapin::Channel) {
     let connection = lapin::Connection::connect(URL, lapin::ConnectionProperties::default())
         .await
         .expect("connect");
@@ -49,6 +41,33 @@ async fn raw_tasks(queue: &str, n: u64) -> Duration {
         .confirm_select(ConfirmSelectOptions::default())
         .await
         .expect("confirms");
+    (connection, channel)
+}
+
+/// Raw lapin: message `i`, persistent and mandatory, as Conveyor sends it; the confirm is
+/// to come.
+async fn raw_publish(channel: &lapin::Channel, queue: &str, i: u64) -> PublisherConfirm {
+    channel
+        .basic_publish(
+            "".into(),
+            queue.into(),
+            BasicPublishOptions {
+                mandatory: true,
+                immediate: false,
+            },
+            &payload(i),
+            BasicProperties::default()
+                .with_delivery_mode(2)
+                .with_content_type("application/json".into()),
+        )
+        .await
+        .expect("publish")
+}
+
+/// Raw lapin: `TASKS` tasks share one confirm-mode channel, each publishing and awaiting
+/// its confirm, as `Publisher::publish` does.
+async fn raw_tasks(queue: &str, n: u64) -> Duration {
+    let (connection, channel) = raw_channel().await;
     let next = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let mut tasks = Vec::new();
@@ -60,21 +79,7 @@ async fn raw_tasks(queue: &str, n: u64) -> Duration {
                 if i >= n {
                     return;
                 }
-                let confirm = channel
-                    .basic_publish(
-                        "".into(),
-                        queue.as_str().into(),
-                        BasicPublishOptions {
-                            mandatory: true,
-                            immediate: false,
-                        },
-                        &payload(i),
-                        BasicProperties::default()
-                            .with_delivery_mode(2)
-                            .with_content_type("application/json".into()),
-                    )
-                    .await
-                    .expect("publish");
+                let confirm = raw_publish(&channel, &queue, i).await;
                 assert!(matches!(
                     confirm.await.expect("confirm"),
                     Confirmation::Ack(None)
@@ -92,35 +97,13 @@ async fn raw_tasks(queue: &str, n: u64) -> Duration {
 
 /// Raw lapin: one task sends `BATCH` messages, then awaits their confirms, and again.
 async fn raw_batches(queue: &str, n: u64) -> Duration {
-    let connection = lapin::Connection::connect(URL, lapin::ConnectionProperties::default())
-        .await
-        .expect("connect");
-    let channel = connection.create_channel().await.expect("channel");
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .expect("confirms");
+    let (connection, channel) = raw_channel().await;
     let start = Instant::now();
     let mut i = 0;
     while i < n {
         let mut confirms = Vec::with_capacity(BATCH);
         for _ in 0..BATCH.min((n - i) as usize) {
-            let confirm = channel
-                .basic_publish(
-                    "".into(),
-                    queue.into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        immediate: false,
-                    },
-                    &payload(i),
-                    BasicProperties::default()
-                        .with_delivery_mode(2)
-                        .with_content_type("application/json".into()),
-                )
-                .await
-                .expect("publish");
-            confirms.push(confirm);
+            confirms.push(raw_publish(&channel, queue, i).await);
             i += 1;
         }
         for confirm in confirms {
@@ -190,8 +173,8 @@ const MODES: [&str; 4] = [
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let n = env("PUBLISH_BENCH_MESSAGES", 20_000);
-    let rounds = env("PUBLISH_BENCH_ROUNDS", 3);
+    let n = conveyor_benches::env_or("PUBLISH_BENCH_MESSAGES", 20_000);
+    let rounds = conveyor_benches::env_or("PUBLISH_BENCH_ROUNDS", 3);
     let broker = LapinBroker::connect(URL)
         .await
         .expect("RabbitMQ on 127.0.0.1:5672");

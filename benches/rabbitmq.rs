@@ -35,13 +35,6 @@ struct Order {
     note: String,
 }
 
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 async fn fill(broker: &LapinBroker, queue: &str, n: u64) {
     broker
         .declare_queue(&QueueSpec::new(queue))
@@ -150,8 +143,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let n = env("CONSUME_BENCH_MESSAGES", 50_000);
-    let rounds = env("CONSUME_BENCH_ROUNDS", 3);
+    let n = conveyor_benches::env_or("CONSUME_BENCH_MESSAGES", 50_000);
+    let rounds = conveyor_benches::env_or("CONSUME_BENCH_ROUNDS", 3);
     let broker = LapinBroker::connect(URL)
         .await
         .expect("RabbitMQ on 127.0.0.1:5672");

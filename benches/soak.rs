@@ -26,13 +26,6 @@ struct Order {
     quantity: u32,
 }
 
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// The resident set of this process, in KiB (`VmRSS` in /proc/self/status).
 fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -118,8 +111,8 @@ async fn soak<B: Broker>(name: &str, broker: B, queue: &str, n: u64, samples: u6
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let memory = env("SOAK_MEMORY_MESSAGES", 1_000_000);
-    let rabbitmq = env("SOAK_RABBITMQ_MESSAGES", 200_000);
+    let memory = conveyor_benches::env_or("SOAK_MEMORY_MESSAGES", 1_000_000);
+    let rabbitmq = conveyor_benches::env_or("SOAK_RABBITMQ_MESSAGES", 200_000);
     if memory > 0 {
         soak("in-process", MemoryBroker::new(), "soak", memory, 20).await;
     }

@@ -42,10 +42,7 @@ async fn trial(broker: &LapinBroker, queue: &str) -> Duration {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let trials = std::env::var("STARTUP_BENCH_TRIALS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(30u32);
+    let trials = conveyor_benches::env_or("STARTUP_BENCH_TRIALS", 30).max(1);
     let broker = LapinBroker::connect(URL)
         .await
         .expect("RabbitMQ on 127.0.0.1:5672");
