@@ -3,8 +3,9 @@
 //!
 //! Run with `cargo run --example service -- rabbitmq`. `serve` is the same code on every
 //! broker; only the line in `main` that makes the broker differs. It declares its queues,
-//! publishes three orders, handles them on two lanes keyed by customer, and exits once
-//! the three are placed.
+//! publishes three orders, handles them on two lanes keyed by customer (each handler
+//! publishes a receipt through the broker it has as state), and exits once the three
+//! receipts are recorded.
 
 use std::future::Future;
 
@@ -19,17 +20,24 @@ struct Order {
     item: String,
 }
 
-/// Where placed orders go: a channel `main` reads to know when to stop.
+/// Where receipts are recorded: a channel `main` reads to know when to stop.
 #[derive(Clone)]
 struct Db(mpsc::UnboundedSender<u64>);
 
-async fn place(
+/// Places an order, then publishes its receipt through the broker the app has as state:
+/// a handler publishes the same way on every broker.
+async fn place<B: Broker>(
     Json(order): Json<Order>,
     key: PartitionKey,
-    State(db): State<Db>,
-) -> Result<(), std::io::Error> {
+    State(broker): State<B>,
+) -> Result<(), conveyor::Error> {
     println!("{key}: order {} for {}", order.id, order.item);
-    db.0.send(order.id).map_err(std::io::Error::other)
+    broker.publish("receipts", Message::json(&order.id)?).await
+}
+
+async fn record(Json(id): Json<u64>, State(db): State<Db>) -> Result<(), std::io::Error> {
+    println!("receipt for order {id}");
+    db.0.send(id).map_err(std::io::Error::other)
 }
 
 /// The service, on any broker: declares its queues, publishes three orders, and serves
@@ -44,6 +52,7 @@ async fn serve<B: Broker>(
         .await?;
     let orders = QueueSpec::new("orders.fifo").dead_letter_queue("orders-dead.fifo", 5);
     broker.declare_queue(&orders).await?;
+    broker.declare_queue(&QueueSpec::new("receipts")).await?;
     for (id, customer) in [(1, "alice"), (2, "bob"), (3, "alice")] {
         let order = Order {
             id,
@@ -59,18 +68,21 @@ async fn serve<B: Broker>(
     App::new("orders")
         .broker(broker.clone())
         .with_state(db)
-        .mount(broker.queue("orders.fifo"), place, |m| {
+        .with_state(broker.clone())
+        .mount(broker.queue("orders.fifo"), place::<B>, |m| {
             m.workers(2).by_key()
         })
+        .mount(broker.queue("receipts"), record, |m| m)
         .run_until(shutdown)
         .await
 }
 
-/// Serves until three orders are placed, on queues emptied first (by deleting them, so a
-/// second run starts afresh). The app closes the broker as it stops.
+/// Serves until three receipts are recorded, on queues emptied first (by deleting them,
+/// so a second run starts afresh). The app closes the broker as it stops.
 async fn serve_three<B: Broker>(broker: B) -> Result<(), conveyor::Error> {
-    broker.delete_queue("orders.fifo").await?;
-    broker.delete_queue("orders-dead.fifo").await?;
+    for queue in ["orders.fifo", "orders-dead.fifo", "receipts"] {
+        broker.delete_queue(queue).await?;
+    }
     let (db, mut placed) = mpsc::unbounded_channel();
     let three_placed = async move {
         for _ in 0..3 {

@@ -69,12 +69,19 @@ fn the_workers_and_batches_example_runs_four_at_once_and_batches_by_ten() {
 }
 
 /// The README's service, unchanged but for the line that makes the broker, places its
-/// three orders on every broker (RabbitMQ and the SQS emulator run for the test suite).
+/// three orders and records the receipts its handler published, on every broker
+/// (RabbitMQ and the SQS emulator run for the test suite).
 #[test]
 fn the_service_example_runs_the_same_on_every_broker() {
     for broker in ["memory", "rabbitmq", "sqs"] {
         let stdout = run_with("service", &[broker]);
-        for line in ["alice: order 1", "bob: order 2", "alice: order 3"] {
+        let lines = ["alice: order 1", "bob: order 2", "alice: order 3"];
+        let receipts = [
+            "receipt for order 1",
+            "receipt for order 2",
+            "receipt for order 3",
+        ];
+        for line in lines.into_iter().chain(receipts) {
             assert!(stdout.contains(line), "{broker}: {stdout}");
         }
     }
