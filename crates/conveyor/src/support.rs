@@ -1,7 +1,8 @@
 //! Small building blocks that every transport needs in the same shape, kept here so each
 //! is written once: a lock that outlives a panic, a wait on a [`Notify`] for a condition
-//! that misses no wake-up, the table of deliveries not settled yet, the pause between
-//! retries of a failing broker call, and error texts that quote a name boundedly.
+//! that misses no wake-up, the table of deliveries not settled yet, the queue their
+//! settlements wait in for the subscription's settle task, the pause between retries of a
+//! failing broker call, and error texts that quote a name boundedly.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
