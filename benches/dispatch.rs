@@ -1,7 +1,8 @@
 //! Per-delivery cost of Conveyor's core on the in-process transport (`MemoryBroker`).
 //!
 //! Each run publishes `warmup + messages` messages before the app starts, so publishing
-//! is never measured. The handler counts what it has handled: once the warm-up messages
+//! is not measured, except in the `end-to-end` mode, which publishes each message while
+//! the app runs and so counts encoding and publishing too. The handler counts what it has handled: once the warm-up messages
 //! are done (hash maps, queues and channel blocks have grown) it opens the measurement
 //! window, and after `messages` more it closes it. The window counts heap allocations
 //! (a counting global allocator), wall-clock time, and, under callgrind, instructions:
@@ -33,7 +34,7 @@ use tokio::sync::Notify;
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc;
 
-const USAGE: &str = "usage: dispatch [--mode sequential|bytes|workers|lanes|batch] \
+const USAGE: &str = "usage: dispatch [--mode sequential|bytes|workers|lanes|batch|end-to-end] \
 [--messages N] [--warmup N] [--runtime current|multi] [--repeat N] [--trace N]";
 
 /// A small payload whose decoded form allocates nothing.
@@ -57,15 +58,19 @@ enum Mode {
     Lanes,
     /// `batch(10)`, `Batch<Json<Order>>`.
     Batch,
+    /// Sequential `Json<Order>`, with publishing in the window: each message is encoded
+    /// and published while the app runs, then consumed, decoded and acked.
+    EndToEnd,
 }
 
 impl Mode {
-    const ALL: [Mode; 5] = [
+    const ALL: [Mode; 6] = [
         Mode::Sequential,
         Mode::Bytes,
         Mode::Workers,
         Mode::Lanes,
         Mode::Batch,
+        Mode::EndToEnd,
     ];
 
     fn name(self) -> &'static str {
@@ -75,6 +80,7 @@ impl Mode {
             Mode::Workers => "workers",
             Mode::Lanes => "lanes",
             Mode::Batch => "batch",
+            Mode::EndToEnd => "end-to-end",
         }
     }
 }
@@ -242,7 +248,7 @@ fn run(mode: Mode, flavor: Flavor, warmup: u64, messages: u64, traces: u32) -> M
     runtime(flavor).block_on(async {
         let broker = MemoryBroker::new();
         let keys: Vec<PartitionKey> = (0..64).map(|k| format!("k-{k}").into()).collect();
-        for id in 0..warmup + messages {
+        let publish = |id: u64| {
             let payload = Order {
                 id,
                 qty: (id % 7) as u32 + 1,
@@ -253,10 +259,14 @@ fn run(mode: Mode, flavor: Flavor, warmup: u64, messages: u64, traces: u32) -> M
                 message = message.partition_key(keys[(id % 64) as usize].clone());
             }
             let message = message.json(&payload).expect("an Order always encodes");
-            broker
-                .publish("bench", message)
-                .await
-                .expect("the in-process broker always takes a message");
+            broker.publish("bench", message)
+        };
+        if mode != Mode::EndToEnd {
+            for id in 0..warmup + messages {
+                publish(id)
+                    .await
+                    .expect("the in-process broker always takes a message");
+            }
         }
 
         let queue = broker.queue("bench");
@@ -267,8 +277,19 @@ fn run(mode: Mode, flavor: Flavor, warmup: u64, messages: u64, traces: u32) -> M
             Mode::Workers => app.mount(queue, order, |m| m.workers(4)),
             Mode::Lanes => app.mount(queue, order, |m| m.workers(4).by_key()),
             Mode::Batch => app.mount(queue, orders, |m| m.batch(10)),
+            Mode::EndToEnd => app.mount(queue, order, |m| m),
         };
         let running = app.start().await.expect("the bench app starts");
+        if mode == Mode::EndToEnd {
+            // One at a time, each handed to the app before the next is made: the steady
+            // state of a service that publishes what it consumes.
+            for id in 0..warmup + messages {
+                publish(id)
+                    .await
+                    .expect("the in-process broker always takes a message");
+                tokio::task::yield_now().await;
+            }
+        }
         CLOSED.notified().await;
         broker.wait_idle().await;
         running.shutdown().await.expect("the bench app shuts down");
