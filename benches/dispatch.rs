@@ -59,7 +59,9 @@ enum Mode {
     /// `batch(10)`, `Batch<Json<Order>>`.
     Batch,
     /// Sequential `Json<Order>`, with publishing in the window: each message is encoded
-    /// and published while the app runs, then consumed, decoded and acked.
+    /// and published while the app runs, then consumed, decoded and acked. Read it on the
+    /// current-thread runtime: on the multi-thread one the publisher runs ahead, and much
+    /// of its work falls before the window opens.
     EndToEnd,
 }
 
