@@ -26,11 +26,13 @@ mod history;
 mod queue;
 mod subscriber;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::Bytes;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -39,7 +41,7 @@ pub use subscriber::MemorySubscriber;
 
 use crate::admin::{DeadLetter, QueueDepth, QueueSpec};
 use crate::error::Error;
-use crate::message::{Message, PartitionKey};
+use crate::message::{CONTENT_TYPE_HEADER, Message, PartitionKey};
 use crate::support;
 use crate::transport::{Broker, Publisher, Source, SubscribeSettings};
 use history::History;
@@ -218,6 +220,14 @@ impl MemoryBroker {
                 .get_str(PARTITION_KEY_HEADER)
                 .map(PartitionKey::from),
         };
+        // A content type known at compile time (`application/json`) is not copied.
+        if let Some(content_type) = parts.content_type.take() {
+            let value = match content_type {
+                Cow::Borrowed(text) => Bytes::from_static(text.as_bytes()),
+                Cow::Owned(text) => Bytes::from(text),
+            };
+            headers.insert(CONTENT_TYPE_HEADER, value);
+        }
         for (name, value) in parts.property_headers() {
             headers.insert(name, value.to_string());
         }
