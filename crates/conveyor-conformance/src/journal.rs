@@ -50,6 +50,8 @@ pub struct Run {
     pub attempt: u32,
     /// When the run started.
     pub started: Instant,
+    /// When it ended.
+    pub finished: Instant,
     /// Whether it ended in an ack.
     pub acked: bool,
 }
@@ -179,6 +181,7 @@ pub async fn handle(
             key: key.map(|k| k.to_string()),
             attempt,
             started,
+            finished: Instant::now(),
             acked: false,
         });
         panic!("job {} panics", job.id);
@@ -194,6 +197,7 @@ pub async fn handle(
         key: key.map(|k| k.to_string()),
         attempt,
         started,
+        finished: Instant::now(),
         acked: outcome == Ok(Outcome::Ack),
     });
     outcome

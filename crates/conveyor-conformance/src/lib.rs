@@ -10,7 +10,7 @@
 //! ```text
 //! conveyor_conformance::suite!(my_fixture;
 //!     round_trip_keeps_payload_headers_and_properties,
-//!     #[ignore = "this broker carries no partition key"] lanes_keep_each_key_in_order_across_retries,
+//!     #[ignore = "this broker carries no partition key"] keyed_modes_keep_each_key_in_order_one_at_a_time_across_retries,
 //!     // ... every scenario in `SCENARIOS`
 //! );
 //! ```
@@ -38,9 +38,9 @@ pub const SCENARIOS: &[&str] = &[
     "competing_subscriptions_lose_nothing_and_handle_each_message_once",
     "the_sequential_mount_never_overlaps",
     "the_sequential_mount_keeps_order_across_retries",
-    "lanes_keep_each_key_in_order_across_retries",
+    "keyed_modes_keep_each_key_in_order_one_at_a_time_across_retries",
     "max_attempts_ends_in_the_dead_letter_queue_when_the_broker_retries",
-    "max_attempts_ends_in_the_dead_letter_queue_when_the_lane_retries",
+    "max_attempts_ends_in_the_dead_letter_queue_when_retried_in_place",
     "a_reject_reaches_the_dead_letter_queue_at_once_with_its_reason",
     "retry_after_comes_no_sooner_than_its_delay",
     "batches_are_never_empty_and_never_larger_than_their_size",

@@ -10,7 +10,7 @@ use conveyor::{
     Json, Message, MountOptions, Publisher, Rejection, RunningApp, State,
 };
 
-use crate::journal::{Job, Journal, handle};
+use crate::journal::{Job, Journal, Run, handle};
 use crate::{Fixture, QueueKind, Queues, TestQueue, eventually};
 
 /// The partition key of job `id` when a scenario spreads jobs over `keys` keys.
@@ -213,47 +213,81 @@ pub async fn the_sequential_mount_keeps_order_across_retries<F: Fixture>(fixture
     fixture.delete(queue).await;
 }
 
-/// Lanes, with failures that are retried now or later: every key's jobs run in order, a
-/// retried job again before any later job of its key.
-pub async fn lanes_keep_each_key_in_order_across_retries<F: Fixture>(fixture: &F) {
+/// The two modes that keep each key in order over several workers.
+#[derive(Clone, Copy, Debug)]
+enum Keyed {
+    /// `workers(n).by_key()`: a key's lane fixed by a hash.
+    Lanes,
+    /// `workers(n).by_key().any_worker()`: a key on whichever worker is free.
+    AnyWorker,
+}
+
+const KEYED: [Keyed; 2] = [Keyed::Lanes, Keyed::AnyWorker];
+
+impl Keyed {
+    fn with(self, m: MountOptions, workers: usize) -> MountOptions {
+        match self {
+            Keyed::Lanes => m.workers(workers).by_key(),
+            Keyed::AnyWorker => m.workers(workers).by_key().any_worker(),
+        }
+    }
+}
+
+/// Each keyed mode, with failures that are retried now or later: every key's jobs run in
+/// order and one at a time, a retried job again before any later job of its key.
+pub async fn keyed_modes_keep_each_key_in_order_one_at_a_time_across_retries<F: Fixture>(
+    fixture: &F,
+) {
     const KEYS: u64 = 4;
     const JOBS: u64 = 60;
-    for retry_later in [false, true] {
-        let queue = fixture.declare(QueueKind::plain()).await;
-        let journal = Journal::default();
-        let jobs = (0..JOBS)
-            .map(|id| Job {
-                fail_first: match id % 5 {
-                    1 => 1,
-                    3 => 2,
-                    _ => 0,
-                },
-                ..Job::new(id)
+    for mode in KEYED {
+        for retry_later in [false, true] {
+            let queue = fixture.declare(QueueKind::plain()).await;
+            let journal = Journal::default();
+            let jobs = (0..JOBS)
+                .map(|id| Job {
+                    fail_first: match id % 5 {
+                        1 => 1,
+                        3 => 2,
+                        _ => 0,
+                    },
+                    ..Job::new(id)
+                })
+                .collect();
+            publish(fixture, &queue, jobs, KEYS).await;
+            let app = start(fixture, &queue, &journal, |m| {
+                let keyed = mode.with(m, 3);
+                if retry_later {
+                    keyed.retry_after(fixed(20))
+                } else {
+                    keyed.retry()
+                }
             })
-            .collect();
-        publish(fixture, &queue, jobs, KEYS).await;
-        let app = start(fixture, &queue, &journal, |m| {
-            let lanes = m.workers(2).by_key();
-            if retry_later {
-                lanes.retry_after(fixed(20))
-            } else {
-                lanes.retry()
+            .await;
+            all_acked(&journal, JOBS as usize).await;
+            stop(app).await;
+            let mut by_key: HashMap<String, Vec<Run>> = HashMap::new();
+            for run in journal.runs() {
+                by_key.entry(key(run.id, KEYS)).or_default().push(run);
             }
-        })
-        .await;
-        all_acked(&journal, JOBS as usize).await;
-        stop(app).await;
-        let mut by_key: HashMap<String, Vec<u64>> = HashMap::new();
-        for run in journal.runs() {
-            by_key.entry(key(run.id, KEYS)).or_default().push(run.id);
+            for (key, mut runs) in by_key {
+                runs.sort_by_key(|run| run.started);
+                let ids: Vec<u64> = runs.iter().map(|run| run.id).collect();
+                assert!(
+                    in_order(&ids),
+                    "{mode:?}: key {key} out of order (retry later: {retry_later}): {ids:?}"
+                );
+                for pair in runs.windows(2) {
+                    assert!(
+                        pair[1].started >= pair[0].finished,
+                        "{mode:?}: key {key} ran jobs {} and {} at once",
+                        pair[0].id,
+                        pair[1].id
+                    );
+                }
+            }
+            fixture.delete(queue).await;
         }
-        for (key, ids) in by_key {
-            assert!(
-                in_order(&ids),
-                "key {key} out of order (retry later: {retry_later}): {ids:?}"
-            );
-        }
-        fixture.delete(queue).await;
     }
 }
 
@@ -290,12 +324,14 @@ pub async fn max_attempts_ends_in_the_dead_letter_queue_when_the_broker_retries<
     max_attempts_end_in_the_dead_letter_queue(fixture, |m| m.workers(1).retry()).await;
 }
 
-/// Lanes retry in place and count the attempts themselves; the third failure
+/// Keyed modes retry in place and count the attempts themselves; the third failure
 /// dead-letters.
-pub async fn max_attempts_ends_in_the_dead_letter_queue_when_the_lane_retries<F: Fixture>(
+pub async fn max_attempts_ends_in_the_dead_letter_queue_when_retried_in_place<F: Fixture>(
     fixture: &F,
 ) {
-    max_attempts_end_in_the_dead_letter_queue(fixture, |m| m.workers(2).by_key().retry()).await;
+    for mode in KEYED {
+        max_attempts_end_in_the_dead_letter_queue(fixture, |m| mode.with(m, 2).retry()).await;
+    }
 }
 
 /// `reject_on_error`: the first failure dead-letters the message, with the handler's
@@ -327,10 +363,10 @@ pub async fn a_reject_reaches_the_dead_letter_queue_at_once_with_its_reason<F: F
 }
 
 /// A retry-after comes back no sooner than its delay, sub-second delays included, when
-/// the broker holds it (workers) and when the lane does.
+/// the broker holds it (workers) and when the mount does (the keyed modes).
 pub async fn retry_after_comes_no_sooner_than_its_delay<F: Fixture>(fixture: &F) {
     let delays = [300u64, 1500];
-    for lanes in [false, true] {
+    for keyed in [None, Some(Keyed::Lanes), Some(Keyed::AnyWorker)] {
         let queue = fixture.declare(QueueKind::plain()).await;
         let journal = Journal::default();
         let jobs = delays
@@ -342,12 +378,9 @@ pub async fn retry_after_comes_no_sooner_than_its_delay<F: Fixture>(fixture: &F)
             })
             .collect();
         publish(fixture, &queue, jobs, 2).await;
-        let app = start(fixture, &queue, &journal, |m| {
-            if lanes {
-                m.workers(2).by_key()
-            } else {
-                m.workers(2)
-            }
+        let app = start(fixture, &queue, &journal, |m| match keyed {
+            Some(mode) => mode.with(m, 2),
+            None => m.workers(2),
         })
         .await;
         all_acked(&journal, delays.len()).await;
@@ -358,7 +391,7 @@ pub async fn retry_after_comes_no_sooner_than_its_delay<F: Fixture>(fixture: &F)
             let waited = runs[1].started - runs[0].started;
             assert!(
                 waited >= Duration::from_millis(ms),
-                "job {id} came back after {waited:?}, before its {ms} ms (lanes: {lanes})"
+                "job {id} came back after {waited:?}, before its {ms} ms ({keyed:?})"
             );
         }
         fixture.delete(queue).await;
@@ -394,16 +427,20 @@ pub async fn batches_are_never_empty_and_never_larger_than_their_size<F: Fixture
 }
 
 /// When the app starts draining, what it received but has not started goes back to the
-/// queue while the running handlers carry on; those then finish and are acked. Both for
-/// workers and for a sequential mount (whose transport may read ahead of it).
+/// queue while the running handlers carry on; those then finish and are acked. For
+/// workers, for a sequential mount (whose transport may read ahead of it) and for
+/// any-worker (which reads ahead to find keys to run).
 pub async fn draining_hands_back_unstarted_deliveries_while_handlers_run<F: Fixture>(fixture: &F) {
     const JOBS: u64 = 10;
-    for running in [2usize, 1] {
+    // (handlers that run at once, whether they are any-worker's)
+    for (running, any_worker) in [(2usize, false), (1, false), (2, true)] {
         let queue = fixture.declare(QueueKind::plain()).await;
         let journal = Journal::gated();
         publish(fixture, &queue, (0..JOBS).map(Job::new).collect(), JOBS).await;
-        let app = start(fixture, &queue, &journal, |m| {
-            if running > 1 { m.workers(running) } else { m }
+        let app = start(fixture, &queue, &journal, |m| match (running, any_worker) {
+            (_, true) => Keyed::AnyWorker.with(m, running),
+            (1, false) => m,
+            (_, false) => m.workers(running),
         })
         .await;
         eventually(&format!("{running} handlers at the gate"), || async {
@@ -477,11 +514,13 @@ impl FromDelivery for Fussy {
 async fn touchy(Touchy(job): Touchy, _: Fussy, State(journal): State<Journal>) {
     assert!(!job.panic, "the handler panics");
     journal.start().await;
-    journal.finish(crate::journal::Run {
+    let now = tokio::time::Instant::now();
+    journal.finish(Run {
         id: job.id,
         key: None,
         attempt: 1,
-        started: tokio::time::Instant::now(),
+        started: now,
+        finished: now,
         acked: true,
     });
 }

@@ -50,9 +50,9 @@ mod standard {
         #[ignore = "SQS standard queues keep no order; order is for FIFO queues"]
         the_sequential_mount_keeps_order_across_retries,
         #[ignore = "SQS standard queues carry no partition key; keys are FIFO message groups"]
-        lanes_keep_each_key_in_order_across_retries,
+        keyed_modes_keep_each_key_in_order_one_at_a_time_across_retries,
         max_attempts_ends_in_the_dead_letter_queue_when_the_broker_retries,
-        max_attempts_ends_in_the_dead_letter_queue_when_the_lane_retries,
+        max_attempts_ends_in_the_dead_letter_queue_when_retried_in_place,
         a_reject_reaches_the_dead_letter_queue_at_once_with_its_reason,
         retry_after_comes_no_sooner_than_its_delay,
         batches_are_never_empty_and_never_larger_than_their_size,
@@ -70,9 +70,9 @@ mod fifo {
         competing_subscriptions_lose_nothing_and_handle_each_message_once,
         the_sequential_mount_never_overlaps,
         the_sequential_mount_keeps_order_across_retries,
-        lanes_keep_each_key_in_order_across_retries,
+        keyed_modes_keep_each_key_in_order_one_at_a_time_across_retries,
         max_attempts_ends_in_the_dead_letter_queue_when_the_broker_retries,
-        max_attempts_ends_in_the_dead_letter_queue_when_the_lane_retries,
+        max_attempts_ends_in_the_dead_letter_queue_when_retried_in_place,
         a_reject_reaches_the_dead_letter_queue_at_once_with_its_reason,
         retry_after_comes_no_sooner_than_its_delay,
         batches_are_never_empty_and_never_larger_than_their_size,

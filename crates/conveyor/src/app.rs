@@ -232,16 +232,23 @@ impl fmt::Debug for App {
 
 fn validate(queue: &str, options: &MountOptions, batch_handler: bool) -> Result<(), Error> {
     let bad = |what: String| Err(Error::config(format!("mount on `{queue}`: {what}")));
-    if options.keyed_without_workers() {
-        return bad(
-            "by_key() spreads keys over workers; ask for them with workers(n).by_key() (a mount without workers already keeps every key's order)".into(),
-        );
+    if let Some(conflict) = options.conflict() {
+        return bad(conflict);
     }
     match options.dispatch() {
-        Dispatch::Workers(0) | Dispatch::Lanes(0) => {
+        Dispatch::Workers(0) | Dispatch::Lanes(0) | Dispatch::AnyWorker { workers: 0, .. } => {
             return bad("workers(0) can run nothing; use at least 1".into());
         }
-        Dispatch::Workers(_) | Dispatch::Lanes(_) if batch_handler => {
+        Dispatch::AnyWorker {
+            workers,
+            read_ahead,
+        } if read_ahead < workers => {
+            return bad(format!(
+                "read_ahead({read_ahead}) is below workers({workers}): some workers could never run; use at least {workers}"
+            ));
+        }
+        Dispatch::Sequential => {}
+        _ if batch_handler => {
             return bad("a batch handler runs one batch at a time; drop workers(..)".into());
         }
         _ => {}

@@ -7,6 +7,8 @@
 //! - `workers(n)`: up to `n` at once, in any order, reading nothing more while `n` run;
 //! - `workers(n).by_key()`: `n` ordered lanes; the partition key picks the lane by a
 //!   stable hash, so each key is handled in order, and keyless deliveries rotate;
+//! - `workers(n).by_key().any_worker()`: each key in order, one delivery at a time, on
+//!   whichever worker is free;
 //! - batches: a handler that takes a [`Batch`] gets what the subscriber already has, up
 //!   to the mount's `batch(size)`.
 //!

@@ -4,6 +4,7 @@ use crate::policy::{Backoff, FailurePolicy, OnError};
 
 /// How a mount runs its deliveries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Dispatch {
     /// One at a time, in the order received.
     Sequential,
@@ -12,6 +13,14 @@ pub enum Dispatch {
     /// `n` lanes; a delivery goes to the lane its partition key hashes to, and each lane
     /// runs its deliveries one at a time in arrival order.
     Lanes(usize),
+    /// `workers` workers; each key runs one delivery at a time in arrival order, on
+    /// whichever worker is free. At most `read_ahead` deliveries are held.
+    AnyWorker {
+        /// How many handlers run at once.
+        workers: usize,
+        /// The most deliveries held at once: running, or waiting for their key's turn.
+        read_ahead: usize,
+    },
 }
 
 /// The settings of one mount site, built in the closure given to
@@ -24,29 +33,24 @@ pub enum Dispatch {
 /// let lanes = MountOptions::default().workers(4).by_key();
 /// assert_eq!(lanes.dispatch(), Dispatch::Lanes(4));
 ///
+/// let spread = MountOptions::default().workers(16).by_key().any_worker();
+/// assert_eq!(spread.dispatch(), Dispatch::AnyWorker { workers: 16, read_ahead: 64 });
+///
 /// let careful = MountOptions::default()
 ///     .retry_after(Backoff::fixed(Duration::from_secs(5)))
 ///     .max_attempts(3);
 /// assert_eq!(careful.dispatch(), Dispatch::Sequential);
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct MountOptions {
-    dispatch: Dispatch,
+    workers: Option<usize>,
     /// `by_key()` was asked for: lanes once there are workers, a startup error without.
     keyed: bool,
+    /// `any_worker()` was asked for: a startup error without `by_key()`.
+    any_worker: bool,
+    read_ahead: Option<usize>,
     batch_size: Option<usize>,
     policy: FailurePolicy,
-}
-
-impl Default for MountOptions {
-    fn default() -> Self {
-        MountOptions {
-            dispatch: Dispatch::Sequential,
-            keyed: false,
-            batch_size: None,
-            policy: FailurePolicy::default(),
-        }
-    }
 }
 
 /// The batch size when a batch handler's mount names none.
@@ -60,11 +64,7 @@ impl MountOptions {
     /// the subscription reads nothing further. A retry goes back to the broker. Follow
     /// with [`by_key`](Self::by_key) for ordered lanes.
     pub fn workers(mut self, n: usize) -> Self {
-        self.dispatch = if self.keyed {
-            Dispatch::Lanes(n)
-        } else {
-            Dispatch::Workers(n)
-        };
+        self.workers = Some(n);
         self
     }
 
@@ -78,15 +78,53 @@ impl MountOptions {
     /// keys wait.
     pub fn by_key(mut self) -> Self {
         self.keyed = true;
-        if let Dispatch::Workers(n) = self.dispatch {
-            self.dispatch = Dispatch::Lanes(n);
-        }
         self
     }
 
-    /// Whether `by_key()` was asked for without `workers(n)`.
-    pub(crate) fn keyed_without_workers(&self) -> bool {
-        self.keyed && self.dispatch == Dispatch::Sequential
+    /// Unties keys from lanes: under `workers(n).by_key().any_worker()` a free worker
+    /// takes the oldest delivery held whose key has nothing running. Each key still runs
+    /// one delivery at a time, in arrival order, retries in place included; but a busy
+    /// key no longer holds up the other keys a hash put on its lane, so `n` workers stay
+    /// busy as long as `n` keys have work.
+    ///
+    /// The mount reads ahead up to [`read_ahead`](Self::read_ahead) deliveries (default
+    /// [`DEFAULT_READ_AHEAD_PER_WORKER`](crate::dispatch::DEFAULT_READ_AHEAD_PER_WORKER)
+    /// per worker) to find keys to run; one key may hold at most `read_ahead - n` of them,
+    /// which leaves room for a delivery of each other worker's key. The queue's order
+    /// still rules: when the next delivery's key holds all it may, the mount reads on
+    /// only once that key has run one. Choose lanes instead when a key's lane must be predictable, for example to
+    /// keep per-lane state in the handler. Without `by_key()` it is a startup error.
+    pub fn any_worker(mut self) -> Self {
+        self.any_worker = true;
+        self
+    }
+
+    /// How many deliveries an `any_worker()` mount holds at once: running, or waiting for
+    /// their key's turn. At least `n` (the workers); more finds more distinct keys to run
+    /// at the cost of more unsettled deliveries held. Without `any_worker()`, or below
+    /// `n`, it is a startup error.
+    pub fn read_ahead(mut self, deliveries: usize) -> Self {
+        self.read_ahead = Some(deliveries);
+        self
+    }
+
+    /// What does not fit together, as a startup error's text.
+    pub(crate) fn conflict(&self) -> Option<String> {
+        if self.keyed && self.workers.is_none() {
+            return Some("by_key() spreads keys over workers; ask for them with workers(n).by_key() (a mount without workers already keeps every key's order)".into());
+        }
+        if self.any_worker && !self.keyed {
+            return Some(
+                "any_worker() unties keys from lanes; ask for it with workers(n).by_key().any_worker()"
+                    .into(),
+            );
+        }
+        match (self.read_ahead, self.dispatch()) {
+            (Some(_), Dispatch::AnyWorker { .. }) | (None, _) => None,
+            (Some(_), _) => Some(
+                "read_ahead(..) sizes the window of workers(n).by_key().any_worker(); other modes read ahead by themselves".into(),
+            ),
+        }
     }
 
     /// The most deliveries a batch handler gets at once (default
@@ -131,7 +169,17 @@ impl MountOptions {
 
     /// The dispatch mode.
     pub fn dispatch(&self) -> Dispatch {
-        self.dispatch
+        match (self.workers, self.keyed, self.any_worker) {
+            (None, ..) => Dispatch::Sequential,
+            (Some(n), false, _) => Dispatch::Workers(n),
+            (Some(n), true, false) => Dispatch::Lanes(n),
+            (Some(n), true, true) => Dispatch::AnyWorker {
+                workers: n,
+                read_ahead: self
+                    .read_ahead
+                    .unwrap_or(n.saturating_mul(crate::dispatch::DEFAULT_READ_AHEAD_PER_WORKER)),
+            },
+        }
     }
 
     /// The batch size set with [`batch`](Self::batch).
@@ -147,11 +195,12 @@ impl MountOptions {
     /// How many deliveries the mount can hold at once: running, queued in lanes, or in the
     /// dispatcher's hand.
     pub(crate) fn max_in_flight(&self) -> usize {
-        match (self.batch_size, self.dispatch) {
+        match (self.batch_size, self.dispatch()) {
             (Some(size), _) => size,
             (None, Dispatch::Sequential) => 1,
             (None, Dispatch::Workers(n)) => n,
-            (None, Dispatch::Lanes(n)) => n * (1 + LANE_BUFFER) + 1,
+            (None, Dispatch::Lanes(n)) => n.saturating_mul(1 + LANE_BUFFER).saturating_add(1),
+            (None, Dispatch::AnyWorker { read_ahead, .. }) => read_ahead,
         }
     }
 }

@@ -106,6 +106,55 @@ async fn lanes_keep_each_key_in_order() {
     test.stop().await.unwrap();
 }
 
+#[tokio::test(start_paused = true)]
+async fn any_worker_keeps_each_key_in_order_while_keys_move_between_workers() {
+    const KEYS: u64 = 100;
+    const MESSAGES: u64 = 10_000;
+    let broker = MemoryBroker::new();
+    let log = Log::default();
+    let app = App::new("any-worker").with_state(log.clone()).mount(
+        broker.queue("orders"),
+        record_after_delay,
+        |m| m.workers(8).by_key().any_worker(),
+    );
+    let test = TestApp::start(app, &broker).await.unwrap();
+    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
+    let mut next_per_key = vec![0u64; KEYS as usize];
+    for _ in 0..MESSAGES {
+        let key = rng.next() % KEYS;
+        let n = next_per_key[key as usize];
+        next_per_key[key as usize] += 1;
+        let message = Message::builder()
+            .partition_key(format!("key-{key}"))
+            .json(&Numbered {
+                n,
+                delay_us: rng.next() % 3_000,
+            })
+            .unwrap();
+        test.publish("orders", message).await.unwrap();
+    }
+    test.settled().await.unwrap();
+
+    let entries = log.entries();
+    assert_eq!(entries.len() as u64, MESSAGES);
+    let mut next: HashMap<String, u64> = HashMap::new();
+    let mut workers_of: HashMap<String, std::collections::HashSet<usize>> = HashMap::new();
+    for (worker, key, n) in entries {
+        let (worker, key) = (worker.unwrap(), key.unwrap());
+        let expected = next.entry(key.clone()).or_default();
+        assert_eq!(*expected, n, "key {key} out of order");
+        *expected += 1;
+        workers_of.entry(key).or_default().insert(worker);
+    }
+    let used: std::collections::HashSet<usize> = workers_of.values().flatten().copied().collect();
+    assert_eq!(used.len(), 8, "every worker ran");
+    assert!(
+        workers_of.values().all(|workers| workers.len() > 1),
+        "no key is tied to one worker"
+    );
+    test.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn keyless_deliveries_rotate_over_the_lanes() {
     let broker = MemoryBroker::new();
@@ -246,6 +295,77 @@ async fn lanes_read_ahead_stays_bounded() {
     assert!((2..=5).contains(&in_flight), "in flight: {in_flight}");
     gate.permits.add_permits(50);
     test.settled().await.unwrap();
+    test.stop().await.unwrap();
+}
+
+async fn publish_keyed(test: &TestApp, count: u64, keys: u64) {
+    for n in 0..count {
+        test.publish(
+            "jobs",
+            Message::builder()
+                .partition_key(format!("k{}", n % keys))
+                .json(&n)
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+}
+
+/// Lets the mount read what it will: the in-process transport and the dispatcher need no
+/// more than a few turns of the (current-thread) runtime.
+async fn settle_down() {
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn any_worker_holds_read_ahead_deliveries_and_no_more() {
+    let broker = MemoryBroker::new();
+    let gate = Gate::closed();
+    let app = App::new("any-worker-bound").with_state(gate.clone()).mount(
+        broker.queue("jobs"),
+        gated,
+        |m| m.workers(2).by_key().any_worker().read_ahead(6),
+    );
+    let test = TestApp::start(app, &broker).await.unwrap();
+    publish_keyed(&test, 50, 5).await;
+    gate.wait_running(2).await;
+    settle_down().await;
+    // Two running, four waiting for a worker or their key's turn.
+    assert_eq!(broker.stats("jobs").in_flight, 6);
+    gate.permits.add_permits(50);
+    test.settled().await.unwrap();
+    assert_eq!(gate.peak.load(Ordering::SeqCst), 2);
+    test.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_hot_key_cannot_take_the_whole_any_worker_window() {
+    let broker = MemoryBroker::new();
+    let gate = Gate::closed();
+    let app =
+        App::new("hot-key")
+            .with_state(gate.clone())
+            .mount(broker.queue("jobs"), gated, |m| {
+                m.workers(2).by_key().any_worker().read_ahead(6)
+            });
+    let test = TestApp::start(app, &broker).await.unwrap();
+    publish_keyed(&test, 20, 1).await;
+    gate.wait_running(1).await;
+    settle_down().await;
+    // The key holds read_ahead - workers = 4 (one running), and the dispatcher holds its
+    // next one until the key has room: 5 of the 6, one left for the other worker's key.
+    assert_eq!(broker.stats("jobs").in_flight, 5);
+    assert_eq!(
+        gate.running.load(Ordering::SeqCst),
+        1,
+        "one key runs one at a time"
+    );
+    gate.permits.add_permits(20);
+    test.settled().await.unwrap();
+    assert_eq!(gate.peak.load(Ordering::SeqCst), 1);
     test.stop().await.unwrap();
 }
 

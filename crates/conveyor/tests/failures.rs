@@ -221,6 +221,13 @@ async fn impossible_mount_settings_fail_startup() {
         |m| m.batch(5),
         // Keys spread over workers; without them this would silently be one lane.
         |m| m.by_key(),
+        // any_worker() unties keys from lanes: without keys it means nothing.
+        |m| m.workers(2).any_worker(),
+        // read_ahead sizes any_worker's window only.
+        |m| m.workers(2).read_ahead(8),
+        // Fewer held than workers would leave workers idle for good.
+        |m| m.workers(4).by_key().any_worker().read_ahead(3),
+        |m| m.workers(0).by_key().any_worker(),
     ] {
         let error = App::new("bad")
             .mount(broker.queue("jobs"), any, configure)

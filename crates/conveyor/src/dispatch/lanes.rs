@@ -35,12 +35,16 @@ use crate::transport::Subscriber;
 /// assert!(lane_for_key("bob", 4) < 4);
 /// ```
 pub fn lane_for_key(key: &str, lanes: usize) -> usize {
+    (key_hash(key) % lanes.max(1) as u64) as usize
+}
+
+/// 64-bit FNV-1a over the key's UTF-8 bytes.
+pub(super) fn key_hash(key: &str) -> u64 {
     const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
     const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let hash = key.bytes().fold(OFFSET, |hash, byte| {
+    key.bytes().fold(OFFSET, |hash, byte| {
         (hash ^ u64::from(byte)).wrapping_mul(PRIME)
-    });
-    (hash % lanes.max(1) as u64) as usize
+    })
 }
 
 pub(super) async fn drive<H: CallOne, S: Subscriber>(

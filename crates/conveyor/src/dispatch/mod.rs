@@ -6,12 +6,13 @@
 //! (sequential), `n` long-lived workers (`workers(n)`) or `n` keyed lanes
 //! (`workers(n).by_key()`, see [`lane_for_key`]). No mode spawns a task per delivery.
 //!
-//! Sequential mounts and lanes retry a failed delivery in place, holding it through its
+//! Sequential mounts and keyed modes retry a failed delivery in place, holding it through its
 //! backoff, so a key's order holds across retries; workers and batches hand retries back
 //! to the broker. When the app starts draining, each mode stops taking deliveries, lets
 //! the subscriber hand back what it holds (`Subscriber::stop_receiving`), waits for its
 //! running handlers and closes the subscriber.
 
+mod any_worker;
 mod batch;
 mod lanes;
 mod sequential;
@@ -32,6 +33,7 @@ use crate::mount::{Dispatch, MountOptions};
 use crate::support::RetryPause;
 use crate::transport::Subscriber;
 
+pub use any_worker::DEFAULT_READ_AHEAD_PER_WORKER;
 pub use lanes::lane_for_key;
 pub use settle::MAX_IN_PLACE_HOLD;
 pub(crate) use settle::{Retries, handle_one};
@@ -103,6 +105,10 @@ pub(crate) async fn drive_one<H: CallOne, S: Subscriber>(
         Dispatch::Sequential => sequential::drive(handler, subscriber, run).await,
         Dispatch::Workers(n) => workers::drive(handler, subscriber, run, n).await,
         Dispatch::Lanes(n) => lanes::drive(handler, subscriber, run, n).await,
+        Dispatch::AnyWorker {
+            workers,
+            read_ahead,
+        } => any_worker::drive(handler, subscriber, run, workers, read_ahead).await,
     }
 }
 

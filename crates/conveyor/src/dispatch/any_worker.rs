@@ -1,0 +1,414 @@
+//! `workers(n).by_key().any_worker()`: each key in order, but on whichever worker is free.
+//!
+//! Lanes tie a key to one lane by a hash, so the busiest lane caps the mount: with 64
+//! keys over 16 lanes, one lane holds 6 keys while another holds 2. Here no key is tied to
+//! a worker. The dispatcher reads ahead, up to `read_ahead` deliveries, onto a [`Board`];
+//! a free worker takes the oldest delivery on it whose key has nothing running. So a key
+//! still runs one delivery at a time, in arrival order, retries included (a worker retries
+//! in place, holding the key), while the keys spread over the workers as evenly as their
+//! traffic allows. Keyless deliveries run on any worker, in no order.
+//!
+//! Bounds: the mount holds at most `read_ahead` deliveries, the one in the dispatcher's
+//! hand included. One key may hold at most `read_ahead - n` on the board (at least one),
+//! so with the dispatcher's hand there is always room for the other `n - 1` workers'
+//! keys. When the next delivery belongs to a key at that bound, the dispatcher waits for
+//! the key: a queue hands deliveries over in order, and nothing behind it can be taken
+//! without holding it. So a key that arrives faster than one worker can run it still
+//! slows the mount down to its pace; it just cannot take the whole window. The board
+//! keeps state only for the keys it holds: a key's entry goes once its last delivery has
+//! run, so memory follows what is held, never the key space.
+
+use std::cmp::Ordering;
+use std::collections::hash_map::Entry;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+
+use super::{
+    End, Received, Retries, Run, finish, handle_one, join_tasks, lanes::key_hash, receive,
+    task_died, task_error,
+};
+use crate::delivery::Delivery;
+use crate::error::Error;
+use crate::handler::CallOne;
+use crate::support;
+use crate::transport::Subscriber;
+
+/// The read-ahead of `any_worker()` when the mount sets none: four deliveries per worker,
+/// enough that `n` workers nearly always find `n` distinct keys to run.
+pub const DEFAULT_READ_AHEAD_PER_WORKER: usize = 4;
+
+/// A held item and its place in arrival order.
+struct Ticket<T> {
+    /// Arrival number: smaller is older.
+    seq: u64,
+    /// The key's hash. Two keys whose hashes collide only share their turn: order holds.
+    key: Option<u64>,
+    item: T,
+}
+
+/// Orders the ready heap oldest first (`BinaryHeap` is a max-heap).
+impl<T> Ord for Ticket<T> {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other.seq.cmp(&self.seq)
+    }
+}
+
+impl<T> PartialOrd for Ticket<T> {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl<T> PartialEq for Ticket<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.seq == other.seq
+    }
+}
+
+impl<T> Eq for Ticket<T> {}
+
+/// What the board holds, under its lock.
+struct Held<T> {
+    /// Items that may start now: keyless ones, and the oldest held item of each key that
+    /// has nothing running.
+    ready: BinaryHeap<Ticket<T>>,
+    /// For each held key, its items behind the one that is ready or running.
+    behind: HashMap<u64, VecDeque<Ticket<T>>>,
+    /// Items on the board or running.
+    held: usize,
+    next_seq: u64,
+    /// Once released, the board takes nothing more.
+    released: bool,
+}
+
+/// The deliveries the dispatcher has read ahead and the workers have not finished.
+/// Generic over the item so that its rules can be tested without a broker.
+pub(super) struct Board<T> {
+    held: Mutex<Held<T>>,
+    read_ahead: usize,
+    per_key: usize,
+    /// An item became ready: a worker may start it.
+    ready: Notify,
+    /// An item finished: the dispatcher may read another.
+    settled: Notify,
+}
+
+/// What a worker takes off the board: the item, and the key to give back when done.
+pub(super) struct Turn<T> {
+    pub(super) item: T,
+    key: Option<u64>,
+}
+
+impl<T> Board<T> {
+    pub(super) fn new(workers: usize, read_ahead: usize) -> Self {
+        let read_ahead = read_ahead.max(workers).max(1);
+        Board {
+            held: Mutex::new(Held {
+                ready: BinaryHeap::with_capacity(read_ahead),
+                behind: HashMap::new(),
+                held: 0,
+                next_seq: 0,
+                released: false,
+            }),
+            read_ahead,
+            per_key: read_ahead.saturating_sub(workers).max(1),
+            ready: Notify::new(),
+            settled: Notify::new(),
+        }
+    }
+
+    /// Resolves once the board has room for one more item.
+    pub(super) async fn room(&self) {
+        support::wait_for(&self.settled, || {
+            (support::lock(&self.held).held < self.read_ahead).then_some(())
+        })
+        .await;
+    }
+
+    /// Resolves once `key` holds fewer items than one key may.
+    pub(super) async fn room_for_key(&self, key: u64) {
+        support::wait_for(&self.settled, || {
+            let held = support::lock(&self.held);
+            let of_key = held.behind.get(&key).map_or(0, |behind| behind.len() + 1);
+            (of_key < self.per_key).then_some(())
+        })
+        .await;
+    }
+
+    /// Puts an item on the board. Call after [`room`](Self::room) and, for a key,
+    /// [`room_for_key`](Self::room_for_key). On a released board the item is handed back.
+    pub(super) fn add(&self, key: Option<u64>, item: T) -> Result<(), T> {
+        let mut held = support::lock(&self.held);
+        if held.released {
+            return Err(item);
+        }
+        let seq = held.next_seq;
+        held.next_seq = seq.wrapping_add(1);
+        held.held = held.held.saturating_add(1);
+        let ticket = Ticket { seq, key, item };
+        if let Some(key) = key {
+            match held.behind.entry(key) {
+                // The key has an item ready or running: this one waits behind it.
+                Entry::Occupied(mut behind) => {
+                    behind.get_mut().push_back(ticket);
+                    return Ok(());
+                }
+                Entry::Vacant(slot) => {
+                    slot.insert(VecDeque::new());
+                }
+            }
+        }
+        held.ready.push(ticket);
+        drop(held);
+        self.ready.notify_one();
+        Ok(())
+    }
+
+    /// Waits for the oldest ready item and takes it; its key runs nothing else until
+    /// [`done`](Self::done).
+    pub(super) async fn next(&self) -> Turn<T> {
+        support::wait_for(&self.ready, || {
+            let ticket = support::lock(&self.held).ready.pop()?;
+            Some(Turn {
+                item: ticket.item,
+                key: ticket.key,
+            })
+        })
+        .await
+    }
+
+    /// A worker finished an item of `key`: the key's next item, if any, becomes ready;
+    /// a key with nothing left leaves the board.
+    pub(super) fn done(&self, key: Option<u64>) {
+        let mut held = support::lock(&self.held);
+        held.held = held.held.saturating_sub(1);
+        let mut woke = false;
+        if let Some(key) = key {
+            match held.behind.get_mut(&key).map(VecDeque::pop_front) {
+                Some(Some(next)) => {
+                    held.ready.push(next);
+                    woke = true;
+                }
+                Some(None) => {
+                    held.behind.remove(&key);
+                }
+                None => {}
+            }
+        }
+        drop(held);
+        if woke {
+            self.ready.notify_one();
+        }
+        self.settled.notify_one();
+    }
+
+    /// Takes every item that has not started off the board, oldest first, and closes it.
+    pub(super) fn release(&self) -> Vec<T> {
+        let mut held = support::lock(&self.held);
+        held.released = true;
+        let mut tickets: Vec<Ticket<T>> = held.ready.drain().collect();
+        for (_, behind) in held.behind.drain() {
+            tickets.extend(behind);
+        }
+        held.held = held.held.saturating_sub(tickets.len());
+        drop(held);
+        tickets.sort_unstable_by_key(|ticket| ticket.seq);
+        tickets.into_iter().map(|ticket| ticket.item).collect()
+    }
+
+    /// How many keys the board keeps state for.
+    #[cfg(test)]
+    fn keys(&self) -> usize {
+        support::lock(&self.held).behind.len()
+    }
+}
+
+pub(super) async fn drive<H: CallOne, S: Subscriber>(
+    handler: Arc<H>,
+    mut subscriber: S,
+    mut run: Run,
+    n: usize,
+    read_ahead: usize,
+) -> Result<(), Error> {
+    let board = Arc::new(Board::new(n, read_ahead));
+    // Dropping the set aborts the workers, so an aborted mount leaves none behind.
+    let mut workers = JoinSet::new();
+    for index in 0..n {
+        workers.spawn(work(handler.clone(), board.clone(), run.clone(), index));
+    }
+
+    let end: End = loop {
+        tokio::select! {
+            biased;
+            () = run.shutdown.requested() => break End::Stopped,
+            () = board.room() => {}
+            died = task_died(&mut workers) => break End::Failed(task_error(&died, &run)),
+        }
+        let received = tokio::select! {
+            biased;
+            received = receive(&mut subscriber, &mut run) => received,
+            died = task_died(&mut workers) => break End::Failed(task_error(&died, &run)),
+        };
+        let delivery = match received {
+            Received::Delivery(delivery) => delivery,
+            other => break other.into(),
+        };
+        let key = delivery.partition_key().map(|key| key_hash(key));
+        if let Some(key) = key {
+            // The delivery in hand is released if shutdown or a dead worker ends the wait.
+            tokio::select! {
+                biased;
+                () = run.shutdown.requested() => break End::Stopped,
+                () = board.room_for_key(key) => {}
+                died = task_died(&mut workers) => break End::Failed(task_error(&died, &run)),
+            }
+        }
+        if board.add(key, delivery).is_err() {
+            break End::Stopped;
+        }
+    };
+    // What has not started goes back at once, oldest first, while running handlers finish.
+    drop(board.release());
+    subscriber.stop_receiving().await;
+    let joined = join_tasks(workers, &run).await;
+    finish(subscriber, &run, end).await.and(joined)
+}
+
+/// One worker: takes the oldest ready delivery, runs it to its end (retries in place
+/// included), then gives its key back. At shutdown it takes no new one.
+async fn work<H: CallOne>(
+    handler: Arc<H>,
+    board: Arc<Board<Delivery>>,
+    mut run: Run,
+    index: usize,
+) {
+    loop {
+        let mut turn = tokio::select! {
+            biased;
+            () = run.shutdown.requested() => return,
+            turn = board.next() => turn,
+        };
+        turn.item.set_lane(index);
+        handle_one(&*handler, turn.item, &run, Retries::InPlace).await;
+        board.done(turn.key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::task::{Context, Poll};
+
+    use super::*;
+
+    /// Whether `future` is ready at its first poll.
+    fn ready_now(future: impl Future<Output = ()>) -> bool {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        pin!(future).poll(&mut cx).is_ready()
+    }
+
+    fn take(board: &Board<u32>) -> Option<(u32, Option<u64>)> {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match pin!(board.next()).poll(&mut cx) {
+            Poll::Ready(turn) => Some((turn.item, turn.key)),
+            Poll::Pending => None,
+        }
+    }
+
+    #[test]
+    fn a_key_runs_one_item_at_a_time_in_arrival_order() {
+        let board = Board::new(4, 16);
+        for (item, key) in [(1, 7), (2, 7), (3, 8), (4, 7)] {
+            assert!(board.add(Some(key), item).is_ok());
+        }
+        // Key 7's first and key 8's first are ready; key 7's others wait behind.
+        assert_eq!(take(&board), Some((1, Some(7))));
+        assert_eq!(take(&board), Some((3, Some(8))));
+        assert_eq!(take(&board), None, "key 7 is running");
+        board.done(Some(7));
+        assert_eq!(take(&board), Some((2, Some(7))));
+        board.done(Some(7));
+        assert_eq!(take(&board), Some((4, Some(7))));
+    }
+
+    #[test]
+    fn a_free_worker_takes_the_oldest_ready_item() {
+        let board = Board::new(4, 16);
+        assert!(board.add(Some(1), 10).is_ok());
+        assert!(board.add(Some(1), 11).is_ok());
+        assert!(board.add(Some(2), 20).is_ok());
+        assert!(board.add(None, 30).is_ok());
+        assert_eq!(take(&board), Some((10, Some(1))));
+        board.done(Some(1));
+        // Item 11 arrived before 20 and 30, and its key is free again.
+        assert_eq!(take(&board), Some((11, Some(1))));
+        assert_eq!(take(&board), Some((20, Some(2))));
+        assert_eq!(take(&board), Some((30, None)));
+    }
+
+    #[test]
+    fn read_ahead_bounds_what_the_board_holds() {
+        let board = Board::new(2, 3);
+        for item in 0..3 {
+            assert!(ready_now(board.room()));
+            assert!(board.add(None, item).is_ok());
+        }
+        assert!(!ready_now(board.room()), "three held of three");
+        assert_eq!(take(&board), Some((0, None)));
+        assert!(!ready_now(board.room()), "a running item is still held");
+        board.done(None);
+        assert!(ready_now(board.room()));
+    }
+
+    #[test]
+    fn a_hot_key_leaves_room_for_a_key_per_other_worker() {
+        // 4 workers, 8 held: one key may hold 8 - 4 = 4 on the board.
+        let board = Board::new(4, 8);
+        for item in 0..4 {
+            assert!(ready_now(board.room_for_key(1)));
+            assert!(board.add(Some(1), item).is_ok());
+        }
+        assert!(
+            !ready_now(board.room_for_key(1)),
+            "the hot key is at its bound"
+        );
+        assert!(
+            ready_now(board.room_for_key(2)),
+            "another key still has room"
+        );
+        assert_eq!(take(&board), Some((0, Some(1))));
+        board.done(Some(1));
+        assert!(ready_now(board.room_for_key(1)));
+    }
+
+    #[test]
+    fn the_board_keeps_no_state_for_keys_it_no_longer_holds() {
+        let board = Board::new(2, 1_000);
+        for item in 0..1_000u32 {
+            assert!(board.add(Some(u64::from(item % 100)), item).is_ok());
+        }
+        assert_eq!(board.keys(), 100);
+        while let Some((_, key)) = take(&board) {
+            board.done(key);
+        }
+        assert_eq!(board.keys(), 0);
+    }
+
+    #[test]
+    fn release_hands_back_what_has_not_started_oldest_first_and_closes_the_board() {
+        let board = Board::new(2, 16);
+        for (item, key) in [(1, Some(5)), (2, None), (3, Some(5)), (4, Some(6))] {
+            assert!(board.add(key, item).is_ok());
+        }
+        assert_eq!(take(&board), Some((1, Some(5))));
+        assert_eq!(board.release(), [2, 3, 4]);
+        assert_eq!(board.add(None, 9), Err(9));
+        // The running item finishes after the release: nothing follows it.
+        board.done(Some(5));
+        assert_eq!(take(&board), None);
+    }
+}
