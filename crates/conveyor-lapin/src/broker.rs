@@ -1,10 +1,14 @@
 //! The connection to RabbitMQ: opened from a URL, recovered by itself after loss.
 //!
-//! One connection serves every subscription (a channel each), the publishers (a channel
-//! each) and the broker-level declarations (one topology channel). Recovery is the
-//! client's: when the connection drops, lapin reconnects with exponential backoff and
-//! replays each channel's declarations, QoS, confirm mode and consumers on the new
-//! connection, then subscriptions resume. Deliveries that were in flight on the dead
+//! A broker holds two connections, as RabbitMQ advises: one serves every subscription (a
+//! channel each) and the broker-level declarations (one topology channel); the other
+//! carries every publish (the publishers' channels, and each subscription's channel for
+//! the copies its settlements republish). RabbitMQ blocks a connection that publishes
+//! during a resource alarm, and a blocked connection sends nothing, acks included: kept
+//! apart, subscriptions go on acking while publishes wait. Recovery is the client's:
+//! when a connection drops, lapin reconnects with exponential backoff and replays each
+//! channel's declarations, QoS, confirm mode and consumers on the new connection, then
+//! subscriptions resume. Deliveries that were in flight on the dead
 //! channel cannot be acked any more (their acks become no-ops), so the broker delivers
 //! them again.
 
@@ -14,7 +18,7 @@ use std::time::Duration;
 
 use conveyor::{Bytes, DeadLetter, Message, Publisher, QueueDepth, QueueSpec};
 use lapin::AsyncTcpStream;
-use lapin::options::{BasicAckOptions, BasicGetOptions};
+use lapin::options::{BasicAckOptions, BasicGetOptions, ConfirmSelectOptions};
 use lapin::tcp::AMQPUriTcpExt;
 use lapin::types::ShortString;
 use lapin::uri::AMQPScheme;
@@ -166,6 +170,52 @@ impl LapinBrokerBuilder {
     /// a connection it had opened is closed, and lapin's connection thread has ended.
     pub async fn connect(self) -> Result<LapinBroker, LapinError> {
         let redacted = redact_url(&self.url);
+        // Two connections: RabbitMQ blocks a connection that publishes during a resource
+        // alarm, and lapin then writes nothing on it, acks included. Consuming on one
+        // and publishing on the other keeps the acks flowing while publishes wait.
+        let publishing_name = self
+            .connection_name
+            .as_ref()
+            .map(|name| format!("{name} (publishing)"));
+        let (consuming, publishing) = tokio::join!(
+            self.dial(&redacted, self.connection_name.clone()),
+            self.dial(&redacted, publishing_name)
+        );
+        let ((consuming, consuming_dialer), (publishing, publishing_dialer)) =
+            match (consuming, publishing) {
+                (Ok(consuming), Ok(publishing)) => (consuming, publishing),
+                (Ok((opened, dialer)), Err(error)) | (Err(error), Ok((opened, dialer))) => {
+                    // Nothing is left behind: the one that opened is closed again.
+                    let _ = close(&opened, &dialer, "the other connection failed").await;
+                    return Err(error);
+                }
+                (Err(error), Err(_)) => return Err(error),
+            };
+        tracing::info!(url = %redacted, "connected to RabbitMQ");
+        Ok(LapinBroker {
+            inner: Arc::new(BrokerInner {
+                connection: consuming,
+                publishing,
+                dialers: [consuming_dialer, publishing_dialer],
+                url: redacted,
+                prefetch: self.prefetch,
+                confirm_timeout: self.confirm_timeout,
+                topology: Mutex::new(None),
+                publisher: std::sync::Mutex::new(None),
+                opening_publisher: Mutex::new(()),
+                declared: std::sync::Mutex::default(),
+                delay_queues: std::sync::Mutex::default(),
+            }),
+        })
+    }
+
+    /// Opens one connection, named `name` on the broker, and has its events logged.
+    async fn dial(
+        &self,
+        redacted: &str,
+        name: Option<String>,
+    ) -> Result<(Connection, Arc<Dialer>), LapinError> {
+        let redacted = redacted.to_string();
         let uri: lapin::uri::AMQPUri =
             self.url
                 .parse()
@@ -184,8 +234,8 @@ impl LapinBrokerBuilder {
                     .with_max_delay(Duration::ZERO)
                     .with_max_times(LAPIN_RETRIES)
             });
-        if let Some(name) = &self.connection_name {
-            properties = properties.with_connection_name(name.as_str().into());
+        if let Some(name) = name {
+            properties = properties.with_connection_name(name.into());
         }
         let tls = self.tls.to_lapin()?;
         let amqps = uri.scheme == AMQPScheme::AMQPS;
@@ -281,25 +331,12 @@ impl LapinBrokerBuilder {
                 });
             }
         };
-        tracing::info!(url = %redacted, "connected to RabbitMQ");
         tokio::spawn(log_events(
             connection.events_listener(),
-            redacted.clone(),
-            dialer,
+            redacted,
+            dialer.clone(),
         ));
-        Ok(LapinBroker {
-            inner: Arc::new(BrokerInner {
-                connection,
-                url: redacted,
-                prefetch: self.prefetch,
-                confirm_timeout: self.confirm_timeout,
-                topology: Mutex::new(None),
-                publisher: std::sync::Mutex::new(None),
-                opening_publisher: Mutex::new(()),
-                declared: std::sync::Mutex::default(),
-                delay_queues: std::sync::Mutex::default(),
-            }),
-        })
+        Ok((connection, dialer))
     }
 }
 
@@ -339,7 +376,14 @@ pub struct LapinBroker {
 }
 
 pub(crate) struct BrokerInner {
+    /// Subscriptions consume and settle on this connection; declarations and checks are
+    /// made on it too.
     pub(crate) connection: Connection,
+    /// Every publish goes out on this one: the broker's and its publishers', and the
+    /// copies settlements republish (retries, delays, dead letters).
+    pub(crate) publishing: Connection,
+    /// The dialers of the two connections, which [`LapinBroker::close`] stops.
+    dialers: [Arc<Dialer>; 2],
     pub(crate) url: String,
     pub(crate) prefetch: Option<u16>,
     pub(crate) confirm_timeout: Duration,
@@ -522,13 +566,17 @@ impl LapinBroker {
         Ok(taken?)
     }
 
-    /// Closes the connection. Subscriptions still open end, and their unacked
+    /// Closes the connections. Subscriptions still open end, and their unacked
     /// deliveries go back to their queues.
     pub async fn close(&self) -> Result<(), conveyor::Error> {
-        self.inner
-            .connection
-            .close(200, "closed by the application".into())
-            .await
+        let reason = "closed by the application";
+        let [consuming, publishing] = &self.inner.dialers;
+        let (consuming, publishing) = tokio::join!(
+            close(&self.inner.connection, consuming, reason),
+            close(&self.inner.publishing, publishing, reason)
+        );
+        consuming
+            .and(publishing)
             .map_err(|source| LapinError::Close { source }.into())
     }
 
@@ -629,16 +677,32 @@ impl LapinBroker {
         Ok(publisher)
     }
 
-    /// Opens a channel for `purpose` (named in errors).
+    /// Opens a channel for `purpose` (named in errors) on the consuming connection.
     pub(crate) async fn open_channel(&self, purpose: &str) -> Result<Channel, LapinError> {
-        self.inner
-            .connection
-            .create_channel()
+        on(&self.inner.connection, purpose).await
+    }
+
+    /// Opens a confirm-mode channel for `purpose` (named in errors) on the publishing
+    /// connection.
+    pub(crate) async fn open_publishing_channel(
+        &self,
+        purpose: &str,
+    ) -> Result<Channel, LapinError> {
+        let failed = |source| LapinError::Channel {
+            purpose: purpose.to_string(),
+            source,
+        };
+        let channel = on(&self.inner.publishing, purpose).await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
             .await
-            .map_err(|source| LapinError::Channel {
-                purpose: purpose.to_string(),
-                source,
-            })
+            .map_err(failed)?;
+        Ok(channel)
+    }
+
+    /// The publishing connection's negotiated settings, for its frame limit.
+    pub(crate) fn publishing_settings(&self) -> lapin::Configuration {
+        self.inner.publishing.configuration().clone()
     }
 
     /// Runs `f` on the topology channel, opening it first if need be. A failed
@@ -660,6 +724,30 @@ impl LapinBroker {
         };
         f(channel).await
     }
+}
+
+/// Closes `connection`. One that is down, waiting to recover, cannot be closed the AMQP
+/// way: its dialer stops instead, so it never comes back. Closing one that is closed
+/// already succeeds.
+async fn close(connection: &Connection, dialer: &Dialer, reason: &str) -> lapin::Result<()> {
+    match connection.close(200, reason.into()).await {
+        Err(_) if !connection.status().connected() => {
+            dialer.give_up();
+            Ok(())
+        }
+        closed => closed,
+    }
+}
+
+/// Opens a channel on `connection` for `purpose` (named in errors).
+async fn on(connection: &Connection, purpose: &str) -> Result<Channel, LapinError> {
+    connection
+        .create_channel()
+        .await
+        .map_err(|source| LapinError::Channel {
+            purpose: purpose.to_string(),
+            source,
+        })
 }
 
 /// Takes up to `max` messages from `queue` on `channel` (named `name` in errors), then

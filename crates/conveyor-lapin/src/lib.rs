@@ -7,7 +7,8 @@
 //! - [`LapinBroker`] connects from a URL (`amqp://`, `amqps://` through rustls), keeps
 //!   passwords out of logs and errors, and recovers a lost connection by itself:
 //!   channels, declarations, prefetch windows and consumers come back, and
-//!   subscriptions resume.
+//!   subscriptions resume. It consumes on one connection and publishes on another, so
+//!   a resource alarm that blocks publishing never stalls the acks.
 //! - TLS: `amqps://` trusts the webpki roots; [`LapinBrokerBuilder::tls_ca_certificate`]
 //!   adds a private CA (and [`LapinBrokerBuilder::tls_client_identity`] a client
 //!   certificate).

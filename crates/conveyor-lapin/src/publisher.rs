@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use conveyor::{Bytes, Message, Publisher};
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::options::BasicPublishOptions;
 use lapin::types::ShortString;
 use lapin::{BasicProperties, Channel, Confirmation, PublisherConfirm};
 
@@ -116,17 +116,10 @@ impl std::fmt::Debug for LapinPublisher {
 
 impl LapinPublisher {
     pub(crate) async fn open(broker: LapinBroker) -> Result<Self, LapinError> {
-        let channel = broker.open_channel("publisher").await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .map_err(|source| LapinError::Channel {
-                purpose: "publisher".to_string(),
-                source,
-            })?;
+        let channel = broker.open_publishing_channel("publisher").await?;
         Ok(LapinPublisher {
             channel,
-            connection: broker.inner.connection.configuration().clone(),
+            connection: broker.publishing_settings(),
             confirm_timeout: broker.inner.confirm_timeout,
             defaults: PublishOptions::default(),
         })

@@ -19,15 +19,17 @@
 //! The task takes settlements in the order the core made them, all that are queued at a
 //! time (up to [`BATCH`]). The acks and nacks of such a batch are handed to lapin
 //! together and awaited as one, so they leave in as few writes as lapin makes of them and
-//! the task does not wait for each before the next; a republish is sent at once (so copies
-//! leave in order), but its wait for the confirm, and the ack of the original after it,
-//! run beside the later settlements (at most [`MAX_CONFIRMING`] at a time): a slow
-//! confirm holds back nothing but its own message, and the prefetch window keeps moving.
-//! [`Settler::flush`] waits for everything queued before it, confirms included.
+//! the task does not wait for each before the next. A republish (sending the copy, its
+//! confirm, and the ack of the original after it) runs beside the later settlements, at
+//! most [`MAX_CONFIRMING`] at a time: a slow confirm, or a publishing connection that a
+//! resource alarm blocks, holds back nothing but its own message, and the prefetch
+//! window keeps moving. [`Settler::flush`] waits for everything queued before it,
+//! confirms included.
 //!
-//! Republishing happens on one confirm-mode channel per subscription. When a republish
-//! fails, the original is settled the plain AMQP way instead (requeued, or nacked to the
-//! dead-letter exchange) and a warning says so.
+//! Republishing happens on one confirm-mode channel per subscription, on the broker's
+//! publishing connection, opened for the first copy. When a republish fails or is not
+//! confirmed within the confirm timeout, the original is settled the plain AMQP way
+//! instead (requeued, or nacked to the dead-letter exchange) and a warning says so.
 //!
 //! Every delivery carries lapin's acker for the channel it came on. When that channel
 //! dies, its ackers turn into no-ops and the broker delivers the message again: so a
@@ -50,6 +52,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Acker, BasicProperties, Channel, Confirmation, PublisherConfirm};
 use tokio::sync::oneshot;
 
+use crate::broker::LapinBroker;
 use crate::error::LapinError;
 use crate::headers::{ATTEMPTS_HEADER, DELIVERY_COUNT_HEADER, oversize_header_frame};
 use crate::publisher::PERSISTENT;
@@ -71,9 +74,14 @@ pub(crate) struct Pending {
     pub(crate) properties: BasicProperties,
 }
 
-/// Where a subscription's settlements republish messages, through a confirm-mode channel.
+/// Where a subscription's settlements republish messages, through a confirm-mode channel
+/// on the broker's publishing connection.
 pub(crate) struct Routes {
-    pub(crate) channel: Channel,
+    /// Opened for the first copy, not with the subscription: while a resource alarm
+    /// blocks the publishing connection, nothing can be opened on it, and the
+    /// subscription must still start and ack.
+    pub(crate) channel: tokio::sync::OnceCell<Channel>,
+    pub(crate) broker: LapinBroker,
     /// The subscription's queue: where a retry goes.
     pub(crate) queue: ShortString,
     /// Where a retry-after waits out its delay, if the queue has one.
@@ -83,6 +91,23 @@ pub(crate) struct Routes {
     pub(crate) confirm_timeout: Duration,
     /// The connection's negotiated settings, for its frame limit (frame_max).
     pub(crate) connection: lapin::Configuration,
+}
+
+impl Routes {
+    /// The channel copies go out on, opened at the first call.
+    async fn channel(&self) -> Result<&Channel, String> {
+        self.channel
+            .get_or_try_init(|| self.broker.open_publishing_channel("republishing"))
+            .await
+            .map_err(|error| error.to_string())
+    }
+
+    /// Closes the channel, if it was ever opened.
+    pub(crate) async fn close(&self) {
+        if let Some(channel) = self.channel.get() {
+            let _ = channel.close(200, "subscription closed".into()).await;
+        }
+    }
 }
 
 enum Action {
@@ -129,7 +154,7 @@ impl Settler {
     /// A settler for `queue`, and the task that performs its settlements.
     pub(crate) fn start(
         queue: Arc<str>,
-        routes: Routes,
+        routes: Arc<Routes>,
     ) -> (Arc<Settler>, tokio::task::JoinHandle<()>) {
         let ops = Arc::new(SettleQueue::new());
         let settler = Arc::new(Settler {
@@ -188,15 +213,14 @@ impl Settle for Settler {
     }
 }
 
-/// What the settle task does with a settlement: [`start`](Self::start) performs it, or
-/// begins it and returns the rest (a republish's wait for its confirm, then the ack of
-/// the original), which runs beside later settlements; a settlement that is one frame on
-/// the consuming channel (an ack, a nack) comes back as [`Started::Plain`], and
-/// [`send`](Self::send) sends those of one batch together.
+/// What the settle task does with a settlement: [`start`](Self::start) turns it into one
+/// frame on the consuming channel (an ack, a nack: [`Started::Plain`]), which
+/// [`send`](Self::send) sends with the others of its batch, or into a rest (a republish,
+/// its confirm, then the ack of the original), which runs beside later settlements.
 trait Perform {
     type Job;
     type Plain: Send + 'static;
-    fn start(&self, job: Self::Job) -> impl Future<Output = Started<Self::Plain>> + Send;
+    fn start(&self, job: Self::Job) -> Started<Self::Plain>;
     /// Sends `plain` in order, all at once: the future ends when every one has been
     /// written (or has failed).
     fn send(&self, plain: Vec<Self::Plain>) -> BoxFuture<'static, ()>;
@@ -204,8 +228,6 @@ trait Perform {
 
 /// What starting a settlement gave.
 enum Started<P> {
-    /// Performed.
-    Done,
     /// One frame to send with the others of its batch.
     Plain(P),
     /// The rest, to run beside later settlements.
@@ -263,8 +285,7 @@ async fn run<P: Perform>(ops: Arc<SettleQueue<Op<P::Job>>>, perform: P) {
                                 flushes.push_back((underway.next, done));
                             }
                         }
-                        Op::Settle(job) => match perform.start(job).await {
-                            Started::Done => {}
+                        Op::Settle(job) => match perform.start(job) {
                             Started::Plain(frame) => plain.push(frame),
                             Started::Rest(rest) => underway.begin(rest),
                         },
@@ -315,7 +336,7 @@ impl Future for Numbered {
 /// Settling on RabbitMQ.
 struct Settling {
     queue: Arc<str>,
-    routes: Routes,
+    routes: Arc<Routes>,
 }
 
 /// An ack or nack of one delivery: one frame on the consuming channel.
@@ -355,20 +376,20 @@ impl Perform for Settling {
         })
     }
 
-    async fn start(&self, job: Job) -> Started<Frame> {
+    fn start(&self, job: Job) -> Started<Frame> {
         let Job {
             pending: Pending { acker, properties },
             action,
             payload,
         } = job;
-        let (queue, routes) = (&*self.queue, &self.routes);
-        let result = match action {
-            Action::Ack => return Started::Plain(Frame { acker, nack: None }),
-            Action::Release => return Started::Plain(Frame::nack(acker, true)),
+        let routes = &self.routes;
+        match action {
+            Action::Ack => Started::Plain(Frame { acker, nack: None }),
+            Action::Release => Started::Plain(Frame::nack(acker, true)),
             // The channel the message came on is gone, so the broker delivers the
             // original again: a copy would be a duplicate. (The nack is then a no-op.)
             Action::Retry { .. } | Action::Reject(_) if !acker.usable() => {
-                return Started::Plain(Frame::nack(acker, true));
+                Started::Plain(Frame::nack(acker, true))
             }
             Action::Retry { delay, attempt } => {
                 let (destination, properties) = match (delay, &routes.delay_queue) {
@@ -388,12 +409,7 @@ impl Perform for Settling {
                 let fallback = Fallback::Requeue {
                     to: destination.clone(),
                 };
-                match publish(routes, copy, &payload).await {
-                    Ok(confirm) => {
-                        return Started::Rest(self.confirm_then_ack(confirm, acker, fallback));
-                    }
-                    Err(error) => fallback.settle(&acker, queue, &error).await,
-                }
+                Started::Rest(self.republish_then_ack(copy, payload, acker, fallback))
             }
             Action::Reject(reason) => match &routes.dead_letter {
                 Some((exchange, routing_key)) => {
@@ -405,34 +421,36 @@ impl Perform for Settling {
                     let fallback = Fallback::DeadLetter {
                         exchange: exchange.clone(),
                     };
-                    match publish(routes, copy, &payload).await {
-                        Ok(confirm) => {
-                            return Started::Rest(self.confirm_then_ack(confirm, acker, fallback));
-                        }
-                        Err(error) => fallback.settle(&acker, queue, &error).await,
-                    }
+                    Started::Rest(self.republish_then_ack(copy, payload, acker, fallback))
                 }
-                None => return Started::Plain(Frame::nack(acker, false)),
+                None => Started::Plain(Frame::nack(acker, false)),
             },
-        };
-        report(queue, result);
-        Started::Done
+        }
     }
 }
 
 impl Settling {
-    /// The rest of a republish: waits for its confirm, then acks the original (or settles
-    /// it by `fallback` when the broker did not take the copy).
-    fn confirm_then_ack(
+    /// A republish, as a rest that runs beside the later settlements: publishes the copy,
+    /// waits for its confirm, then acks the original (or settles it by `fallback` when
+    /// the broker did not take the copy in time). Nothing of it is on the ack path: a
+    /// publishing connection that a resource alarm blocks holds back this message only.
+    fn republish_then_ack(
         &self,
-        confirm: PublisherConfirm,
+        copy: Copy,
+        payload: Bytes,
         acker: Acker,
         fallback: Fallback,
     ) -> BoxFuture<'static, ()> {
-        let queue = self.queue.clone();
-        let timeout = self.routes.confirm_timeout;
+        let (queue, routes) = (self.queue.clone(), self.routes.clone());
         Box::pin(async move {
-            let result = match confirmed(confirm, timeout).await {
+            let timeout = routes.confirm_timeout;
+            let taken = match tokio::time::timeout(timeout, publish(&routes, copy, &payload)).await
+            {
+                Ok(Ok(confirm)) => confirmed(confirm, timeout).await,
+                Ok(Err(error)) => Err(error),
+                Err(_) => Err(format!("could not be sent within {timeout:?}")),
+            };
+            let result = match taken {
                 Ok(()) => acker.ack(BasicAckOptions::default()).await,
                 Err(error) => fallback.settle(&acker, &queue, &error).await,
             };
@@ -569,7 +587,8 @@ async fn publish(routes: &Routes, copy: Copy, payload: &[u8]) -> Result<Publishe
         return Err(refused.to_string());
     }
     routes
-        .channel
+        .channel()
+        .await?
         .basic_publish(
             copy.exchange,
             copy.routing_key,
@@ -633,7 +652,7 @@ mod tests {
         type Job = Step;
         type Plain = &'static str;
 
-        async fn start(&self, step: Step) -> Started<&'static str> {
+        fn start(&self, step: Step) -> Started<&'static str> {
             match step {
                 Step::Done(name) => Started::Plain(name),
                 Step::Confirm(name, confirm) => {

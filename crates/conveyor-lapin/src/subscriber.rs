@@ -7,9 +7,7 @@ use std::time::Duration;
 
 use conveyor::{Bytes, Delivery, Settle, SubscribeSettings, Subscriber};
 use futures_util::{FutureExt, StreamExt};
-use lapin::options::{
-    BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions,
-};
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::{FieldTable, ShortString};
 use lapin::{Channel, Consumer};
 
@@ -46,7 +44,8 @@ pub struct LapinSubscriber {
     settler: Arc<Settler>,
     settle_task: tokio::task::JoinHandle<()>,
     /// The confirm-mode channel retries, retry-afters and dead letters are republished on.
-    republish_channel: Channel,
+    /// Where settlements republish copies; closed with the subscription.
+    routes: Arc<Routes>,
     /// An error met while taking a batch, reported by the next receive.
     stashed: Option<lapin::Error>,
     /// False once [`Subscriber::stop_receiving`] has run.
@@ -93,32 +92,36 @@ fn to_declare(
     })
 }
 
-/// Opens the confirm-mode channel a subscription's settlements republish on, and
-/// declares the delay queue `delay_queue` of `queue`, if it has one, on it (so that
-/// recovering the channel declares it again).
+/// Declares the delay queue `delay_queue` of `queue`, if it has one, on the consuming
+/// channel (so that recovering the channel declares it again).
 ///
 /// The delay queue lives as long as its queue, where this broker declared the queue:
 /// durable with a durable one, gone with the connection with an exclusive one; durable
 /// otherwise. It dead-letters expired messages back to `queue`.
-async fn open_routes(
+async fn declare_delay_queue(
+    broker: &LapinBroker,
+    channel: &Channel,
+    queue: &str,
+    known: Option<&Declaration>,
+    delay_queue: Option<&str>,
+) -> Result<(), LapinError> {
+    if let Some(name) = delay_queue {
+        Declaration::delay_queue(name, queue, known)
+            .declare(channel)
+            .await?;
+        broker.remember_delay_queue(queue, name);
+    }
+    Ok(())
+}
+
+/// Where a subscription's settlements republish copies: the queue, its delay queue and
+/// its dead-letter target. The channel they go out on opens with the first copy.
+fn routes(
     broker: &LapinBroker,
     queue: &str,
     known: Option<&Declaration>,
     delay_queue: Option<String>,
 ) -> Result<Routes, LapinError> {
-    // Named by its role only: the subscription's error names the queue.
-    let purpose = "republishing".to_string();
-    let channel = broker.open_channel(&purpose).await?;
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .map_err(|source| LapinError::Channel { purpose, source })?;
-    if let Some(name) = &delay_queue {
-        Declaration::delay_queue(name, queue, known)
-            .declare(&channel)
-            .await?;
-        broker.remember_delay_queue(queue, name);
-    }
     let dead_letter = match known.and_then(Declaration::dead_letter_target) {
         Some((exchange, key)) => Some((
             short("dead-letter exchange", exchange)?,
@@ -127,14 +130,15 @@ async fn open_routes(
         None => None,
     };
     Ok(Routes {
-        channel,
+        channel: tokio::sync::OnceCell::new(),
+        broker: broker.clone(),
         queue: short("queue name", queue)?,
         delay_queue: delay_queue
             .map(|name| short("queue name", &name))
             .transpose()?,
         dead_letter,
         confirm_timeout: broker.inner.confirm_timeout,
-        connection: broker.inner.connection.configuration().clone(),
+        connection: broker.publishing_settings(),
     })
 }
 
@@ -168,7 +172,15 @@ impl LapinSubscriber {
         }
         // Passive mode declares nothing of its own accord: no default delay queue.
         let delay_queue = delay_queue.filter(|_| !passive || delay_queue_named);
-        let routes = open_routes(&broker, &queue, known.as_deref(), delay_queue).await?;
+        declare_delay_queue(
+            &broker,
+            &channel,
+            &queue,
+            known.as_deref(),
+            delay_queue.as_deref(),
+        )
+        .await?;
+        let routes = Arc::new(routes(&broker, &queue, known.as_deref(), delay_queue)?);
 
         let window = prefetch
             .or(broker.inner.prefetch)
@@ -212,8 +224,7 @@ impl LapinSubscriber {
             })?;
         tracing::info!(queue = %queue, prefetch = window, consumer = %tag, "subscribed");
 
-        let republish_channel = routes.channel.clone();
-        let (settler, settle_task) = Settler::start(queue.clone(), routes);
+        let (settler, settle_task) = Settler::start(queue.clone(), routes.clone());
         Ok(LapinSubscriber {
             queue,
             channel,
@@ -221,7 +232,7 @@ impl LapinSubscriber {
             consumer_tag,
             settler,
             settle_task,
-            republish_channel,
+            routes,
             stashed: None,
             receiving: true,
             cancelled: false,
@@ -387,7 +398,7 @@ impl Subscriber for LapinSubscriber {
             channel,
             settler,
             mut settle_task,
-            republish_channel,
+            routes,
             consumer,
             ..
         } = self;
@@ -401,9 +412,7 @@ impl Subscriber for LapinSubscriber {
         if let Err(error) = channel.close(200, "subscription closed".into()).await {
             tracing::debug!(queue = %queue, %error, "closing the subscription channel failed");
         }
-        let _ = republish_channel
-            .close(200, "subscription closed".into())
-            .await;
+        routes.close().await;
         drop(settler);
         settle_task.abort();
         tracing::info!(queue = %queue, "unsubscribed");

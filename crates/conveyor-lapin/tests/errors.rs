@@ -90,7 +90,11 @@ async fn lapin_threads_are_counted_and_end_with_their_connection() {
     let broker = LapinBroker::connect(URL)
         .await
         .expect("RabbitMQ on 127.0.0.1:5672");
-    assert_eq!(lapin_threads(), 1, "a connection runs one lapin thread");
+    assert_eq!(
+        lapin_threads(),
+        2,
+        "a broker's two connections (consuming, publishing) run a lapin thread each"
+    );
     broker.close().await.unwrap();
     no_lapin_thread_left("the connection closed").await;
 }
@@ -156,22 +160,25 @@ async fn a_handshake_without_answer_times_out_and_is_cut() {
     let text = error.to_string();
     assert!(text.contains("did not answer within 1s"), "{text}");
 
-    // The connection it opened was closed: the server's end reads its end.
-    let (mut accepted, _) = listener.accept().expect("the connection it opened");
-    accepted
-        .set_read_timeout(Some(THREAD_DEADLINE))
-        .expect("a read timeout");
-    let mut header = [0u8; 8];
-    accepted
-        .read_exact(&mut header)
-        .expect("the protocol header");
-    assert_eq!(&header, b"AMQP\x00\x00\x09\x01");
-    let mut rest = [0u8; 1];
-    assert_eq!(
-        accepted.read(&mut rest).expect("the end of the stream"),
-        0,
-        "the client closed the connection it gave up on"
-    );
+    // The connections it opened (consuming, publishing) were closed: the server's end
+    // reads their end.
+    for _ in 0..2 {
+        let (mut accepted, _) = listener.accept().expect("a connection it opened");
+        accepted
+            .set_read_timeout(Some(THREAD_DEADLINE))
+            .expect("a read timeout");
+        let mut header = [0u8; 8];
+        accepted
+            .read_exact(&mut header)
+            .expect("the protocol header");
+        assert_eq!(&header, b"AMQP\x00\x00\x09\x01");
+        let mut rest = [0u8; 1];
+        assert_eq!(
+            accepted.read(&mut rest).expect("the end of the stream"),
+            0,
+            "the client closed the connection it gave up on"
+        );
+    }
 
     no_lapin_thread_left("connect() timed out").await;
     listener.set_nonblocking(true).unwrap();
@@ -246,7 +253,11 @@ async fn headers_over_the_frame_limit_are_refused_and_the_connection_goes_on() {
         .unwrap();
     wait_until("the delivery in flight", || seen.len() == 1).await;
     let connections = connections_named(&name);
-    assert_eq!(connections.len(), 1, "{connections:?}");
+    assert_eq!(
+        connections.len(),
+        2,
+        "consuming and publishing: {connections:?}"
+    );
 
     // RabbitMQ's frame limit is 128 KiB by default: these headers need more.
     let error = broker
@@ -310,7 +321,11 @@ async fn headers_over_the_frame_limit_are_refused_and_the_connection_goes_on() {
         "handled once, never redelivered"
     );
     assert_eq!(ready(&broker, &busy).await, 0, "acked");
-    assert_eq!(connections_named(&name), connections, "the same connection");
+    assert_eq!(
+        connections_named(&name),
+        connections,
+        "the same connections"
+    );
     cleanup(&broker, &[&busy, &target], &[]).await;
     broker.close().await.unwrap();
 }

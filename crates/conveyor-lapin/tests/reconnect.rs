@@ -264,7 +264,7 @@ async fn lanes_resume_within_5s_of_each_of_3_cuts_and_lose_none_of_10_000_messag
     for n in 0..CUTS {
         wait_until("the next cut's mark", || log.len() >= mark).await;
         let last = n + 1 == CUTS;
-        let cut = cut_and_measure(&proxy, &log, 2, |handled| {
+        let cut = cut_and_measure(&proxy, &log, 4, |handled| {
             if last {
                 usize::MAX
             } else {
@@ -295,7 +295,11 @@ async fn lanes_resume_within_5s_of_each_of_3_cuts_and_lose_none_of_10_000_messag
          {handled} deliveries handled, {duplicates} duplicates"
     );
     for (n, cut) in cuts.iter().enumerate() {
-        assert!(cut.connections >= 2, "cut {} found both connections", n + 1);
+        assert!(
+            cut.connections >= 4,
+            "cut {} found all four connections (two brokers, consuming and publishing each)",
+            n + 1
+        );
         assert!(
             cut.resumed < RECOVERY_BOUND,
             "cut {}: consumption resumed only {:?} after the cut (bound {RECOVERY_BOUND:?}): {cut}",
@@ -434,7 +438,10 @@ async fn every_publish_confirmed_across_a_cut_reaches_the_queue() {
         let distinct: HashSet<&str> = parts.iter().copied().collect();
         assert_eq!(distinct.len(), parts.len(), "a cause said twice: {error}");
     }
-    assert_eq!(cut, 1, "the publishing connection was cut");
+    assert_eq!(
+        cut, 2,
+        "the broker's connections were cut, the publishing one among them"
+    );
     assert_eq!(
         confirmed.len(),
         MESSAGES,
@@ -546,7 +553,7 @@ async fn a_publish_fails_as_unavailable_while_the_connection_stays_lost_and_succ
     broker.publish(&queue, message(0)).await.unwrap();
 
     proxy.refuse_new_connections();
-    assert_eq!(proxy.cut_connections().await, 1);
+    assert_eq!(proxy.cut_connections().await, 2, "consuming and publishing");
     // Until the client has seen the cut, a publish may also fail on the dead channel or
     // its confirm; once it has, every publish waits for the recovery, which never comes.
     // Each must return: the outer bound only turns a hang into a failure.

@@ -69,7 +69,11 @@ async fn killed_connections_resume_and_lose_nothing() {
     };
     wait_until("the first 300 messages to be handled", || seen.len() >= 300).await;
 
-    assert_eq!(close_connections_named(&name), 2, "both connections closed");
+    assert_eq!(
+        close_connections_named(&name),
+        4,
+        "both brokers' connections closed (each consumes on one and publishes on another)"
+    );
     open.send_replace(true);
 
     publishing.await.unwrap();
@@ -125,7 +129,7 @@ async fn a_queue_deleted_with_the_connection_is_declared_again() {
 
     // The exclusive queue goes with its connection; recovery declares it again and
     // resumes the consumer on it.
-    assert_eq!(close_connections_named(&name), 1);
+    assert_eq!(close_connections_named(&name), 2);
     publish_keyed(&publisher, &queue, 1..2).await;
     wait_until("a message after recovery", || seen.all().contains(&1)).await;
 
@@ -189,7 +193,7 @@ async fn settle_after_the_connection_died(late: Outcome) {
     publish_one(&publishing, &queue, 1).await;
     wait_until("the first delivery in its handler", || seen.len() == 1).await;
 
-    assert_eq!(close_connections_named(&name), 1);
+    assert_eq!(close_connections_named(&name), 2);
     // The redelivery comes on the recovered channel: by then the first delivery's
     // channel is known to be dead.
     wait_until("the redelivery after recovery", || seen.len() == 2).await;

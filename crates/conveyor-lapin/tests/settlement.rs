@@ -99,7 +99,7 @@ async fn a_quorum_queue_counts_redeliveries() {
         .unwrap();
     publish_one(&publishing, &queue, 1).await;
     wait_until("the first delivery", || seen.len() == 1).await;
-    assert_eq!(close_connections_named(&name), 1);
+    assert_eq!(close_connections_named(&name), 2);
     wait_until("the redelivery after recovery", || seen.len() == 2).await;
     assert_eq!(seen.all(), vec![(1, None), (2, Some(2))]);
     // The handlers never finish: the shutdown timeout cancels them.

@@ -62,8 +62,8 @@ async fn amqps_with_the_private_ca_round_trips_a_message() {
             .into_iter()
             .map(|(_, ssl)| ssl)
             .collect::<Vec<_>>(),
-        [true],
-        "the server sees one TLS connection"
+        [true, true],
+        "the server sees two TLS connections (consuming and publishing)"
     );
     let queue = unique("tls-round-trip");
     let seen = Seen::<u32>::default();
@@ -108,7 +108,7 @@ async fn a_killed_amqps_connection_recovers_over_tls() {
 
     // lapin reconnects with the TLS settings the broker was built with: without the
     // CA, the new handshake would fail and nothing below would arrive.
-    assert_eq!(close_connections_named(&name), 1);
+    assert_eq!(close_connections_named(&name), 2);
     publish_confirmed(&publisher, &queue, Message::json(&2u32).unwrap()).await;
     wait_until("a message after the reconnection", || {
         seen.all().contains(&2)
@@ -119,8 +119,8 @@ async fn a_killed_amqps_connection_recovers_over_tls() {
             .into_iter()
             .map(|(_, ssl)| ssl)
             .collect::<Vec<_>>(),
-        [true],
-        "the recovered connection is a TLS one"
+        [true, true],
+        "the recovered connections are TLS ones"
     );
 
     running.shutdown().await.unwrap();
