@@ -169,7 +169,10 @@ async fn conveyor_tasks_not_mandatory(broker: &LapinBroker, queue: &str, n: u64)
                 if i >= n {
                     return;
                 }
-                publisher.publish(&queue, message(i)).await.expect("publish");
+                publisher
+                    .publish(&queue, message(i))
+                    .await
+                    .expect("publish");
             }
         }));
     }

@@ -162,6 +162,25 @@ async fn a_worker_that_dies_anyway_stops_the_app_with_a_mount_error() {
     assert!(matches!(error, Error::MountTask(_)), "{error}");
 }
 
+#[tokio::test]
+async fn an_any_worker_worker_that_dies_anyway_stops_the_app_with_a_mount_error() {
+    let broker = MemoryBroker::new();
+    broker.publish_json("q", &1u64).await.unwrap();
+    let run = App::new("dying-any-worker")
+        .mount(broker.queue("q"), fail_unprintably, |m| {
+            m.workers(2).by_key().any_worker().reject_on_error()
+        })
+        .run_until(std::future::pending());
+    let error = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the app stops by itself")
+        .unwrap_err();
+    assert!(
+        matches!(&error, Error::MountTask(what) if what.contains("`q`")),
+        "{error}"
+    );
+}
+
 async fn retry_forever_later(Json(_n): Json<u64>, State(runs): State<Arc<AtomicUsize>>) -> Outcome {
     runs.fetch_add(1, Ordering::SeqCst);
     Outcome::RetryAfter(Duration::MAX)

@@ -168,14 +168,18 @@ impl<T> Board<T> {
     }
 
     /// Waits for the oldest ready item and takes it; its key runs nothing else until
-    /// [`done`](Self::done).
-    pub(super) async fn next(&self) -> Turn<T> {
+    /// [`done`](Self::done). `None` once the board is released: the worker leaves.
+    pub(super) async fn next(&self) -> Option<Turn<T>> {
         support::wait_for(&self.ready, || {
-            let ticket = support::lock(&self.held).ready.pop()?;
-            Some(Turn {
-                item: ticket.item,
-                key: ticket.key,
-            })
+            let mut held = support::lock(&self.held);
+            match held.ready.pop() {
+                Some(ticket) => Some(Some(Turn {
+                    item: ticket.item,
+                    key: ticket.key,
+                })),
+                None if held.released => Some(None),
+                None => None,
+            }
         })
         .await
     }
@@ -215,6 +219,8 @@ impl<T> Board<T> {
         }
         held.held = held.held.saturating_sub(tickets.len());
         drop(held);
+        // Every waiting worker leaves.
+        self.ready.notify_waiters();
         tickets.sort_unstable_by_key(|ticket| ticket.seq);
         tickets.into_iter().map(|ticket| ticket.item).collect()
     }
@@ -278,7 +284,8 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
 }
 
 /// One worker: takes the oldest ready delivery, runs it to its end (retries in place
-/// included), then gives its key back. At shutdown it takes no new one.
+/// included), then gives its key back. At shutdown, or once the mount has released the
+/// board (it is ending), it takes no new one.
 async fn work<H: CallOne>(
     handler: Arc<H>,
     board: Arc<Board<Delivery>>,
@@ -286,11 +293,13 @@ async fn work<H: CallOne>(
     index: usize,
 ) {
     loop {
-        let mut turn = tokio::select! {
+        let next = tokio::select! {
             biased;
             () = run.shutdown.requested() => return,
-            turn = board.next() => turn,
+            next = board.next() => next,
         };
+        // The board was released: the mount is ending.
+        let Some(mut turn) = next else { return };
         turn.item.set_lane(index);
         handle_one(&*handler, turn.item, &run, Retries::InPlace).await;
         board.done(turn.key);
@@ -314,8 +323,8 @@ mod tests {
     fn take(board: &Board<u32>) -> Option<(u32, Option<u64>)> {
         let mut cx = Context::from_waker(std::task::Waker::noop());
         match pin!(board.next()).poll(&mut cx) {
-            Poll::Ready(turn) => Some((turn.item, turn.key)),
-            Poll::Pending => None,
+            Poll::Ready(Some(turn)) => Some((turn.item, turn.key)),
+            Poll::Ready(None) | Poll::Pending => None,
         }
     }
 

@@ -1,108 +1,122 @@
 //! `workers(n)`: up to `n` handlers at once, finishing in any order.
 //!
-//! `n` long-lived worker tasks share one hand-over queue. The dispatcher takes a permit
-//! before it receives, and a worker returns it once the delivery is settled, so at most
-//! `n` deliveries are ever out of the queue: while `n` are in flight, nothing more is
-//! read.
+//! `n` long-lived workers take turns at the subscriber: a free worker locks it, receives
+//! the next delivery, lets go of it and runs the handler. A worker holds one delivery at
+//! a time, so at most `n` are ever out of the queue: while `n` are in flight, nothing
+//! more is read. Nothing is handed from task to task: when the next delivery is ready,
+//! the worker that asks for it takes the lock uncontended and runs it straight away.
+//!
+//! The mount's own task watches: at shutdown it has the subscriber stop receiving at
+//! once (handing back what it read ahead) while the workers finish their handlers; when
+//! a worker dies, it stops the others and fails the mount.
 
-use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
-use super::{
-    End, Received, Retries, Run, finish, hand_over_lost, handle_one, join_tasks, receive,
-    task_died, task_error,
-};
-use crate::delivery::Delivery;
+use super::{End, Received, Retries, Run, finish, handle_one, receive, task_error};
 use crate::error::Error;
 use crate::handler::CallOne;
 use crate::support;
 use crate::transport::Subscriber;
 
-type Job = (Delivery, OwnedSemaphorePermit);
-
-/// Deliveries handed to the workers. Unbounded as a queue, bounded by the permits: the
-/// dispatcher holds one for each delivery it puts here. (A plain queue and a `Notify`:
-/// sharing one receiver of a channel among the workers would take an async lock, held
-/// across the wait, for every delivery.) What is left in it when it is dropped, at
-/// shutdown, is released.
-#[derive(Default)]
-struct HandOver {
-    jobs: Mutex<VecDeque<Job>>,
-    added: Notify,
+/// What the workers share: the subscriber they take turns at, and how receiving ended.
+struct Shared<S> {
+    subscriber: tokio::sync::Mutex<S>,
+    /// Set by the worker that saw the subscription end or fail: the others leave.
+    ended: Mutex<Option<End>>,
 }
 
-impl HandOver {
-    fn push(&self, job: Job) {
-        support::lock(&self.jobs).push_back(job);
-        self.added.notify_one();
+impl<S> Shared<S> {
+    fn has_ended(&self) -> bool {
+        support::lock(&self.ended).is_some()
     }
 
-    async fn next(&self) -> Job {
-        support::wait_for(&self.added, || support::lock(&self.jobs).pop_front()).await
+    /// Keeps the first way receiving ended.
+    fn end(&self, end: End) {
+        support::lock(&self.ended).get_or_insert(end);
     }
 }
 
 pub(super) async fn drive<H: CallOne, S: Subscriber>(
     handler: Arc<H>,
-    mut subscriber: S,
+    subscriber: S,
     mut run: Run,
     n: usize,
 ) -> Result<(), Error> {
-    let permits = Arc::new(Semaphore::new(n));
-    let hand_over = Arc::new(HandOver::default());
+    let shared = Arc::new(Shared {
+        subscriber: tokio::sync::Mutex::new(subscriber),
+        ended: Mutex::new(None),
+    });
     // Dropping the set aborts the workers, so an aborted mount leaves none behind.
     let mut workers = JoinSet::new();
     for _ in 0..n {
-        workers.spawn(work(handler.clone(), hand_over.clone(), run.clone()));
+        workers.spawn(work(handler.clone(), shared.clone(), run.clone()));
     }
 
-    let end: End = loop {
-        let permit = tokio::select! {
+    let mut died = None;
+    let mut stopped = false;
+    loop {
+        tokio::select! {
             biased;
-            () = run.shutdown.requested() => break End::Stopped,
-            permit = permits.clone().acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => break End::Stopped, // never closed; stop rather than spin
+            joined = workers.join_next() => match joined {
+                None => break,
+                Some(Ok(())) => {}
+                Some(Err(error)) => {
+                    // Their deliveries go back to the broker; the mount fails.
+                    died.get_or_insert_with(|| task_error(&error, &run));
+                    workers.abort_all();
+                }
             },
-            died = task_died(&mut workers) => break End::Failed(task_error(&died, &run)),
-        };
-        let received = tokio::select! {
-            biased;
-            received = receive(&mut subscriber, &mut run) => received,
-            died = task_died(&mut workers) => break End::Failed(task_error(&died, &run)),
-        };
-        let delivery = match received {
-            Received::Delivery(delivery) => delivery,
-            other => break other.into(),
-        };
-        // Room is guaranteed by the permit. Once every worker has left (each holds the
-        // queue until it ends: at shutdown, or dead) nobody would take the delivery: it is
-        // released, and the mount ends with the workers' fate.
-        if Arc::strong_count(&hand_over) == 1 {
-            drop(delivery);
-            break hand_over_lost(&mut workers, &run).await;
+            () = run.shutdown.requested(), if !stopped => {
+                stopped = true;
+                // The worker waiting for a delivery lets go of the subscriber as it sees
+                // the shutdown; the others finish their handlers meanwhile.
+                shared.subscriber.lock().await.stop_receiving().await;
+            }
         }
-        hand_over.push((delivery, permit));
+    }
+    let Some(shared) = Arc::into_inner(shared) else {
+        return Err(Error::MountTask(format!(
+            "the workers of the mount on `{}` ended but still hold its subscriber",
+            run.cx.queue()
+        )));
     };
-    drop(hand_over);
-    subscriber.stop_receiving().await;
-    let joined = join_tasks(workers, &run).await;
-    finish(subscriber, &run, end).await.and(joined)
+    let mut subscriber = shared.subscriber.into_inner();
+    if !stopped {
+        subscriber.stop_receiving().await;
+    }
+    let ended = shared
+        .ended
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let end = match (died, ended) {
+        (Some(error), _) => End::Failed(error),
+        (None, Some(end)) => end,
+        (None, None) => End::Stopped,
+    };
+    finish(subscriber, &run, end).await
 }
 
-/// One worker: takes the next delivery, runs it, returns the permit. At shutdown it takes
-/// no new delivery; those left in the channel are released when it is dropped.
-async fn work<H: CallOne>(handler: Arc<H>, jobs: Arc<HandOver>, mut run: Run) {
+/// One worker: takes the subscriber, receives, lets go, runs the handler; again until
+/// shutdown, or until receiving has ended.
+async fn work<H: CallOne, S: Subscriber>(handler: Arc<H>, shared: Arc<Shared<S>>, mut run: Run) {
     loop {
-        let (delivery, permit) = tokio::select! {
-            biased;
-            () = run.shutdown.requested() => return,
-            job = jobs.next() => job,
+        let delivery = {
+            let mut subscriber = tokio::select! {
+                biased;
+                () = run.shutdown.requested() => return,
+                subscriber = shared.subscriber.lock() => subscriber,
+            };
+            if shared.has_ended() {
+                return;
+            }
+            match receive(&mut *subscriber, &mut run).await {
+                Received::Delivery(delivery) => delivery,
+                Received::Stop => return,
+                other => return shared.end(other.into()),
+            }
         };
         handle_one(&*handler, delivery, &run, Retries::ToBroker).await;
-        drop(permit);
     }
 }
