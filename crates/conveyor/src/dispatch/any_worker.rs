@@ -247,10 +247,12 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
     }
 
     let end: End = loop {
+        // Room first: when there is some, the shutdown's future is never made (`receive`
+        // looks at the shutdown before each delivery).
         tokio::select! {
             biased;
-            () = run.shutdown.requested() => break End::Stopped,
             () = board.room() => {}
+            () = run.shutdown.requested() => break End::Stopped,
             died = task_died(&mut workers) => break End::Failed(task_error(&died, &run)),
         }
         let received = tokio::select! {
@@ -267,8 +269,8 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
             // The delivery in hand is released if shutdown or a dead worker ends the wait.
             tokio::select! {
                 biased;
-                () = run.shutdown.requested() => break End::Stopped,
                 () = board.room_for_key(key) => {}
+                () = run.shutdown.requested() => break End::Stopped,
                 died = task_died(&mut workers) => break End::Failed(task_error(&died, &run)),
             }
         }
@@ -293,10 +295,13 @@ async fn work<H: CallOne>(
     index: usize,
 ) {
     loop {
+        if run.shutdown.is_requested() {
+            return;
+        }
         let next = tokio::select! {
             biased;
-            () = run.shutdown.requested() => return,
             next = board.next() => next,
+            () = run.shutdown.requested() => return,
         };
         // The board was released: the mount is ending.
         let Some(mut turn) = next else { return };

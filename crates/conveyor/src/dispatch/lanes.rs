@@ -81,13 +81,15 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
             }
         };
         delivery.set_lane(lane);
+        // The send first: a lane with room takes the delivery without the shutdown's
+        // future being made (see `receive`). The delivery inside a dropped send is
+        // released.
         tokio::select! {
             biased;
-            // The delivery inside the dropped send is released.
-            () = run.shutdown.requested() => break End::Stopped,
             sent = lanes[lane].send(delivery) => if sent.is_err() {
                 break hand_over_lost(&mut tasks, &run).await;
             },
+            () = run.shutdown.requested() => break End::Stopped,
             died = task_died(&mut tasks) => break End::Failed(task_error(&died, &run)),
         }
     };
@@ -102,10 +104,14 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
 /// its queue is dropped.
 async fn run_lane<H: CallOne>(handler: Arc<H>, mut queue: mpsc::Receiver<Delivery>, mut run: Run) {
     loop {
+        // As in `receive`: a plain look, then the queue before the shutdown's future.
+        if run.shutdown.is_requested() {
+            return;
+        }
         let next = tokio::select! {
             biased;
-            () = run.shutdown.requested() => return,
             next = queue.recv() => next,
+            () = run.shutdown.requested() => return,
         };
         let Some(delivery) = next else { return };
         handle_one(&*handler, delivery, &run, Retries::InPlace).await;

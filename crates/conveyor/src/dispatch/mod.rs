@@ -186,15 +186,21 @@ pub(crate) async fn pause_after(pause: &mut RetryPause, error: &Error, run: &mut
 pub(crate) async fn receive<S: Subscriber>(subscriber: &mut S, run: &mut Run) -> Received {
     let mut pause = RetryPause::new();
     loop {
+        // A plain look first, then the subscriber before the shutdown's future: when a
+        // delivery is ready, that future is never made nor polled (it cost about 400
+        // instructions per delivery), and a shutdown is still seen before each receive.
+        if run.shutdown.is_requested() {
+            return Received::Stop;
+        }
         let error = tokio::select! {
             biased;
-            () = run.shutdown.requested() => return Received::Stop,
             next = subscriber.recv() => match next {
                 Some(Ok(delivery)) => return Received::Delivery(delivery),
                 None => return Received::Ended,
                 Some(Err(error @ Error::Subscribe { .. })) => return Received::Failed(error),
                 Some(Err(error)) => error,
             },
+            () = run.shutdown.requested() => return Received::Stop,
         };
         if !pause_after(&mut pause, &error, run).await {
             return Received::Stop;

@@ -102,11 +102,15 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
 /// shutdown, or until receiving has ended.
 async fn work<H: CallOne, S: Subscriber>(handler: Arc<H>, shared: Arc<Shared<S>>, mut run: Run) {
     loop {
+        if run.shutdown.is_requested() {
+            return;
+        }
         let delivery = {
+            // The lock first: when it is free, the shutdown's future is never made.
             let mut subscriber = tokio::select! {
                 biased;
-                () = run.shutdown.requested() => return,
                 subscriber = shared.subscriber.lock() => subscriber,
+                () = run.shutdown.requested() => return,
             };
             if shared.has_ended() {
                 return;
