@@ -34,7 +34,7 @@ use tokio::sync::Notify;
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc;
 
-const USAGE: &str = "usage: dispatch [--mode sequential|bytes|workers|lanes|batch|end-to-end] \
+const USAGE: &str = "usage: dispatch [--mode sequential|bytes|workers|lanes|any-worker|batch|end-to-end] \
 [--messages N] [--warmup N] [--runtime current|multi] [--repeat N] [--trace N]";
 
 /// A small payload whose decoded form allocates nothing.
@@ -56,6 +56,8 @@ enum Mode {
     Workers,
     /// `workers(4).by_key()`, `Json<Order>`, 64 partition keys.
     Lanes,
+    /// `workers(4).by_key().any_worker()`, `Json<Order>`, 64 partition keys.
+    AnyWorker,
     /// `batch(10)`, `Batch<Json<Order>>`.
     Batch,
     /// Sequential `Json<Order>`, with publishing in the window: each message is encoded
@@ -66,11 +68,12 @@ enum Mode {
 }
 
 impl Mode {
-    const ALL: [Mode; 6] = [
+    const ALL: [Mode; 7] = [
         Mode::Sequential,
         Mode::Bytes,
         Mode::Workers,
         Mode::Lanes,
+        Mode::AnyWorker,
         Mode::Batch,
         Mode::EndToEnd,
     ];
@@ -81,6 +84,7 @@ impl Mode {
             Mode::Bytes => "bytes",
             Mode::Workers => "workers",
             Mode::Lanes => "lanes",
+            Mode::AnyWorker => "any-worker",
             Mode::Batch => "batch",
             Mode::EndToEnd => "end-to-end",
         }
@@ -257,7 +261,7 @@ fn run(mode: Mode, flavor: Flavor, warmup: u64, messages: u64, traces: u32) -> M
                 price_cents: 1999,
             };
             let mut message = Message::builder();
-            if mode == Mode::Lanes {
+            if matches!(mode, Mode::Lanes | Mode::AnyWorker) {
                 message = message.partition_key(keys[(id % 64) as usize].clone());
             }
             let message = message.json(&payload).expect("an Order always encodes");
@@ -278,6 +282,7 @@ fn run(mode: Mode, flavor: Flavor, warmup: u64, messages: u64, traces: u32) -> M
             Mode::Bytes => app.mount(queue, raw, |m| m),
             Mode::Workers => app.mount(queue, order, |m| m.workers(4)),
             Mode::Lanes => app.mount(queue, order, |m| m.workers(4).by_key()),
+            Mode::AnyWorker => app.mount(queue, order, |m| m.workers(4).by_key().any_worker()),
             Mode::Batch => app.mount(queue, orders, |m| m.batch(10)),
             Mode::EndToEnd => app.mount(queue, order, |m| m),
         };
