@@ -1,5 +1,7 @@
 //! A mount site's settings: dispatch mode, batch size, window and failure policy.
 
+use std::time::Duration;
+
 use crate::policy::{Backoff, FailurePolicy, OnError};
 
 /// How a mount runs its deliveries.
@@ -51,6 +53,7 @@ pub struct MountOptions {
     read_ahead: Option<usize>,
     batch_size: Option<usize>,
     policy: FailurePolicy,
+    timeout: Option<Duration>,
 }
 
 /// The batch size when a batch handler's mount names none.
@@ -119,6 +122,11 @@ impl MountOptions {
                     .into(),
             );
         }
+        if self.timeout == Some(Duration::ZERO) {
+            return Some(
+                "timeout(0) would cancel every handler before it runs; use a longer one".into(),
+            );
+        }
         match (self.read_ahead, self.dispatch()) {
             (Some(_), Dispatch::AnyWorker { .. }) | (None, _) => None,
             (Some(_), _) => Some(
@@ -132,6 +140,28 @@ impl MountOptions {
     pub fn batch(mut self, size: usize) -> Self {
         self.batch_size = Some(size);
         self
+    }
+
+    /// Cancels a handler still running `limit` after it started (a batch handler's
+    /// call too), and treats the run as a handler error: the failure policy decides
+    /// what happens to the delivery, and the reason says it timed out. Each attempt gets
+    /// the whole `limit`. A zero `limit` is a startup error.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use conveyor::MountOptions;
+    ///
+    /// let bounded = MountOptions::default().workers(8).timeout(Duration::from_secs(30));
+    /// assert_eq!(bounded.handler_timeout(), Some(Duration::from_secs(30)));
+    /// ```
+    pub fn timeout(mut self, limit: Duration) -> Self {
+        self.timeout = Some(limit);
+        self
+    }
+
+    /// The handler timeout set with [`timeout`](Self::timeout).
+    pub fn handler_timeout(&self) -> Option<Duration> {
+        self.timeout
     }
 
     /// On handler error, puts the delivery back on the queue at once.

@@ -228,6 +228,8 @@ async fn impossible_mount_settings_fail_startup() {
         // Fewer held than workers would leave workers idle for good.
         |m| m.workers(4).by_key().any_worker().read_ahead(3),
         |m| m.workers(0).by_key().any_worker(),
+        // A zero timeout would cancel every handler before it runs.
+        |m| m.timeout(Duration::ZERO),
     ] {
         let error = App::new("bad")
             .mount(broker.queue("jobs"), any, configure)
@@ -301,4 +303,115 @@ async fn a_subscription_that_ends_by_itself_stops_the_app_with_an_error() {
         matches!(error, Error::SubscriptionEnded { ref queue } if queue == "scripted"),
         "{error}"
     );
+}
+
+/// Notes when it is dropped before [`Finished::done`]: the handler holding it was cancelled.
+struct Finished {
+    cancelled: Arc<Mutex<Vec<u32>>>,
+    attempt: u32,
+    done: bool,
+}
+
+impl Drop for Finished {
+    fn drop(&mut self) {
+        if !self.done {
+            self.cancelled.lock().unwrap().push(self.attempt);
+        }
+    }
+}
+
+#[derive(Clone, Default)]
+struct Cancelled(Arc<Mutex<Vec<u32>>>);
+
+/// Hangs on its first attempt, answers at once on the next.
+async fn hang_once(
+    Json(_n): Json<u64>,
+    info: DeliveryInfo,
+    State(cancelled): State<Cancelled>,
+) -> Result<(), String> {
+    let mut finished = Finished {
+        cancelled: cancelled.0.clone(),
+        attempt: info.attempt,
+        done: false,
+    };
+    if info.attempt == 1 {
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+    }
+    finished.done = true;
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_handler_past_its_timeout_is_cancelled_and_the_policy_retries_it() {
+    for workers in [false, true] {
+        let broker = MemoryBroker::new();
+        let cancelled = Cancelled::default();
+        let app = App::new("timeout").with_state(cancelled.clone()).mount(
+            broker.queue("jobs"),
+            hang_once,
+            move |m| {
+                let m = m.timeout(Duration::from_secs(1)).retry();
+                if workers { m.workers(2) } else { m }
+            },
+        );
+        let test = TestApp::start(app, &broker).await.unwrap();
+        let started = Instant::now();
+        test.publish_json("jobs", &1u64).await.unwrap();
+        test.settled().await.unwrap();
+        assert_eq!(
+            *cancelled.0.lock().unwrap(),
+            [1],
+            "the first attempt was cancelled"
+        );
+        assert_eq!(test.acked("jobs").len(), 1, "the second attempt acked it");
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the hanging attempt was not waited out: {:?}",
+            started.elapsed()
+        );
+        test.stop().await.unwrap();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timed_out_handler_is_rejected_with_a_reason_that_says_so() {
+    let broker = MemoryBroker::new();
+    let app = App::new("timeout-reject")
+        .with_state(Cancelled::default())
+        .mount(broker.queue("jobs"), hang_once, |m| {
+            m.timeout(Duration::from_millis(250)).reject_on_error()
+        });
+    let test = TestApp::start(app, &broker).await.unwrap();
+    test.publish_json("jobs", &1u64).await.unwrap();
+    test.settled().await.unwrap();
+    let dead = test.rejected("jobs");
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        dead[0].reason,
+        "handler still running after its timeout of 250ms; cancelled"
+    );
+    test.stop().await.unwrap();
+}
+
+async fn hang_forever(_batch: conveyor::Batch<Json<u64>>) {
+    std::future::pending::<()>().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_past_its_timeout_fails_every_element() {
+    let broker = MemoryBroker::new();
+    for n in 0..3u64 {
+        conveyor::Publisher::publish_json(&broker, "jobs", &n)
+            .await
+            .unwrap();
+    }
+    let app = App::new("batch-timeout").mount(broker.queue("jobs"), hang_forever, |m| {
+        m.batch(3).timeout(Duration::from_secs(5)).reject_on_error()
+    });
+    let test = TestApp::start(app, &broker).await.unwrap();
+    test.settled().await.unwrap();
+    let dead = test.rejected("jobs");
+    assert_eq!(dead.len(), 3, "every element of the batch");
+    assert!(dead.iter().all(|d| d.reason.contains("timeout of 5s")));
+    test.stop().await.unwrap();
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use futures_util::FutureExt;
 
-use super::settle::{Failure, REJECTED_BY_HANDLER, settle_failed};
+use super::settle::{Failure, REJECTED_BY_HANDLER, settle_failed, within_timeout};
 use super::{End, Run, StopOnDrain, finish, pause_after};
 use crate::batch::{Batch, BatchOutcome, IntoBatchOutcome, Metadata};
 use crate::delivery::Delivery;
@@ -115,8 +115,9 @@ async fn handle_batch<H: CallBatch>(handler: &H, gathered: &mut Vec<Delivery>, r
     };
     // Polling the handler's future runs user code: a panic there fails the batch.
     let finished = AssertUnwindSafe(async { future.await.into_batch_outcome() });
-    let failure = match finished.catch_unwind().await {
-        Ok(outcome) => match outcome {
+    let failure = match within_timeout(finished.catch_unwind(), run).await {
+        Err(timed_out) => timed_out,
+        Ok(Ok(outcome)) => match outcome {
             Ok(BatchOutcome::All(outcome)) => {
                 for delivery in deliveries {
                     delivery.settle(outcome.settlement(REJECTED_BY_HANDLER));
@@ -135,7 +136,7 @@ async fn handle_batch<H: CallBatch>(handler: &H, gathered: &mut Vec<Delivery>, r
             },
             Err(error) => Failure::Error(error),
         },
-        Err(panic) => Failure::Panic(panic),
+        Ok(Err(panic)) => Failure::Panic(panic),
     };
     for delivery in deliveries {
         settle_failed(delivery, &failure, run);

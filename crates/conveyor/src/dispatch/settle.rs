@@ -3,6 +3,7 @@
 use std::any::Any;
 use std::borrow::Cow;
 use std::fmt;
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
@@ -121,7 +122,11 @@ async fn run_once<H: CallOne>(handler: &H, delivery: &Delivery, run: &Run) -> Fa
     };
     // `into_outcome` is user code too (a custom `IntoOutcome`).
     let finished = AssertUnwindSafe(async { future.await.into_outcome() });
-    match finished.catch_unwind().await {
+    let result = match within_timeout(finished.catch_unwind(), run).await {
+        Ok(result) => result,
+        Err(timed_out) => return failed(delivery, &timed_out, run),
+    };
+    match result {
         Ok(outcome) => match outcome {
             Ok(Outcome::Ack) => Fate::Ack,
             Ok(Outcome::Retry) => asked_again(delivery, None, run),
@@ -130,6 +135,20 @@ async fn run_once<H: CallOne>(handler: &H, delivery: &Delivery, run: &Run) -> Fa
             Err(error) => failed(delivery, &Failure::Error(error), run),
         },
         Err(panic) => failed(delivery, &Failure::Panic(panic), run),
+    }
+}
+
+/// Runs a handler's future to its end, or until the mount's [`timeout`] has passed:
+/// then the future is dropped (the handler cancelled) and the run is a failure.
+/// Without a timeout, nothing is added to the call.
+///
+/// [`timeout`]: crate::MountOptions::timeout
+pub(crate) async fn within_timeout<F: Future>(call: F, run: &Run) -> Result<F::Output, Failure> {
+    match run.options.handler_timeout() {
+        None => Ok(call.await),
+        Some(limit) => tokio::time::timeout(limit, call)
+            .await
+            .map_err(|_| Failure::TimedOut(limit)),
     }
 }
 
@@ -164,7 +183,12 @@ fn refused(refusal: &Refusal, run: &Run) -> Fate {
 pub(crate) enum Failure {
     Error(BoxError),
     Panic(Box<dyn Any + Send>),
-    Mismatch { outcomes: usize, messages: usize },
+    Mismatch {
+        outcomes: usize,
+        messages: usize,
+    },
+    /// The handler ran past the mount's timeout and was cancelled.
+    TimedOut(Duration),
 }
 
 impl fmt::Display for Failure {
@@ -183,6 +207,12 @@ impl fmt::Display for Failure {
                 f,
                 "batch handler returned {outcomes} outcomes for {messages} messages"
             ),
+            Failure::TimedOut(limit) => {
+                write!(
+                    f,
+                    "handler still running after its timeout of {limit:?}; cancelled"
+                )
+            }
         }
     }
 }
