@@ -119,6 +119,10 @@ impl LapinQueue {
 }
 
 impl Source for LapinQueue {
+    fn messaging_system(&self) -> &'static str {
+        "rabbitmq"
+    }
+
     type Subscriber = LapinSubscriber;
 
     fn queue_name(&self) -> &str {

@@ -85,6 +85,10 @@ impl SqsQueue {
 }
 
 impl Source for SqsQueue {
+    fn messaging_system(&self) -> &'static str {
+        "aws_sqs"
+    }
+
     type Subscriber = SqsSubscriber;
 
     fn queue_name(&self) -> &str {

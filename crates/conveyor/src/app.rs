@@ -61,6 +61,8 @@ pub struct App {
 
 struct Mount {
     queue: String,
+    /// The source's `messaging.system`, for the delivery spans.
+    system: &'static str,
     options: MountOptions,
     batch_handler: bool,
     check: Check,
@@ -139,6 +141,7 @@ impl App {
         settings.batch_size = options.batch_size();
         self.mounts.push(Mount {
             queue: source.queue_name().to_string(),
+            system: source.messaging_system(),
             batch_handler: <H::Endpoint as Endpoint>::BATCH,
             options,
             check: Box::new(move |cx| checked.check(cx)),
@@ -189,13 +192,14 @@ impl App {
             let cx = Context::new(mount.queue.as_str().into(), state.clone());
             validate(&mount.queue, &mount.options, mount.batch_handler)?;
             (mount.check)(&cx)?;
-            starts.push((mount.start, cx, mount.options));
+            starts.push((mount.start, cx, mount.options, mount.system));
         }
         let mut tasks = Vec::with_capacity(starts.len());
-        for (start, cx, options) in starts {
+        for (start, cx, options, system) in starts {
             let run = Run {
                 cx,
                 options,
+                system,
                 shutdown: shutdown.clone(),
                 max_hold: crate::dispatch::MAX_IN_PLACE_HOLD,
             };

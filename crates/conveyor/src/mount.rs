@@ -197,6 +197,18 @@ impl MountOptions {
         self
     }
 
+    /// The dispatch mode's name in spans: `sequential`, `workers`, `lanes`, `any_worker`
+    /// or `batch`.
+    pub(crate) fn dispatch_name(&self) -> &'static str {
+        match (self.batch_size, self.dispatch()) {
+            (Some(_), _) => "batch",
+            (None, Dispatch::Sequential) => "sequential",
+            (None, Dispatch::Workers(_)) => "workers",
+            (None, Dispatch::Lanes(_)) => "lanes",
+            (None, Dispatch::AnyWorker { .. }) => "any_worker",
+        }
+    }
+
     /// The dispatch mode.
     pub fn dispatch(&self) -> Dispatch {
         match (self.workers, self.keyed, self.any_worker) {

@@ -46,6 +46,13 @@ pub trait Source: Send + 'static {
     /// The queue's name, for logs and errors.
     fn queue_name(&self) -> &str;
 
+    /// The messaging system, as OpenTelemetry's `messaging.system` names it (`rabbitmq`,
+    /// `aws_sqs`): each delivery's span carries it. A transport that has no name of its
+    /// own there keeps the default, `conveyor`.
+    fn messaging_system(&self) -> &'static str {
+        "conveyor"
+    }
+
     /// Opens a subscription: declares or checks the queue, opens the receive side.
     /// A failure here fails the app's startup with [`Error::Subscribe`].
     fn subscribe(

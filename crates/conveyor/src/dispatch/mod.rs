@@ -53,6 +53,8 @@ mod run {
         pub(crate) shutdown: Shutdown,
         /// The longest a retry in place may hold a delivery (see `Run::bounded_by`).
         pub(crate) max_hold: std::time::Duration,
+        /// The source's `messaging.system`, for the delivery spans.
+        pub(crate) system: &'static str,
     }
 }
 

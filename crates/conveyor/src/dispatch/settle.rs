@@ -9,11 +9,13 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::{Run, error_chain};
 use crate::delivery::Delivery;
 use crate::error::BoxError;
 use crate::handler::{CallOne, Refusal};
+use crate::message::MESSAGE_ID_HEADER;
 use crate::outcome::{IntoOutcome, Outcome, Settlement};
 use crate::policy::Verdict;
 
@@ -43,12 +45,33 @@ pub(crate) async fn handle_one<H: CallOne>(
     run: &Run,
     retries: Retries,
 ) {
-    // The handler is polled first: one that finishes at once never polls the other.
-    tokio::select! {
-        biased;
-        () = run_and_settle(handler, delivery, run, retries) => {}
-        () = run.shutdown.cancelled() => {}
-    }
+    let span = delivery_span(&delivery, run);
+    let handled = async {
+        // The handler is polled first: one that finishes at once never polls the other.
+        tokio::select! {
+            biased;
+            () = run_and_settle(handler, delivery, run, retries) => {}
+            () = run.shutdown.cancelled() => {}
+        }
+    };
+    handled.instrument(span).await;
+}
+
+/// The span a delivery is handled in, retries in place included, named and attributed
+/// after OpenTelemetry's messaging conventions, plus Conveyor's own: the attempt, the lane
+/// (the worker, under any-worker) and the dispatch mode. The handler's own spans and
+/// events nest under it. Made only when a subscriber wants INFO spans of this crate.
+fn delivery_span(delivery: &Delivery, run: &Run) -> tracing::Span {
+    tracing::info_span!(
+        "conveyor.process",
+        messaging.system = run.system,
+        messaging.destination.name = run.cx.queue(),
+        messaging.operation.type = "process",
+        messaging.message.id = delivery.headers().get_str(MESSAGE_ID_HEADER),
+        messaging.conveyor.attempt = delivery.attempt(),
+        messaging.conveyor.lane = delivery.lane(),
+        messaging.conveyor.dispatch = run.options.dispatch_name(),
+    )
 }
 
 /// What one run of the handler decided for its delivery.

@@ -334,6 +334,10 @@ pub struct MemoryQueue {
 }
 
 impl Source for MemoryQueue {
+    fn messaging_system(&self) -> &'static str {
+        "conveyor_in_process"
+    }
+
     type Subscriber = MemorySubscriber;
 
     fn queue_name(&self) -> &str {
