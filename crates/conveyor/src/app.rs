@@ -196,10 +196,13 @@ impl App {
         }
         let mut tasks = Vec::with_capacity(starts.len());
         for (start, cx, options, system) in starts {
+            let metrics =
+                crate::telemetry::MountMetrics::new(system, cx.queue(), options.dispatch_name());
             let run = Run {
                 cx,
                 options,
                 system,
+                metrics,
                 shutdown: shutdown.clone(),
                 max_hold: crate::dispatch::MAX_IN_PLACE_HOLD,
             };

@@ -58,6 +58,7 @@ mod payload;
 mod policy;
 mod state;
 pub mod support;
+mod telemetry;
 pub mod testing;
 mod transport;
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use futures_util::FutureExt;
 
 use super::settle::{Failure, REJECTED_BY_HANDLER, settle_failed, within_timeout};
-use super::{End, Run, StopOnDrain, finish, pause_after};
+use super::{End, Run, StopOnDrain, finish, pause_after, settle};
 use crate::batch::{Batch, BatchOutcome, IntoBatchOutcome, Metadata};
 use crate::delivery::Delivery;
 use crate::error::Error;
@@ -82,11 +82,19 @@ async fn handle_batch<H: CallBatch>(handler: &H, gathered: &mut Vec<Delivery>, r
             }
             Ok(Err(error)) => {
                 tracing::error!(queue = run.cx.queue(), %error, "rejecting a message the handler cannot take");
-                delivery.settle(Settlement::Reject {
-                    reason: &error.to_string(),
-                });
+                run.metrics.decode_failed();
+                settle(
+                    delivery,
+                    Settlement::Reject {
+                        reason: &error.to_string(),
+                    },
+                    run,
+                );
             }
-            Err(panic) => settle_failed(delivery, &Failure::Panic(panic), run),
+            Err(panic) => {
+                run.metrics.panicked();
+                settle_failed(delivery, &Failure::Panic(panic), run);
+            }
         }
     }
     if deliveries.is_empty() {
@@ -108,7 +116,7 @@ async fn handle_batch<H: CallBatch>(handler: &H, gathered: &mut Vec<Delivery>, r
             tracing::error!(queue = run.cx.queue(), error = %rejection, "rejecting a batch the handler cannot take");
             let reason = rejection.to_string();
             for delivery in deliveries {
-                delivery.settle(Settlement::Reject { reason: &reason });
+                settle(delivery, Settlement::Reject { reason: &reason }, run);
             }
             return;
         }
@@ -120,13 +128,13 @@ async fn handle_batch<H: CallBatch>(handler: &H, gathered: &mut Vec<Delivery>, r
         Ok(Ok(outcome)) => match outcome {
             Ok(BatchOutcome::All(outcome)) => {
                 for delivery in deliveries {
-                    delivery.settle(outcome.settlement(REJECTED_BY_HANDLER));
+                    settle(delivery, outcome.settlement(REJECTED_BY_HANDLER), run);
                 }
                 return;
             }
             Ok(BatchOutcome::Each(outcomes)) if outcomes.len() == deliveries.len() => {
                 for (delivery, outcome) in deliveries.into_iter().zip(outcomes) {
-                    delivery.settle(outcome.settlement(REJECTED_BY_HANDLER));
+                    settle(delivery, outcome.settlement(REJECTED_BY_HANDLER), run);
                 }
                 return;
             }

@@ -55,6 +55,8 @@ mod run {
         pub(crate) max_hold: std::time::Duration,
         /// The source's `messaging.system`, for the delivery spans.
         pub(crate) system: &'static str,
+        /// The mount's metric handles (nothing without the `metrics` feature).
+        pub(crate) metrics: crate::telemetry::MountMetrics,
     }
 }
 
@@ -310,6 +312,23 @@ pub(crate) async fn finish<S: Subscriber>(subscriber: S, run: &Run, end: End) ->
         }),
         End::Ended | End::Stopped => Ok(()),
     }
+}
+
+/// Settles `delivery` as the dispatcher decided, and counts the outcome.
+pub(crate) fn settle(delivery: Delivery, settlement: crate::outcome::Settlement<'_>, run: &Run) {
+    use crate::outcome::Settlement;
+    use crate::telemetry::OutcomeKind;
+    let outcome = match settlement {
+        Settlement::Ack => Some(OutcomeKind::Ack),
+        Settlement::Retry => Some(OutcomeKind::Retry),
+        Settlement::RetryAfter(_) => Some(OutcomeKind::RetryAfter),
+        Settlement::Reject { .. } => Some(OutcomeKind::Reject),
+        Settlement::Release => None,
+    };
+    if let Some(outcome) = outcome {
+        run.metrics.outcome(outcome);
+    }
+    delivery.settle(settlement);
 }
 
 /// An error with its sources, on one line.

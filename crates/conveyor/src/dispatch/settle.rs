@@ -11,13 +11,14 @@ use futures_util::FutureExt;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::{Run, error_chain};
+use super::{Run, error_chain, settle};
 use crate::delivery::Delivery;
 use crate::error::BoxError;
 use crate::handler::{CallOne, Refusal};
 use crate::message::MESSAGE_ID_HEADER;
 use crate::outcome::{IntoOutcome, Outcome, Settlement};
 use crate::policy::Verdict;
+use crate::telemetry::OutcomeKind;
 
 /// The reason recorded when a handler itself returns [`Outcome::Reject`](crate::Outcome).
 pub(crate) const REJECTED_BY_HANDLER: &str = "rejected by the handler";
@@ -46,6 +47,7 @@ pub(crate) async fn handle_one<H: CallOne>(
     retries: Retries,
 ) {
     let span = delivery_span(&delivery, run);
+    run.metrics.consumed(1);
     let handled = async {
         // The handler is polled first: one that finishes at once never polls the other.
         tokio::select! {
@@ -55,6 +57,7 @@ pub(crate) async fn handle_one<H: CallOne>(
         }
     };
     handled.instrument(span).await;
+    run.metrics.finished(1);
 }
 
 /// The span a delivery is handled in, retries in place included, named and attributed
@@ -100,8 +103,10 @@ async fn run_and_settle<H: CallOne>(
     let mut first_failure: Option<Instant> = None;
     loop {
         let delay = match run_once(handler, &delivery, run).await {
-            Fate::Ack => return delivery.settle(Settlement::Ack),
-            Fate::Reject(reason) => return delivery.settle(Settlement::Reject { reason: &reason }),
+            Fate::Ack => return settle(delivery, Settlement::Ack, run),
+            Fate::Reject(reason) => {
+                return settle(delivery, Settlement::Reject { reason: &reason }, run);
+            }
             Fate::Retry(delay) => delay,
         };
         let to_broker = |delay: Option<Duration>| match delay {
@@ -113,7 +118,7 @@ async fn run_and_settle<H: CallOne>(
         // Draining: hand the delivery back (with its attempt count) rather than keep the
         // shutdown waiting for its retries.
         if retries == Retries::ToBroker || too_long || run.shutdown.is_requested() {
-            return delivery.settle(to_broker(delay));
+            return settle(delivery, to_broker(delay), run);
         }
         if let Some(delay) = delay {
             let due = Instant::now().checked_add(delay);
@@ -122,7 +127,7 @@ async fn run_and_settle<H: CallOne>(
                 biased;
                 () = shutdown.requested() => {
                     let left = due.map_or(delay, |due| due.saturating_duration_since(Instant::now()));
-                    return delivery.settle(Settlement::RetryAfter(left));
+                    return settle(delivery, Settlement::RetryAfter(left), run);
                 }
                 () = tokio::time::sleep(delay) => {}
             }
@@ -130,6 +135,10 @@ async fn run_and_settle<H: CallOne>(
             // A retry now must not spin: let the runtime run timers and other tasks.
             tokio::task::yield_now().await;
         }
+        run.metrics.outcome(match delay {
+            Some(_) => OutcomeKind::RetryAfter,
+            None => OutcomeKind::Retry,
+        });
         delivery.count_retry();
     }
 }
@@ -137,15 +146,21 @@ async fn run_and_settle<H: CallOne>(
 /// Runs the handler once and decides the delivery's fate.
 async fn run_once<H: CallOne>(handler: &H, delivery: &Delivery, run: &Run) -> Fate {
     // Decoding and extractors run user code too (`FromPayload`, `FromDelivery`, serde).
+    let started = run.metrics.run_started();
     let called = std::panic::catch_unwind(AssertUnwindSafe(|| handler.call(delivery, &run.cx)));
     let future = match called {
         Ok(Ok(future)) => future,
         Ok(Err(refusal)) => return refused(&refusal, run),
-        Err(panic) => return failed(delivery, &Failure::Panic(panic), run),
+        Err(panic) => {
+            run.metrics.panicked();
+            return failed(delivery, &Failure::Panic(panic), run);
+        }
     };
     // `into_outcome` is user code too (a custom `IntoOutcome`).
     let finished = AssertUnwindSafe(async { future.await.into_outcome() });
-    let result = match within_timeout(finished.catch_unwind(), run).await {
+    let result = within_timeout(finished.catch_unwind(), run).await;
+    run.metrics.run_ended(started);
+    let result = match result {
         Ok(result) => result,
         Err(timed_out) => return failed(delivery, &timed_out, run),
     };
@@ -157,7 +172,10 @@ async fn run_once<H: CallOne>(handler: &H, delivery: &Delivery, run: &Run) -> Fa
             Ok(Outcome::Reject) => Fate::Reject(Cow::Borrowed(REJECTED_BY_HANDLER)),
             Err(error) => failed(delivery, &Failure::Error(error), run),
         },
-        Err(panic) => failed(delivery, &Failure::Panic(panic), run),
+        Err(panic) => {
+            run.metrics.panicked();
+            failed(delivery, &Failure::Panic(panic), run)
+        }
     }
 }
 
@@ -194,6 +212,7 @@ fn asked_again(delivery: &Delivery, delay: Option<Duration>, run: &Run) -> Fate 
 }
 
 fn refused(refusal: &Refusal, run: &Run) -> Fate {
+    run.metrics.decode_failed();
     tracing::error!(
         queue = run.cx.queue(),
         error = %refusal,
@@ -268,9 +287,9 @@ fn failed(delivery: &Delivery, failure: &Failure, run: &Run) -> Fate {
 /// goes back to the broker.
 pub(crate) fn settle_failed(delivery: Delivery, failure: &Failure, run: &Run) {
     match failed(&delivery, failure, run) {
-        Fate::Ack => delivery.settle(Settlement::Ack),
-        Fate::Retry(None) => delivery.settle(Settlement::Retry),
-        Fate::Retry(Some(delay)) => delivery.settle(Settlement::RetryAfter(delay)),
-        Fate::Reject(reason) => delivery.settle(Settlement::Reject { reason: &reason }),
+        Fate::Ack => settle(delivery, Settlement::Ack, run),
+        Fate::Retry(None) => settle(delivery, Settlement::Retry, run),
+        Fate::Retry(Some(delay)) => settle(delivery, Settlement::RetryAfter(delay), run),
+        Fate::Reject(reason) => settle(delivery, Settlement::Reject { reason: &reason }, run),
     }
 }
