@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use conveyor::{Bytes, Delivery, Settle, SubscribeSettings, Subscriber};
+use conveyor::{Bytes, ConnectionProbe, Delivery, Settle, SubscribeSettings, Subscriber};
 use futures_util::{FutureExt, StreamExt};
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::{FieldTable, ShortString};
@@ -46,6 +46,8 @@ pub struct LapinSubscriber {
     /// The confirm-mode channel retries, retry-afters and dead letters are republished on.
     /// Where settlements republish copies; closed with the subscription.
     routes: Arc<Routes>,
+    /// The consuming connection's status, for the mount's health.
+    connection: lapin::ConnectionStatus,
     /// An error met while taking a batch, reported by the next receive.
     stashed: Option<lapin::Error>,
     /// False once [`Subscriber::stop_receiving`] has run.
@@ -233,6 +235,7 @@ impl LapinSubscriber {
             settler,
             settle_task,
             routes,
+            connection: broker.inner.connection.status().clone(),
             stashed: None,
             receiving: true,
             cancelled: false,
@@ -313,6 +316,16 @@ impl LapinSubscriber {
     }
 }
 
+/// A consuming connection's status, as a probe: lost while it is not connected (lapin
+/// recovering it).
+struct Consuming(lapin::ConnectionStatus);
+
+impl ConnectionProbe for Consuming {
+    fn is_lost(&self) -> bool {
+        !self.0.connected()
+    }
+}
+
 impl Subscriber for LapinSubscriber {
     /// The queue's consumer timeout (its spec's `visibility_timeout`), past which
     /// RabbitMQ 3.12+ closes the channel, so that retries in place stay well within it.
@@ -320,6 +333,12 @@ impl Subscriber for LapinSubscriber {
     /// 30 minutes.
     fn max_hold(&self) -> Option<Duration> {
         self.consumer_timeout
+    }
+
+    /// The consuming connection's status: the mount shows as reconnecting while lapin
+    /// recovers the connection.
+    fn connection(&self) -> Option<Arc<dyn ConnectionProbe>> {
+        Some(Arc::new(Consuming(self.connection.clone())))
     }
 
     async fn recv(&mut self) -> Option<Result<Delivery, conveyor::Error>> {

@@ -593,3 +593,38 @@ async fn a_publish_fails_as_unavailable_while_the_connection_stays_lost_and_succ
     broker.close().await.unwrap();
     cleanup(&admin, &[&queue], &[]).await;
 }
+
+async fn ignore(Json(_): Json<u32>) {}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_shows_the_mount_reconnecting_while_its_connection_is_lost_then_running() {
+    let admin = common::broker().await;
+    let queue = unique("reconnect-health");
+    admin
+        .declare_queue(&QueueSpec::new(queue.as_str()))
+        .await
+        .unwrap();
+    let proxy = Proxy::start(UPSTREAM).await;
+    let broker = through(&proxy, &unique("reconnect-health")).await;
+    let app = App::new("health")
+        .mount(broker.queue(queue.as_str()), ignore, |m| m)
+        .start()
+        .await
+        .unwrap();
+    assert!(app.health().is_ready(), "{:?}", app.health());
+
+    proxy.refuse_new_connections();
+    assert_eq!(proxy.cut_connections().await, 2, "consuming and publishing");
+    wait_until("the mount to show as reconnecting", || {
+        app.health().mounts[0].state == conveyor::MountState::Reconnecting
+    })
+    .await;
+    let health = app.health();
+    assert!(health.is_live() && !health.is_ready(), "{health:?}");
+
+    proxy.accept_new_connections();
+    wait_until("the mount to run again", || app.health().is_ready()).await;
+    app.shutdown().await.unwrap();
+    broker.close().await.unwrap();
+    cleanup(&admin, &[&queue], &[]).await;
+}

@@ -13,9 +13,10 @@ use crate::dispatch::{Phase, Run, Shutdown};
 use crate::error::Error;
 use crate::extract::Context;
 use crate::handler::{Endpoint, Handler};
+use crate::health::{Health, MountHealth, MountStatus};
 use crate::mount::{Dispatch, MountOptions};
 use crate::state::StateMap;
-use crate::transport::{Broker, Source, SubscribeSettings};
+use crate::transport::{Broker, Source, SubscribeSettings, Subscriber};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 type MountTask = BoxFuture<Result<(), Error>>;
@@ -148,7 +149,13 @@ impl App {
             start: Box::new(move |run| {
                 Box::pin(async move {
                     let subscriber = source.subscribe(settings).await?;
-                    let task: MountTask = Box::pin(endpoint.drive(subscriber, run));
+                    run.status.follow(subscriber.connection());
+                    let status = run.status.clone();
+                    let task: MountTask = Box::pin(async move {
+                        let result = endpoint.drive(subscriber, run).await;
+                        status.ended(result.as_ref().err().map(ToString::to_string));
+                        result
+                    });
                     Ok(task)
                 })
             }),
@@ -195,7 +202,10 @@ impl App {
             starts.push((mount.start, cx, mount.options, mount.system));
         }
         let mut tasks = Vec::with_capacity(starts.len());
+        let mut statuses = Vec::with_capacity(starts.len());
         for (start, cx, options, system) in starts {
+            let status = MountStatus::default();
+            statuses.push((cx.queue().to_string(), status.clone()));
             let metrics =
                 crate::telemetry::MountMetrics::new(system, cx.queue(), options.dispatch_name());
             let run = Run {
@@ -203,6 +213,7 @@ impl App {
                 options,
                 system,
                 metrics,
+                status,
                 shutdown: shutdown.clone(),
                 max_hold: crate::dispatch::MAX_IN_PLACE_HOLD,
             };
@@ -217,6 +228,7 @@ impl App {
             name: self.name,
             stop,
             mounts,
+            statuses,
             brokers: self.brokers,
             shutdown_timeout: self.shutdown_timeout,
         })
@@ -275,11 +287,31 @@ pub struct RunningApp {
     name: String,
     stop: watch::Sender<Phase>,
     mounts: JoinSet<Result<(), Error>>,
+    /// Each mount's queue and status, in mount order, for [`RunningApp::health`].
+    statuses: Vec<(String, MountStatus)>,
     brokers: Vec<Close>,
     shutdown_timeout: Duration,
 }
 
 impl RunningApp {
+    /// Every mount's state now: running, reconnecting, draining, stopped or failed (with
+    /// the error). [`Health::is_live`] and [`Health::is_ready`] answer a liveness and a
+    /// readiness probe.
+    pub fn health(&self) -> Health {
+        let shutting_down = *self.stop.borrow() != Phase::Running;
+        Health {
+            app: self.name.clone(),
+            mounts: self
+                .statuses
+                .iter()
+                .map(|(queue, status)| MountHealth {
+                    queue: queue.clone(),
+                    state: status.state(shutting_down),
+                })
+                .collect(),
+        }
+    }
+
     /// Stops receiving now, without waiting: in-flight handlers go on and deliveries not
     /// yet started are released. [`shutdown`](Self::shutdown) then waits for the rest. Use
     /// it to drain a service (before a readiness probe fails, say) ahead of shutting down.

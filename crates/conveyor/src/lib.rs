@@ -50,6 +50,7 @@ mod error;
 mod extract;
 mod handler;
 mod headers;
+mod health;
 pub mod memory;
 mod message;
 mod mount;
@@ -71,6 +72,7 @@ pub use error::{BoxError, Error, Report, Result};
 pub use extract::{Context, DeliveryInfo, FromContext, FromDelivery, Rejection, State};
 pub use handler::Handler;
 pub use headers::{HeaderName, Headers};
+pub use health::{ConnectionProbe, Health, MountHealth, MountState};
 pub use memory::{MemoryBroker, MemoryQueue, MemorySubscriber};
 pub use message::{
     CONTENT_TYPE_HEADER, CORRELATION_ID_HEADER, MESSAGE_ID_HEADER, Message, MessageBuilder,

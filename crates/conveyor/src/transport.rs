@@ -106,6 +106,15 @@ pub trait Subscriber: Send + 'static {
         None
     }
 
+    /// How to tell whether this subscription's connection is lost, for a transport that
+    /// recovers a lost connection by itself, out of sight of [`recv`](Self::recv):
+    /// [`RunningApp::health`](crate::RunningApp::health) shows the mount as reconnecting
+    /// while the probe says so. (Receive errors that `recv` returns are seen by the
+    /// dispatcher.) Asked once, when the mount starts. The default gives none.
+    fn connection(&self) -> Option<std::sync::Arc<dyn crate::ConnectionProbe>> {
+        None
+    }
+
     /// Stops receiving, at once: makes no new receive, releases what a receive already
     /// under way brings once it completes, and releases every delivery received but not
     /// yet returned by [`recv`](Self::recv), so that other consumers can take them while

@@ -57,6 +57,8 @@ mod run {
         pub(crate) system: &'static str,
         /// The mount's metric handles (nothing without the `metrics` feature).
         pub(crate) metrics: crate::telemetry::MountMetrics,
+        /// What the running app's health shows of this mount.
+        pub(crate) status: crate::health::MountStatus,
     }
 }
 
@@ -199,13 +201,17 @@ pub(crate) async fn receive<S: Subscriber>(subscriber: &mut S, run: &mut Run) ->
         let error = tokio::select! {
             biased;
             next = subscriber.recv() => match next {
-                Some(Ok(delivery)) => return Received::Delivery(delivery),
+                Some(Ok(delivery)) => {
+                    run.status.received();
+                    return Received::Delivery(delivery);
+                }
                 None => return Received::Ended,
                 Some(Err(error @ Error::Subscribe { .. })) => return Received::Failed(error),
                 Some(Err(error)) => error,
             },
             () = run.shutdown.requested() => return Received::Stop,
         };
+        run.status.receive_failed();
         if !pause_after(&mut pause, &error, run).await {
             return Received::Stop;
         }

@@ -1,0 +1,149 @@
+//! How a running app is doing, mount by mount: what a liveness or readiness probe asks.
+//!
+//! ```
+//! use conveyor::{App, Json, MemoryBroker, MountState};
+//!
+//! # async fn handle(Json(n): Json<u64>) {}
+//! # async fn f() -> Result<(), conveyor::Error> {
+//! let broker = MemoryBroker::new();
+//! let app = App::new("orders").mount(broker.queue("orders"), handle, |m| m).start().await?;
+//! let health = app.health();
+//! assert!(health.is_live() && health.is_ready());
+//! assert_eq!(health.mounts[0].state, MountState::Running);
+//! app.shutdown().await
+//! # }
+//! ```
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::support;
+
+/// Where one mount is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MountState {
+    /// Receiving and handling.
+    Running,
+    /// Its connection to the broker is lost, or receiving fails, and it is trying again.
+    /// Handlers already running go on.
+    Reconnecting,
+    /// The app is shutting down: nothing more is received; running handlers finish.
+    Draining,
+    /// Shut down.
+    Stopped,
+    /// Ended for good while the app was running, with the error.
+    Failed(String),
+}
+
+/// One mount's health.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MountHealth {
+    /// The queue it is mounted on.
+    pub queue: String,
+    /// Where it is.
+    pub state: MountState,
+}
+
+/// A running app's health: every mount's state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Health {
+    /// The app's name.
+    pub app: String,
+    /// Every mount, in the order they were mounted.
+    pub mounts: Vec<MountHealth>,
+}
+
+impl Health {
+    /// Whether the app should be left running: no mount has failed. A mount that is
+    /// reconnecting is alive (restarting the process would not bring the broker back).
+    pub fn is_live(&self) -> bool {
+        !self
+            .mounts
+            .iter()
+            .any(|mount| matches!(mount.state, MountState::Failed(_)))
+    }
+
+    /// Whether the app is doing its work: every mount is running.
+    pub fn is_ready(&self) -> bool {
+        self.mounts
+            .iter()
+            .all(|mount| mount.state == MountState::Running)
+    }
+}
+
+/// Tells whether a subscription's connection is lost, when asked: what a transport that
+/// recovers its connection by itself, out of sight of
+/// [`Subscriber::recv`](crate::Subscriber::recv), hands to the core through
+/// [`Subscriber::connection`](crate::Subscriber::connection). The mount shows as
+/// [`MountState::Reconnecting`] while it answers `true`. It is asked only when
+/// [`RunningApp::health`](crate::RunningApp::health) is, so keep it cheap and never block.
+pub trait ConnectionProbe: Send + Sync + 'static {
+    /// Whether the connection is lost now (and being recovered).
+    fn is_lost(&self) -> bool;
+}
+
+/// What the app knows of one mount, shared by the mount's task and the running app.
+#[derive(Clone, Default)]
+pub(crate) struct MountStatus {
+    /// Set by the dispatcher while receives fail.
+    receive_failing: Arc<AtomicBool>,
+    /// The transport's own probe, if it gives one.
+    transport: Arc<OnceLock<Arc<dyn ConnectionProbe>>>,
+    /// Set when the mount's task has ended: `None` for a clean end.
+    ended: Arc<Mutex<Option<Option<String>>>>,
+}
+
+impl std::fmt::Debug for MountStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MountStatus")
+            .field("receive_failing", &self.receive_failing)
+            .field("ended", &self.ended)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MountStatus {
+    /// A receive failed: the mount is reconnecting until one succeeds.
+    pub(crate) fn receive_failed(&self) {
+        self.receive_failing.store(true, Ordering::Relaxed);
+    }
+
+    /// A receive succeeded. (One relaxed load when nothing had failed.)
+    pub(crate) fn received(&self) {
+        if self.receive_failing.load(Ordering::Relaxed) {
+            self.receive_failing.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// Keeps the probe the subscription gives, if any.
+    pub(crate) fn follow(&self, transport: Option<Arc<dyn ConnectionProbe>>) {
+        if let Some(probe) = transport {
+            let _ = self.transport.set(probe);
+        }
+    }
+
+    fn connection_lost(&self) -> bool {
+        self.receive_failing.load(Ordering::Relaxed)
+            || self.transport.get().is_some_and(|probe| probe.is_lost())
+    }
+
+    /// The mount's task has ended, cleanly or with `error`.
+    pub(crate) fn ended(&self, error: Option<String>) {
+        *support::lock(&self.ended) = Some(error);
+    }
+
+    /// The mount's state, given whether the app is shutting down.
+    pub(crate) fn state(&self, shutting_down: bool) -> MountState {
+        match support::lock(&self.ended).clone() {
+            Some(Some(error)) => MountState::Failed(error),
+            Some(None) if shutting_down => MountState::Stopped,
+            Some(None) => MountState::Failed("the subscription ended".to_string()),
+            None if shutting_down => MountState::Draining,
+            None if self.connection_lost() => MountState::Reconnecting,
+            None => MountState::Running,
+        }
+    }
+}

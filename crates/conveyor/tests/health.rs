@@ -1,0 +1,166 @@
+//! `RunningApp::health`: each mount running, reconnecting, draining or failed, and the
+//! live and ready answers a probe needs.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use conveyor::{
+    App, Bytes, Delivery, Error, Health, Json, MemoryBroker, MountState, Settle, Settled, Source,
+    SubscribeSettings, Subscriber,
+};
+
+async fn ignore(Json(_n): Json<u64>) {}
+
+/// Waits, for at most ten seconds, until `check` holds for the app's health.
+async fn health_until(
+    app: &conveyor::RunningApp,
+    what: &str,
+    check: impl Fn(&Health) -> bool,
+) -> Health {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let health = app.health();
+        if check(&health) {
+            return health;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: the health is still {health:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_started_app_is_live_and_ready_and_draining_is_not_ready() {
+    let broker = MemoryBroker::new();
+    let app = App::new("health")
+        .mount(broker.queue("a"), ignore, |m| m)
+        .mount(broker.queue("b"), ignore, |m| m.workers(2))
+        .start()
+        .await
+        .unwrap();
+    let health = app.health();
+    assert_eq!(health.app, "health");
+    assert_eq!(
+        health
+            .mounts
+            .iter()
+            .map(|m| (m.queue.as_str(), m.state.clone()))
+            .collect::<Vec<_>>(),
+        [("a", MountState::Running), ("b", MountState::Running)]
+    );
+    assert!(health.is_live() && health.is_ready());
+
+    app.stop_receiving();
+    let health = app.health();
+    assert!(
+        health
+            .mounts
+            .iter()
+            .all(|m| m.state == MountState::Draining)
+    );
+    assert!(health.is_live() && !health.is_ready());
+    app.shutdown().await.unwrap();
+}
+
+/// A subscription that fails to receive while `down` is set, and otherwise hands out a
+/// delivery now and then; its deliveries are settled into the void.
+struct Flaky {
+    down: Arc<AtomicBool>,
+    ends: bool,
+}
+
+struct Void;
+
+impl Settle for Void {
+    fn settle(&self, _: Settled<'_>) {}
+}
+
+impl Subscriber for Flaky {
+    async fn recv(&mut self) -> Option<Result<Delivery, Error>> {
+        if self.ends {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        if self.down.load(Ordering::SeqCst) {
+            return Some(Err(Error::config("the broker is away")));
+        }
+        let payload = Bytes::from_static(b"1");
+        Some(Ok(Delivery::new(
+            payload,
+            "flaky".into(),
+            Arc::new(Void),
+            0,
+        )))
+    }
+
+    async fn close(self) {}
+}
+
+impl Source for Flaky {
+    type Subscriber = Flaky;
+
+    fn queue_name(&self) -> &str {
+        "flaky"
+    }
+
+    async fn subscribe(self, _: SubscribeSettings) -> Result<Flaky, Error> {
+        Ok(self)
+    }
+}
+
+#[tokio::test]
+async fn a_mount_whose_receives_fail_is_reconnecting_until_one_succeeds() {
+    let down = Arc::new(AtomicBool::new(false));
+    let app = App::new("flaky")
+        .mount(
+            Flaky {
+                down: down.clone(),
+                ends: false,
+            },
+            ignore,
+            |m| m,
+        )
+        .start()
+        .await
+        .unwrap();
+    assert!(app.health().is_ready());
+
+    down.store(true, Ordering::SeqCst);
+    let health = health_until(&app, "reconnecting", |h| {
+        h.mounts[0].state == MountState::Reconnecting
+    })
+    .await;
+    assert!(health.is_live() && !health.is_ready(), "{health:?}");
+
+    down.store(false, Ordering::SeqCst);
+    health_until(&app, "running again", Health::is_ready).await;
+    app.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_subscription_that_ends_by_itself_makes_its_mount_failed_and_the_app_not_live() {
+    let broker = MemoryBroker::new();
+    let app = App::new("ends")
+        .mount(broker.queue("fine"), ignore, |m| m)
+        .mount(
+            Flaky {
+                down: Arc::default(),
+                ends: true,
+            },
+            ignore,
+            |m| m,
+        )
+        .start()
+        .await
+        .unwrap();
+    let health = health_until(&app, "failed", |h| !h.is_live()).await;
+    assert_eq!(health.mounts[0].state, MountState::Running);
+    let MountState::Failed(error) = &health.mounts[1].state else {
+        panic!("{health:?}");
+    };
+    assert!(error.contains("flaky"), "{error}");
+    assert!(app.shutdown().await.is_err(), "the failed mount's error");
+}
