@@ -57,6 +57,26 @@ async fn record_after_delay(
     log.push(&info, key, msg.n);
 }
 
+/// Publishes `messages` to `orders` under `keys` keys drawn at random (the same every
+/// run), each numbered within its key and asking for a random delay of up to 3 ms.
+async fn publish_numbered(test: &TestApp, keys: u64, messages: u64) {
+    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
+    let mut next_per_key = vec![0u64; keys as usize];
+    for _ in 0..messages {
+        let key = rng.next() % keys;
+        let n = next_per_key[key as usize];
+        next_per_key[key as usize] += 1;
+        let message = Message::builder()
+            .partition_key(format!("key-{key}"))
+            .json(&Numbered {
+                n,
+                delay_us: rng.next() % 3_000,
+            })
+            .unwrap();
+        test.publish("orders", message).await.unwrap();
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn lanes_keep_each_key_in_order() {
     const KEYS: u64 = 100;
@@ -69,21 +89,7 @@ async fn lanes_keep_each_key_in_order() {
         |m| m.workers(8).by_key(),
     );
     let test = TestApp::start(app, &broker).await.unwrap();
-    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
-    let mut next_per_key = vec![0u64; KEYS as usize];
-    for _ in 0..MESSAGES {
-        let key = rng.next() % KEYS;
-        let n = next_per_key[key as usize];
-        next_per_key[key as usize] += 1;
-        let message = Message::builder()
-            .partition_key(format!("key-{key}"))
-            .json(&Numbered {
-                n,
-                delay_us: rng.next() % 3_000,
-            })
-            .unwrap();
-        test.publish("orders", message).await.unwrap();
-    }
+    publish_numbered(&test, KEYS, MESSAGES).await;
     test.settled().await.unwrap();
 
     let entries = log.entries();
@@ -118,21 +124,7 @@ async fn any_worker_keeps_each_key_in_order_while_keys_move_between_workers() {
         |m| m.workers(8).by_key().any_worker(),
     );
     let test = TestApp::start(app, &broker).await.unwrap();
-    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
-    let mut next_per_key = vec![0u64; KEYS as usize];
-    for _ in 0..MESSAGES {
-        let key = rng.next() % KEYS;
-        let n = next_per_key[key as usize];
-        next_per_key[key as usize] += 1;
-        let message = Message::builder()
-            .partition_key(format!("key-{key}"))
-            .json(&Numbered {
-                n,
-                delay_us: rng.next() % 3_000,
-            })
-            .unwrap();
-        test.publish("orders", message).await.unwrap();
-    }
+    publish_numbered(&test, KEYS, MESSAGES).await;
     test.settled().await.unwrap();
 
     let entries = log.entries();

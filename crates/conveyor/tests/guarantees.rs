@@ -12,8 +12,8 @@ use std::time::Duration;
 use conveyor::testing::TestApp;
 use conveyor::{
     App, Batch, Bytes, Context, DecodeError, Delivery, DeliveryInfo, Error, FromDelivery,
-    FromPayload, Json, MemoryBroker, Message, Outcome, Publisher, Rejection, Source, State,
-    SubscribeSettings, Subscriber,
+    FromPayload, Json, MemoryBroker, Message, MountOptions, Outcome, Publisher, Rejection, Source,
+    State, SubscribeSettings, Subscriber,
 };
 
 /// A payload whose decoder panics on "boom".
@@ -128,57 +128,31 @@ async fn fail_unprintably(Json(_n): Json<u64>) -> Result<(), Unprintable> {
 }
 
 #[tokio::test]
-async fn a_lane_that_dies_anyway_stops_the_app_with_a_mount_error() {
-    let broker = MemoryBroker::new();
-    broker.publish_json("q", &1u64).await.unwrap();
-    let run = App::new("dying-lane")
-        .mount(broker.queue("q"), fail_unprintably, |m| {
-            m.workers(2).by_key().reject_on_error()
-        })
-        .run_until(std::future::pending());
-    let error = tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("the app stops by itself")
-        .unwrap_err();
-    assert!(
-        matches!(&error, Error::MountTask(what) if what.contains("`q`")),
-        "{error}"
-    );
-}
-
-#[tokio::test]
-async fn a_worker_that_dies_anyway_stops_the_app_with_a_mount_error() {
-    let broker = MemoryBroker::new();
-    broker.publish_json("q", &1u64).await.unwrap();
-    let run = App::new("dying-worker")
-        .mount(broker.queue("q"), fail_unprintably, |m| {
-            m.workers(2).reject_on_error()
-        })
-        .run_until(std::future::pending());
-    let error = tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("the app stops by itself")
-        .unwrap_err();
-    assert!(matches!(error, Error::MountTask(_)), "{error}");
-}
-
-#[tokio::test]
-async fn an_any_worker_worker_that_dies_anyway_stops_the_app_with_a_mount_error() {
-    let broker = MemoryBroker::new();
-    broker.publish_json("q", &1u64).await.unwrap();
-    let run = App::new("dying-any-worker")
-        .mount(broker.queue("q"), fail_unprintably, |m| {
-            m.workers(2).by_key().any_worker().reject_on_error()
-        })
-        .run_until(std::future::pending());
-    let error = tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("the app stops by itself")
-        .unwrap_err();
-    assert!(
-        matches!(&error, Error::MountTask(what) if what.contains("`q`")),
-        "{error}"
-    );
+async fn a_worker_or_lane_that_dies_anyway_stops_the_app_with_a_mount_error() {
+    for (mode, configure) in [
+        (
+            "lanes",
+            (|m: MountOptions| m.workers(2).by_key()) as fn(_) -> _,
+        ),
+        ("workers", |m| m.workers(2)),
+        ("any-worker", |m| m.workers(2).by_key().any_worker()),
+    ] {
+        let broker = MemoryBroker::new();
+        broker.publish_json("q", &1u64).await.unwrap();
+        let run = App::new("dying")
+            .mount(broker.queue("q"), fail_unprintably, move |m| {
+                configure(m).reject_on_error()
+            })
+            .run_until(std::future::pending());
+        let error = tokio::time::timeout(Duration::from_secs(60), run)
+            .await
+            .unwrap_or_else(|_| panic!("{mode}: the app does not stop by itself"))
+            .unwrap_err();
+        assert!(
+            matches!(&error, Error::MountTask(what) if what.contains("`q`")),
+            "{mode}: {error}"
+        );
+    }
 }
 
 async fn retry_forever_later(Json(_n): Json<u64>, State(runs): State<Arc<AtomicUsize>>) -> Outcome {
