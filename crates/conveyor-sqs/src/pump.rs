@@ -177,6 +177,7 @@ impl Pump {
             match self.receive().await {
                 Ok(deliveries) => {
                     pause.reset();
+                    self.queue.calls.succeeded();
                     let count = deliveries.len();
                     tracing::trace!(queue = self.queue.name, count, "received");
                     if let Err(late) = self.handover.offer(deliveries) {
@@ -201,6 +202,7 @@ impl Pump {
                     return;
                 }
                 Err(Failure { error, .. }) => {
+                    self.queue.calls.failed();
                     let retry_in = pause.failed();
                     tracing::warn!(queue = self.queue.name, error = %Report(&error), ?retry_in, "receive failed");
                     tokio::select! {

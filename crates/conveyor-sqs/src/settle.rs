@@ -183,13 +183,17 @@ pub(crate) async fn with_retries<T: Send, B: BatchCall<T>>(
         let mut reasons: Vec<Option<String>> = vec![None; batch.len()];
         match call.call(&batch).await {
             Ok(failed) => {
+                call.queue().calls.succeeded();
                 for (index, reason) in failed {
                     if let Some(slot) = reasons.get_mut(index) {
                         *slot = Some(reason);
                     }
                 }
             }
-            Err(error) => reasons.fill(Some(Report(&error).to_string())),
+            Err(error) => {
+                call.queue().calls.failed();
+                reasons.fill(Some(Report(&error).to_string()));
+            }
         }
         let mut failed = Vec::new();
         for (entry, reason) in batch.into_iter().zip(reasons) {

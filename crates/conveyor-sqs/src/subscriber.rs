@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_sqs::types::QueueAttributeName;
-use conveyor::{Delivery, Error, Source, SubscribeSettings, Subscriber};
+use conveyor::{ConnectionProbe, Delivery, Error, Source, SubscribeSettings, Subscriber};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -15,7 +15,7 @@ use crate::error::{SqsError, shown};
 use crate::inflight::InFlight;
 use crate::keeper::Keeper;
 use crate::pump::{Handover, Next, Pump};
-use crate::queue::{DeadLetter, QueueInfo};
+use crate::queue::{CallHealth, DeadLetter, QueueInfo};
 use crate::settle::{BATCH_LIMIT, Settler};
 use crate::spec::check_name;
 
@@ -134,6 +134,7 @@ impl Source for SqsQueue {
             }
         };
         let broker_settings = self.broker.settings().clone();
+        let calls = queue.calls.clone();
         let in_flight = Arc::new(InFlight::default());
         let handover = Arc::new(Handover::default());
         let (alive, alive_rx) = watch::channel(());
@@ -183,6 +184,7 @@ impl Source for SqsQueue {
             pump: Some(pump),
             keeper: Some(keeper),
             pump_bound,
+            calls,
         })
     }
 }
@@ -209,6 +211,8 @@ pub struct SqsSubscriber {
     keeper: Option<JoinHandle<()>>,
     /// The longest a receive under way may take.
     pump_bound: Duration,
+    /// Whether calls to the queue fail now, for the mount's health.
+    calls: CallHealth,
 }
 
 impl SqsSubscriber {
@@ -228,6 +232,12 @@ impl SqsSubscriber {
 }
 
 impl Subscriber for SqsSubscriber {
+    /// The mount shows as reconnecting while calls to the queue (receives, deletes,
+    /// visibility changes) fail and are retried.
+    fn connection(&self) -> Option<Arc<dyn ConnectionProbe>> {
+        Some(Arc::new(self.calls.clone()))
+    }
+
     /// The next delivery of the last receive. An error that cannot heal (the queue is
     /// gone, access is denied) comes back as [`Error::Subscribe`] once the deliveries
     /// received before it are taken; passing errors are retried inside the pump.

@@ -1,7 +1,8 @@
 //! SQS stalls for 10 s in the middle of a run: the fault proxy (`common::proxy`) holds
 //! every request and answer, closing nothing, so calls under way hang until they time
 //! out and new ones get no answer either. The pump and the keeper fail, back off and try
-//! again; once traffic flows, consumption resumes by itself and no message is lost (what
+//! again, and the app's health shows the mount as reconnecting; once traffic flows,
+//! consumption resumes by itself, the mount shows as running, and no message is lost (what
 //! the stall kept from being deleted comes back after its visibility timeout and is
 //! handled again: a duplicate, never a loss).
 //!
@@ -82,8 +83,18 @@ async fn consumption_resumes_after_a_ten_second_stall_and_nothing_is_lost() {
         at_stall < 200,
         "the stall comes mid-run ({at_stall} of {MESSAGES} handled)"
     );
-    // The scenario itself: SQS answers nothing for 10 s.
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    // The scenario itself: SQS answers nothing for 10 s, or until the mount shows as
+    // reconnecting, if that comes later: each call gives up 2 s after its poll, and the
+    // SDK tries each three times before the transport sees it fail.
+    let stalled = tokio::time::Instant::now();
+    eventually(
+        "the mount to show as reconnecting",
+        Duration::from_secs(30),
+        || async { running.health().mounts[0].state == conveyor::MountState::Reconnecting },
+    )
+    .await;
+    assert!(running.health().is_live());
+    tokio::time::sleep_until(stalled + Duration::from_secs(10)).await;
     let at_resume = distinct(&seen);
     // Nothing got through: the app handled only what it held when the stall came (the
     // mount's workers plus one receive, and one receive completed just before it).
@@ -98,6 +109,12 @@ async fn consumption_resumes_after_a_ten_second_stall_and_nothing_is_lost() {
         "consumption to resume after the stall",
         Duration::from_secs(30),
         || async { distinct(&seen) > at_resume },
+    )
+    .await;
+    eventually(
+        "the mount to run again",
+        Duration::from_secs(30),
+        || async { running.health().is_ready() },
     )
     .await;
     eventually(
