@@ -177,9 +177,10 @@ impl LapinBrokerBuilder {
             .connection_name
             .as_ref()
             .map(|name| format!("{name} (publishing)"));
+        let unblocked = Arc::new(tokio::sync::Notify::new());
         let (consuming, publishing) = tokio::join!(
-            self.dial(&redacted, self.connection_name.clone()),
-            self.dial(&redacted, publishing_name)
+            self.dial(&redacted, self.connection_name.clone(), unblocked.clone()),
+            self.dial(&redacted, publishing_name, unblocked.clone())
         );
         let ((consuming, consuming_dialer), (publishing, publishing_dialer)) =
             match (consuming, publishing) {
@@ -197,6 +198,7 @@ impl LapinBrokerBuilder {
                 connection: consuming,
                 publishing,
                 dialers: [consuming_dialer, publishing_dialer],
+                unblocked,
                 url: redacted,
                 prefetch: self.prefetch,
                 confirm_timeout: self.confirm_timeout,
@@ -214,6 +216,7 @@ impl LapinBrokerBuilder {
         &self,
         redacted: &str,
         name: Option<String>,
+        unblocked: Arc<tokio::sync::Notify>,
     ) -> Result<(Connection, Arc<Dialer>), LapinError> {
         let redacted = redacted.to_string();
         let uri: lapin::uri::AMQPUri =
@@ -335,6 +338,7 @@ impl LapinBrokerBuilder {
             connection.events_listener(),
             redacted,
             dialer.clone(),
+            unblocked,
         ));
         Ok((connection, dialer))
     }
@@ -384,6 +388,8 @@ pub(crate) struct BrokerInner {
     pub(crate) publishing: Connection,
     /// The dialers of the two connections, which [`LapinBroker::close`] stops.
     dialers: [Arc<Dialer>; 2],
+    /// Notified when RabbitMQ unblocks a connection (or it reconnects, unblocked).
+    unblocked: Arc<tokio::sync::Notify>,
     pub(crate) url: String,
     pub(crate) prefetch: Option<u16>,
     pub(crate) confirm_timeout: Duration,
@@ -700,6 +706,14 @@ impl LapinBroker {
         Ok(channel)
     }
 
+    /// Resolves once the publishing connection is not blocked by a resource alarm (at
+    /// once, mostly).
+    pub(crate) async fn publishing_unblocked(&self) {
+        let status = self.inner.publishing.status();
+        conveyor::support::wait_for(&self.inner.unblocked, || (!status.blocked()).then_some(()))
+            .await;
+    }
+
     /// The publishing connection's negotiated settings, for its frame limit.
     pub(crate) fn publishing_settings(&self) -> lapin::Configuration {
         self.inner.publishing.configuration().clone()
@@ -806,6 +820,7 @@ async fn log_events(
     events: impl futures_util::Stream<Item = lapin::Event>,
     url: String,
     dialer: Arc<Dialer>,
+    unblocked: Arc<tokio::sync::Notify>,
 ) {
     use futures_util::StreamExt;
     let mut events = std::pin::pin!(events);
@@ -819,9 +834,11 @@ async fn log_events(
             }
             lapin::Event::ConnectionUnblocked => {
                 tracing::info!(url = %url, "RabbitMQ unblocked the connection");
+                unblocked.notify_waiters();
             }
             lapin::Event::Connected => {
                 dialer.connected();
+                unblocked.notify_waiters();
                 tracing::info!(url = %url, "RabbitMQ connection (re)established");
             }
             _ => {}

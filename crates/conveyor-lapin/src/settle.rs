@@ -443,6 +443,16 @@ impl Settling {
     ) -> BoxFuture<'static, ()> {
         let (queue, routes) = (self.queue.clone(), self.routes.clone());
         Box::pin(async move {
+            // While a resource alarm blocks the publishing connection, a copy would only
+            // wait in lapin's buffer: if it then timed out, the original would be
+            // requeued, fail again and buffer another copy, every confirm timeout, all
+            // landing when the alarm clears. So the original stays held (unacked) until
+            // the connection is unblocked; acks of other messages go on meanwhile.
+            routes.broker.publishing_unblocked().await;
+            // The original's channel died while it waited: the broker delivers it again.
+            if !acker.usable() {
+                return;
+            }
             let timeout = routes.confirm_timeout;
             let taken = match tokio::time::timeout(timeout, publish(&routes, copy, &payload)).await
             {

@@ -150,10 +150,10 @@ impl App {
                 Box::pin(async move {
                     let subscriber = source.subscribe(settings).await?;
                     run.status.follow(subscriber.connection());
-                    let status = run.status.clone();
+                    let mut ended = EndGuard(Some(run.status.clone()));
                     let task: MountTask = Box::pin(async move {
                         let result = endpoint.drive(subscriber, run).await;
-                        status.ended(result.as_ref().err().map(ToString::to_string));
+                        ended.ended(result.as_ref().err().map(ToString::to_string));
                         result
                     });
                     Ok(task)
@@ -199,15 +199,15 @@ impl App {
             let cx = Context::new(mount.queue.as_str().into(), state.clone());
             validate(&mount.queue, &mount.options, mount.batch_handler)?;
             (mount.check)(&cx)?;
-            starts.push((mount.start, cx, mount.options, mount.system));
+            let dispatch = mount.options.dispatch_name(mount.batch_handler);
+            starts.push((mount.start, cx, mount.options, mount.system, dispatch));
         }
         let mut tasks = Vec::with_capacity(starts.len());
         let mut statuses = Vec::with_capacity(starts.len());
-        for (start, cx, options, system) in starts {
+        for (start, cx, options, system, dispatch) in starts {
             let status = MountStatus::default();
             statuses.push((cx.queue().to_string(), status.clone()));
-            let metrics =
-                crate::telemetry::MountMetrics::new(system, cx.queue(), options.dispatch_name());
+            let metrics = crate::telemetry::MountMetrics::new(system, cx.queue(), dispatch);
             let run = Run {
                 cx,
                 options,
@@ -368,6 +368,24 @@ impl RunningApp {
                 first_error.get_or_insert(error);
             }
         }
+    }
+}
+
+/// Records how a mount's task ended; one dropped before it ended (it panicked, or was
+/// aborted) shows as failed.
+struct EndGuard(Option<MountStatus>);
+
+impl EndGuard {
+    fn ended(&mut self, error: Option<String>) {
+        if let Some(status) = self.0.take() {
+            status.ended(error);
+        }
+    }
+}
+
+impl Drop for EndGuard {
+    fn drop(&mut self) {
+        self.ended(Some("the mount's task panicked or was aborted".to_string()));
     }
 }
 

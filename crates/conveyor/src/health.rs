@@ -106,16 +106,14 @@ impl std::fmt::Debug for MountStatus {
 }
 
 impl MountStatus {
-    /// A receive failed: the mount is reconnecting until one succeeds.
+    /// A receive failed: the mount is reconnecting while it pauses before the next.
     pub(crate) fn receive_failed(&self) {
         self.receive_failing.store(true, Ordering::Relaxed);
     }
 
-    /// A receive succeeded. (One relaxed load when nothing had failed.)
+    /// The pause after a failed receive is over: receiving again.
     pub(crate) fn received(&self) {
-        if self.receive_failing.load(Ordering::Relaxed) {
-            self.receive_failing.store(false, Ordering::Relaxed);
-        }
+        self.receive_failing.store(false, Ordering::Relaxed);
     }
 
     /// Keeps the probe the subscription gives, if any.

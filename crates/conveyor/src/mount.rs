@@ -95,8 +95,14 @@ impl MountOptions {
     /// per worker) to find keys to run; one key may hold at most `read_ahead - n` of them,
     /// which leaves room for a delivery of each other worker's key. The queue's order
     /// still rules: when the next delivery's key holds all it may, the mount reads on
-    /// only once that key has run one. Choose lanes instead when a key's lane must be predictable, for example to
-    /// keep per-lane state in the handler. Without `by_key()` it is a startup error.
+    /// only once that key has run one. Choose lanes instead when a key's lane must be
+    /// predictable, for example to keep per-lane state in the handler. Without `by_key()`
+    /// it is a startup error.
+    ///
+    /// Deliveries waiting for their key's turn are held by the broker as unsettled, so
+    /// they count against its limits: with slow handlers and a key that holds many, the
+    /// last may wait long, and RabbitMQ closes a channel whose delivery stays unacked past
+    /// its `consumer_timeout` (30 minutes by default). Keep `read_ahead` in proportion.
     pub fn any_worker(mut self) -> Self {
         self.any_worker = true;
         self
@@ -197,10 +203,11 @@ impl MountOptions {
         self
     }
 
-    /// The dispatch mode's name in spans: `sequential`, `workers`, `lanes`, `any_worker`
-    /// or `batch`.
-    pub(crate) fn dispatch_name(&self) -> &'static str {
+    /// The dispatch mode's name in spans and metrics: `sequential`, `workers`, `lanes`,
+    /// `any_worker` or `batch` (a batch handler's mount, with or without `batch(n)`).
+    pub(crate) fn dispatch_name(&self, batch_handler: bool) -> &'static str {
         match (self.batch_size, self.dispatch()) {
+            _ if batch_handler => "batch",
             (Some(_), _) => "batch",
             (None, Dispatch::Sequential) => "sequential",
             (None, Dispatch::Workers(_)) => "workers",

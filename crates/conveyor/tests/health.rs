@@ -70,6 +70,7 @@ async fn a_started_app_is_live_and_ready_and_draining_is_not_ready() {
 struct Flaky {
     down: Arc<AtomicBool>,
     ends: bool,
+    panics: bool,
 }
 
 struct Void;
@@ -83,6 +84,7 @@ impl Subscriber for Flaky {
         if self.ends {
             return None;
         }
+        assert!(!self.panics, "a transport bug");
         tokio::time::sleep(Duration::from_millis(5)).await;
         if self.down.load(Ordering::SeqCst) {
             return Some(Err(Error::config("the broker is away")));
@@ -119,6 +121,7 @@ async fn a_mount_whose_receives_fail_is_reconnecting_until_one_succeeds() {
             Flaky {
                 down: down.clone(),
                 ends: false,
+                panics: false,
             },
             ignore,
             |m| m,
@@ -149,6 +152,7 @@ async fn a_subscription_that_ends_by_itself_makes_its_mount_failed_and_the_app_n
             Flaky {
                 down: Arc::default(),
                 ends: true,
+                panics: false,
             },
             ignore,
             |m| m,
@@ -163,4 +167,27 @@ async fn a_subscription_that_ends_by_itself_makes_its_mount_failed_and_the_app_n
     };
     assert!(error.contains("flaky"), "{error}");
     assert!(app.shutdown().await.is_err(), "the failed mount's error");
+}
+
+#[tokio::test]
+async fn a_mount_whose_task_panicked_is_failed() {
+    let app = App::new("panics")
+        .mount(
+            Flaky {
+                down: Arc::default(),
+                ends: false,
+                panics: true,
+            },
+            ignore,
+            |m| m,
+        )
+        .start()
+        .await
+        .unwrap();
+    let health = health_until(&app, "failed", |h| !h.is_live()).await;
+    assert_eq!(
+        health.mounts[0].state,
+        MountState::Failed("the mount's task panicked or was aborted".into())
+    );
+    let _ = app.shutdown().await;
 }

@@ -185,21 +185,32 @@ impl<T> Board<T> {
     }
 
     /// A worker finished an item of `key`: the key's next item, if any, becomes ready;
-    /// a key with nothing left leaves the board.
-    pub(super) fn done(&self, key: Option<u64>) {
+    /// a key with nothing left leaves the board. Once the board is released, the key's
+    /// waiting items come back instead, in order, for the caller to let go of: only now
+    /// that the item before them is settled, so that the key keeps its order.
+    #[must_use = "the items handed back are released when dropped"]
+    pub(super) fn done(&self, key: Option<u64>) -> Vec<T> {
         let mut held = support::lock(&self.held);
         held.held = held.held.saturating_sub(1);
         let mut woke = false;
+        let mut handed_back = Vec::new();
         if let Some(key) = key {
-            match held.behind.get_mut(&key).map(VecDeque::pop_front) {
-                Some(Some(next)) => {
-                    held.ready.push(next);
-                    woke = true;
+            if held.released {
+                if let Some(behind) = held.behind.remove(&key) {
+                    held.held = held.held.saturating_sub(behind.len());
+                    handed_back.extend(behind.into_iter().map(|ticket| ticket.item));
                 }
-                Some(None) => {
-                    held.behind.remove(&key);
+            } else {
+                match held.behind.get_mut(&key).map(VecDeque::pop_front) {
+                    Some(Some(next)) => {
+                        held.ready.push(next);
+                        woke = true;
+                    }
+                    Some(None) => {
+                        held.behind.remove(&key);
+                    }
+                    None => {}
                 }
-                None => {}
             }
         }
         drop(held);
@@ -207,15 +218,23 @@ impl<T> Board<T> {
             self.ready.notify_one();
         }
         self.settled.notify_one();
+        handed_back
     }
 
-    /// Takes every item that has not started off the board, oldest first, and closes it.
+    /// Closes the board and takes off it, oldest first, every item whose key has nothing
+    /// running. The items waiting behind a running one stay until it is
+    /// [`done`](Self::done): given back before it settles, another consumer could run them
+    /// first.
     pub(super) fn release(&self) -> Vec<T> {
         let mut held = support::lock(&self.held);
         held.released = true;
-        let mut tickets: Vec<Ticket<T>> = held.ready.drain().collect();
-        for (_, behind) in held.behind.drain() {
-            tickets.extend(behind);
+        let ready: Vec<Ticket<T>> = held.ready.drain().collect();
+        let mut tickets = Vec::with_capacity(ready.len());
+        for ticket in ready {
+            if let Some(behind) = ticket.key.and_then(|key| held.behind.remove(&key)) {
+                tickets.extend(behind);
+            }
+            tickets.push(ticket);
         }
         held.held = held.held.saturating_sub(tickets.len());
         drop(held);
@@ -246,6 +265,9 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
         workers.spawn(work(handler.clone(), board.clone(), run.clone(), index));
     }
 
+    // A delivery the dispatcher holds when the loop ends: it came last, so it goes back
+    // after the board's.
+    let mut in_hand = None;
     let end: End = loop {
         // Room first: when there is some, the shutdown's future is never made (`receive`
         // looks at the shutdown before each delivery).
@@ -270,16 +292,24 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
             tokio::select! {
                 biased;
                 () = board.room_for_key(key) => {}
-                () = run.shutdown.requested() => break End::Stopped,
-                died = task_died(&mut workers) => break End::Failed(task_error(&died, &run)),
+                () = run.shutdown.requested() => {
+                    in_hand = Some(delivery);
+                    break End::Stopped;
+                }
+                died = task_died(&mut workers) => {
+                    in_hand = Some(delivery);
+                    break End::Failed(task_error(&died, &run));
+                }
             }
         }
         if board.add(key, delivery).is_err() {
             break End::Stopped;
         }
     };
-    // What has not started goes back at once, oldest first, while running handlers finish.
+    // What has not started goes back at once, oldest first, while running handlers finish;
+    // what waits behind a running one goes back as that one ends.
     drop(board.release());
+    drop(in_hand);
     subscriber.stop_receiving().await;
     let joined = join_tasks(workers, &run).await;
     finish(subscriber, &run, end).await.and(joined)
@@ -305,9 +335,16 @@ async fn work<H: CallOne>(
         };
         // The board was released: the mount is ending.
         let Some(mut turn) = next else { return };
+        // Shutdown came as the turn was taken: it goes back unstarted, then its key's rest.
+        if run.shutdown.is_requested() {
+            let key = turn.key;
+            drop(turn);
+            drop(board.done(key));
+            return;
+        }
         turn.item.set_lane(index);
         handle_one(&*handler, turn.item, &run, Retries::InPlace).await;
-        board.done(turn.key);
+        drop(board.done(turn.key));
     }
 }
 
@@ -343,9 +380,9 @@ mod tests {
         assert_eq!(take(&board), Some((1, Some(7))));
         assert_eq!(take(&board), Some((3, Some(8))));
         assert_eq!(take(&board), None, "key 7 is running");
-        board.done(Some(7));
+        assert!(board.done(Some(7)).is_empty());
         assert_eq!(take(&board), Some((2, Some(7))));
-        board.done(Some(7));
+        assert!(board.done(Some(7)).is_empty());
         assert_eq!(take(&board), Some((4, Some(7))));
     }
 
@@ -357,7 +394,7 @@ mod tests {
         assert!(board.add(Some(2), 20).is_ok());
         assert!(board.add(None, 30).is_ok());
         assert_eq!(take(&board), Some((10, Some(1))));
-        board.done(Some(1));
+        assert!(board.done(Some(1)).is_empty());
         // Item 11 arrived before 20 and 30, and its key is free again.
         assert_eq!(take(&board), Some((11, Some(1))));
         assert_eq!(take(&board), Some((20, Some(2))));
@@ -374,7 +411,7 @@ mod tests {
         assert!(!ready_now(board.room()), "three held of three");
         assert_eq!(take(&board), Some((0, None)));
         assert!(!ready_now(board.room()), "a running item is still held");
-        board.done(None);
+        assert!(board.done(None).is_empty());
         assert!(ready_now(board.room()));
     }
 
@@ -395,7 +432,7 @@ mod tests {
             "another key still has room"
         );
         assert_eq!(take(&board), Some((0, Some(1))));
-        board.done(Some(1));
+        assert!(board.done(Some(1)).is_empty());
         assert!(ready_now(board.room_for_key(1)));
     }
 
@@ -407,22 +444,22 @@ mod tests {
         }
         assert_eq!(board.keys(), 100);
         while let Some((_, key)) = take(&board) {
-            board.done(key);
+            assert!(board.done(key).is_empty());
         }
         assert_eq!(board.keys(), 0);
     }
 
     #[test]
-    fn release_hands_back_what_has_not_started_oldest_first_and_closes_the_board() {
+    fn release_hands_back_unstarted_keys_at_once_and_a_running_keys_rest_when_it_ends() {
         let board = Board::new(2, 16);
         for (item, key) in [(1, Some(5)), (2, None), (3, Some(5)), (4, Some(6))] {
             assert!(board.add(key, item).is_ok());
         }
         assert_eq!(take(&board), Some((1, Some(5))));
-        assert_eq!(board.release(), [2, 3, 4]);
+        // Item 3 waits behind the running 1 of its key: it goes back only once 1 is done.
+        assert_eq!(board.release(), [2, 4]);
         assert_eq!(board.add(None, 9), Err(9));
-        // The running item finishes after the release: nothing follows it.
-        board.done(Some(5));
+        assert_eq!(board.done(Some(5)), [3]);
         assert_eq!(take(&board), None);
     }
 }

@@ -66,6 +66,13 @@ pub(super) async fn drive<H: CallBatch, S: Subscriber>(
 /// Decodes each delivery (rejecting those that fail on their own), runs the handler once
 /// on the rest, and settles each by its outcome.
 async fn handle_batch<H: CallBatch>(handler: &H, gathered: &mut Vec<Delivery>, run: &Run) {
+    let count = gathered.len() as u64;
+    run.metrics.consumed(count);
+    decode_and_run(handler, gathered, run).await;
+    run.metrics.finished(count);
+}
+
+async fn decode_and_run<H: CallBatch>(handler: &H, gathered: &mut Vec<Delivery>, run: &Run) {
     let mut payloads = Vec::with_capacity(gathered.len());
     let mut metadata = Vec::with_capacity(gathered.len());
     let mut deliveries = Vec::with_capacity(gathered.len());
@@ -100,12 +107,14 @@ async fn handle_batch<H: CallBatch>(handler: &H, gathered: &mut Vec<Delivery>, r
     if deliveries.is_empty() {
         return;
     }
+    let started = run.metrics.run_started();
     let called = catch_unwind(AssertUnwindSafe(|| {
         handler.call(Batch::new(payloads, metadata), &run.cx)
     }));
     let future = match called {
         Ok(Ok(future)) => future,
         Err(panic) => {
+            run.metrics.panicked();
             let failure = Failure::Panic(panic);
             for delivery in deliveries {
                 settle_failed(delivery, &failure, run);
@@ -123,7 +132,9 @@ async fn handle_batch<H: CallBatch>(handler: &H, gathered: &mut Vec<Delivery>, r
     };
     // Polling the handler's future runs user code: a panic there fails the batch.
     let finished = AssertUnwindSafe(async { future.await.into_batch_outcome() });
-    let failure = match within_timeout(finished.catch_unwind(), run).await {
+    let result = within_timeout(finished.catch_unwind(), run).await;
+    run.metrics.run_ended(started);
+    let failure = match result {
         Err(timed_out) => timed_out,
         Ok(Ok(outcome)) => match outcome {
             Ok(BatchOutcome::All(outcome)) => {
@@ -144,7 +155,10 @@ async fn handle_batch<H: CallBatch>(handler: &H, gathered: &mut Vec<Delivery>, r
             },
             Err(error) => Failure::Error(error),
         },
-        Ok(Err(panic)) => Failure::Panic(panic),
+        Ok(Err(panic)) => {
+            run.metrics.panicked();
+            Failure::Panic(panic)
+        }
     };
     for delivery in deliveries {
         settle_failed(delivery, &failure, run);

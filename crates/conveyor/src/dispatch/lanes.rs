@@ -114,6 +114,11 @@ async fn run_lane<H: CallOne>(handler: Arc<H>, mut queue: mpsc::Receiver<Deliver
             () = run.shutdown.requested() => return,
         };
         let Some(delivery) = next else { return };
+        // Shutdown came as it was taken: it goes back unstarted (the lane's queue, with
+        // the rest of its keys' deliveries, goes back after it).
+        if run.shutdown.is_requested() {
+            return;
+        }
         handle_one(&*handler, delivery, &run, Retries::InPlace).await;
     }
 }

@@ -171,7 +171,11 @@ impl From<Received> for End {
 
 /// Logs a failed receive and waits out the next `pause`. Returns `false` if shutdown was
 /// requested meanwhile.
+///
+/// The mount shows as reconnecting while it waits (a receive that succeeds, or one that
+/// waits without failing, is up again).
 pub(crate) async fn pause_after(pause: &mut RetryPause, error: &Error, run: &mut Run) -> bool {
+    run.status.receive_failed();
     let retry_in = pause.failed();
     tracing::warn!(
         queue = run.cx.queue(),
@@ -179,11 +183,13 @@ pub(crate) async fn pause_after(pause: &mut RetryPause, error: &Error, run: &mut
         ?retry_in,
         "receive failed"
     );
-    tokio::select! {
+    let again = tokio::select! {
         biased;
         () = run.shutdown.requested() => false,
         () = tokio::time::sleep(retry_in) => true,
-    }
+    };
+    run.status.received();
+    again
 }
 
 /// Waits for the next delivery, or for shutdown. A receive error is logged and the
@@ -201,17 +207,13 @@ pub(crate) async fn receive<S: Subscriber>(subscriber: &mut S, run: &mut Run) ->
         let error = tokio::select! {
             biased;
             next = subscriber.recv() => match next {
-                Some(Ok(delivery)) => {
-                    run.status.received();
-                    return Received::Delivery(delivery);
-                }
+                Some(Ok(delivery)) => return Received::Delivery(delivery),
                 None => return Received::Ended,
                 Some(Err(error @ Error::Subscribe { .. })) => return Received::Failed(error),
                 Some(Err(error)) => error,
             },
             () = run.shutdown.requested() => return Received::Stop,
         };
-        run.status.receive_failed();
         if !pause_after(&mut pause, &error, run).await {
             return Received::Stop;
         }

@@ -8,7 +8,8 @@
 //!
 //! The mount's own task watches: at shutdown it has the subscriber stop receiving at
 //! once (handing back what it read ahead) while the workers finish their handlers; when
-//! a worker dies, it stops the others and fails the mount.
+//! a worker dies, the others take nothing more, finish what they run, and the mount
+//! fails.
 
 use std::sync::{Arc, Mutex};
 
@@ -25,6 +26,8 @@ struct Shared<S> {
     subscriber: tokio::sync::Mutex<S>,
     /// Set by the worker that saw the subscription end or fail: the others leave.
     ended: Mutex<Option<End>>,
+    /// Wakes a worker waiting for a delivery when the others are to leave.
+    leave: tokio::sync::Notify,
 }
 
 impl<S> Shared<S> {
@@ -47,6 +50,7 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
     let shared = Arc::new(Shared {
         subscriber: tokio::sync::Mutex::new(subscriber),
         ended: Mutex::new(None),
+        leave: tokio::sync::Notify::new(),
     });
     // Dropping the set aborts the workers, so an aborted mount leaves none behind.
     let mut workers = JoinSet::new();
@@ -63,9 +67,14 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
                 None => break,
                 Some(Ok(())) => {}
                 Some(Err(error)) => {
-                    // Their deliveries go back to the broker; the mount fails.
-                    died.get_or_insert_with(|| task_error(&error, &run));
-                    workers.abort_all();
+                    // The others take nothing more and finish what they run; the mount
+                    // fails.
+                    let error = task_error(&error, &run);
+                    if died.is_none() {
+                        shared.end(End::Stopped);
+                        shared.leave.notify_waiters();
+                    }
+                    died.get_or_insert(error);
                 }
             },
             () = run.shutdown.requested(), if !stopped => {
@@ -115,7 +124,13 @@ async fn work<H: CallOne, S: Subscriber>(handler: Arc<H>, shared: Arc<Shared<S>>
             if shared.has_ended() {
                 return;
             }
-            match receive(&mut *subscriber, &mut run).await {
+            // Polled first: when a delivery is ready, the wake-up is never waited on.
+            let received = tokio::select! {
+                biased;
+                received = receive(&mut *subscriber, &mut run) => received,
+                () = shared.leave.notified() => return,
+            };
+            match received {
                 Received::Delivery(delivery) => delivery,
                 Received::Stop => return,
                 other => return shared.end(other.into()),
