@@ -11,7 +11,9 @@
 //! a worker dies, the others take nothing more, finish what they run, and the mount
 //! fails.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 
 use tokio::task::JoinSet;
 
@@ -124,11 +126,28 @@ async fn work<H: CallOne, S: Subscriber>(handler: Arc<H>, shared: Arc<Shared<S>>
             if shared.has_ended() {
                 return;
             }
-            // Polled first: when a delivery is ready, the wake-up is never waited on.
-            let received = tokio::select! {
-                biased;
-                received = receive(&mut *subscriber, &mut run) => received,
-                () = shared.leave.notified() => return,
+            // Polled once alone: when a delivery is ready, nothing more is made. Only a
+            // receive that waits also waits for the call to leave.
+            let receiving = receive(&mut *subscriber, &mut run);
+            tokio::pin!(receiving);
+            let first = std::future::poll_fn(|cx| Poll::Ready(receiving.as_mut().poll(cx))).await;
+            let received = match first {
+                Poll::Ready(received) => received,
+                Poll::Pending => {
+                    // Registered before the look, so a call to leave made in between is
+                    // not missed.
+                    let leave = shared.leave.notified();
+                    tokio::pin!(leave);
+                    leave.as_mut().enable();
+                    if shared.has_ended() {
+                        return;
+                    }
+                    tokio::select! {
+                        biased;
+                        received = &mut receiving => received,
+                        () = leave => return,
+                    }
+                }
             };
             match received {
                 Received::Delivery(delivery) => delivery,
