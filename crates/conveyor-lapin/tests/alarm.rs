@@ -13,9 +13,11 @@ mod common;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
-use common::{broker_named, cleanup, publish_one, unacked_count, unique, wait_for, wait_until};
+use common::{cleanup, publish_one, unacked_count, unique, wait_for, wait_until};
 use conveyor::{App, DeliveryInfo, Json, Publisher, QueueSpec, State};
+use conveyor_lapin::LapinBroker;
 
 fn rabbitmqctl(args: &[&str]) -> String {
     let output = Command::new("rabbitmqctl")
@@ -72,11 +74,29 @@ async fn count(
     Ok(())
 }
 
+/// The state the server gives the connection named `name` (`running`, `blocking`,
+/// `blocked`, `flow`), if there is one. (The name is the client's `connection_name`
+/// property, which the listing quotes whole: `X` does not match `X (publishing)`.)
+fn connection_state(name: &str) -> Option<String> {
+    let quoted = [format!("\"{name}\""), format!("<<\"{name}\">>")];
+    rabbitmqctl(&["-q", "-s", "list_connections", "state", "client_properties"])
+        .lines()
+        .find(|line| quoted.iter().any(|q| line.contains(q.as_str())))
+        .and_then(|line| line.split('\t').next())
+        .map(str::to_string)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn subscriptions_ack_while_a_memory_alarm_blocks_publishing_and_retries() {
+async fn subscriptions_ack_while_a_memory_alarm_blocks_publishing_and_retries_wait() {
     const MESSAGES: usize = 20;
+    const CONFIRM_TIMEOUT: Duration = Duration::from_secs(1);
     let name = unique("alarm");
-    let broker = broker_named(&name).await;
+    let broker = LapinBroker::builder(common::URL)
+        .connection_name(name.as_str())
+        .confirm_timeout(CONFIRM_TIMEOUT)
+        .connect()
+        .await
+        .unwrap();
     let (queue, elsewhere) = (unique("alarm-consumed"), unique("alarm-published"));
     for queue in [&queue, &elsewhere] {
         broker
@@ -89,12 +109,24 @@ async fn subscriptions_ack_while_a_memory_alarm_blocks_publishing_and_retries() 
     }
 
     let alarm = MemoryAlarm::raise();
-    // A publish during the alarm: the broker blocks the connection it goes out on, and
-    // the confirm waits until the alarm clears.
+    // A publish during the alarm: the broker blocks the connection it goes out on (the
+    // publish itself gives up after the confirm timeout).
     let publishing = {
         let (broker, elsewhere) = (broker.clone(), elsewhere.clone());
         tokio::spawn(async move { broker.publish_json(&elsewhere, &0u32).await })
     };
+    let publishing_connection = format!("{name} (publishing)");
+    wait_until("the publishing connection to be blocked", || {
+        connection_state(&publishing_connection).as_deref() == Some("blocked")
+    })
+    .await;
+    // The consuming connection is `blocking`: it would be blocked if it published, and it
+    // never does.
+    assert_ne!(
+        connection_state(&name).as_deref(),
+        Some("blocked"),
+        "the consuming connection never publishes"
+    );
     let handled = Arc::new(AtomicUsize::new(0));
     // Bounded, so that a hang fails the test and the alarm is cleared on the way out.
     let running = tokio::time::timeout(common::DEADLINE, async {
@@ -119,31 +151,38 @@ async fn subscriptions_ack_while_a_memory_alarm_blocks_publishing_and_retries() 
             }
         })
         .await;
+        // Several confirm timeouts later, message 0 is still held: its copy was never
+        // sent into the blocked connection, so it did not time out, and the original was
+        // not requeued to fail and be copied again.
+        tokio::time::sleep(3 * CONFIRM_TIMEOUT).await;
+        assert_eq!(
+            handled.load(Ordering::SeqCst),
+            MESSAGES,
+            "no run during the alarm"
+        );
+        assert_eq!(unacked_count(&queue), 1, "message 0 still held");
         running
     })
     .await
     .expect("the subscription starts and acks during the alarm");
-    assert!(
-        !publishing.is_finished(),
-        "the publish went through during the alarm: the test proves nothing"
-    );
 
     drop(alarm);
-    tokio::time::timeout(common::DEADLINE, publishing)
-        .await
-        .expect("the publish completes once the alarm clears")
-        .unwrap()
-        .unwrap();
+    let _ = publishing.await;
     wait_until("the retry handled once the alarm clears", || {
         handled.load(Ordering::SeqCst) == MESSAGES + 1
     })
     .await;
-    wait_for("nothing left unacked", || async {
-        unacked_count(&queue) == 0
+    wait_for("nothing left unacked or ready", || async {
+        unacked_count(&queue) == 0 && broker.queue_depth(&queue).await.unwrap().ready == 0
     })
     .await;
+    assert_eq!(
+        handled.load(Ordering::SeqCst),
+        MESSAGES + 1,
+        "one copy of message 0, not one per confirm timeout"
+    );
     running.shutdown().await.unwrap();
-    assert_eq!(broker.queue_depth(&elsewhere).await.unwrap().ready, 1);
+    broker.publish_json(&elsewhere, &1u32).await.unwrap();
     cleanup(&broker, &[&queue, &elsewhere], &[]).await;
     broker.close().await.unwrap();
 }
