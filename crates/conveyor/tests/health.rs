@@ -66,7 +66,9 @@ async fn a_started_app_is_live_and_ready_and_draining_is_not_ready() {
 }
 
 /// A subscription that fails to receive while `down` is set, and otherwise hands out a
-/// delivery now and then; its deliveries are settled into the void.
+/// delivery now and then; its deliveries are settled into the void. Or one that ends at
+/// once, or panics.
+#[derive(Default)]
 struct Flaky {
     down: Arc<AtomicBool>,
     ends: bool,
@@ -120,8 +122,7 @@ async fn a_mount_whose_receives_fail_is_reconnecting_until_one_succeeds() {
         .mount(
             Flaky {
                 down: down.clone(),
-                ends: false,
-                panics: false,
+                ..Flaky::default()
             },
             ignore,
             |m| m,
@@ -144,50 +145,36 @@ async fn a_mount_whose_receives_fail_is_reconnecting_until_one_succeeds() {
 }
 
 #[tokio::test]
-async fn a_subscription_that_ends_by_itself_makes_its_mount_failed_and_the_app_not_live() {
-    let broker = MemoryBroker::new();
-    let app = App::new("ends")
-        .mount(broker.queue("fine"), ignore, |m| m)
-        .mount(
+async fn a_mount_whose_subscription_ends_or_whose_task_panics_is_failed_and_the_app_not_live() {
+    for (flaky, says) in [
+        (
             Flaky {
-                down: Arc::default(),
                 ends: true,
-                panics: false,
+                ..Flaky::default()
             },
-            ignore,
-            |m| m,
-        )
-        .start()
-        .await
-        .unwrap();
-    let health = health_until(&app, "failed", |h| !h.is_live()).await;
-    assert_eq!(health.mounts[0].state, MountState::Running);
-    let MountState::Failed(error) = &health.mounts[1].state else {
-        panic!("{health:?}");
-    };
-    assert!(error.contains("flaky"), "{error}");
-    assert!(app.shutdown().await.is_err(), "the failed mount's error");
-}
-
-#[tokio::test]
-async fn a_mount_whose_task_panicked_is_failed() {
-    let app = App::new("panics")
-        .mount(
+            "flaky",
+        ),
+        (
             Flaky {
-                down: Arc::default(),
-                ends: false,
                 panics: true,
+                ..Flaky::default()
             },
-            ignore,
-            |m| m,
-        )
-        .start()
-        .await
-        .unwrap();
-    let health = health_until(&app, "failed", |h| !h.is_live()).await;
-    assert_eq!(
-        health.mounts[0].state,
-        MountState::Failed("the mount's task panicked or was aborted".into())
-    );
-    let _ = app.shutdown().await;
+            "the mount's task panicked or was aborted",
+        ),
+    ] {
+        let broker = MemoryBroker::new();
+        let app = App::new("fails")
+            .mount(broker.queue("fine"), ignore, |m| m)
+            .mount(flaky, ignore, |m| m)
+            .start()
+            .await
+            .unwrap();
+        let health = health_until(&app, "failed", |h| !h.is_live()).await;
+        assert_eq!(health.mounts[0].state, MountState::Running);
+        let MountState::Failed(error) = &health.mounts[1].state else {
+            panic!("{health:?}");
+        };
+        assert!(error.contains(says), "{error}");
+        let _ = app.shutdown().await;
+    }
 }
