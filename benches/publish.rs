@@ -125,39 +125,12 @@ fn message(i: u64) -> Message {
         .payload(payload(i))
 }
 
-/// Conveyor: `TASKS` tasks share the broker's publisher.
-async fn conveyor_tasks(broker: &LapinBroker, queue: &str, n: u64) -> Duration {
-    let next = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..TASKS {
-        let (broker, next, queue) = (broker.clone(), next.clone(), queue.to_string());
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= n {
-                    return;
-                }
-                broker.publish(&queue, message(i)).await.expect("publish");
-            }
-        }));
-    }
-    for task in tasks {
-        task.await.expect("task");
-    }
-    start.elapsed()
-}
-
-/// Conveyor: `TASKS` tasks share one `LapinPublisher` whose messages are not mandatory
-/// (an unroutable one is dropped instead of returned): what the mandatory flag costs.
-async fn conveyor_tasks_not_mandatory(broker: &LapinBroker, queue: &str, n: u64) -> Duration {
-    let publisher = Arc::new(
-        broker
-            .publisher()
-            .await
-            .expect("publisher")
-            .with_defaults(PublishOptions::default().mandatory(false)),
-    );
+/// Conveyor: `TASKS` tasks share one publisher: the broker itself, or a `LapinPublisher`
+/// of its own.
+async fn conveyor_tasks<P>(publisher: P, queue: &str, n: u64) -> Duration
+where
+    P: Publisher + Clone + Send + Sync + 'static,
+{
     let next = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let mut tasks = Vec::new();
@@ -180,6 +153,17 @@ async fn conveyor_tasks_not_mandatory(broker: &LapinBroker, queue: &str, n: u64)
         task.await.expect("task");
     }
     start.elapsed()
+}
+
+/// Conveyor: `TASKS` tasks share one `LapinPublisher` whose messages are not mandatory
+/// (an unroutable one is dropped instead of returned): what the mandatory flag costs.
+async fn conveyor_tasks_not_mandatory(broker: &LapinBroker, queue: &str, n: u64) -> Duration {
+    let publisher = broker
+        .publisher()
+        .await
+        .expect("publisher")
+        .with_defaults(PublishOptions::default().mandatory(false));
+    conveyor_tasks(publisher, queue, n).await
 }
 
 /// Conveyor: `publish_batch` of `BATCH` messages at a time.
@@ -227,7 +211,7 @@ async fn main() {
                 async move {
                     match m {
                         0 => raw_tasks(&queue, n).await,
-                        1 => conveyor_tasks(&broker, &queue, n).await,
+                        1 => conveyor_tasks(broker.clone(), &queue, n).await,
                         2 => raw_batches(&queue, n).await,
                         3 => conveyor_batches(&broker, &queue, n).await,
                         _ => conveyor_tasks_not_mandatory(&broker, &queue, n).await,

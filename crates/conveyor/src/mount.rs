@@ -206,13 +206,14 @@ impl MountOptions {
     /// The dispatch mode's name in spans and metrics: `sequential`, `workers`, `lanes`,
     /// `any_worker` or `batch` (a batch handler's mount, with or without `batch(n)`).
     pub(crate) fn dispatch_name(&self, batch_handler: bool) -> &'static str {
-        match (self.batch_size, self.dispatch()) {
-            _ if batch_handler => "batch",
-            (Some(_), _) => "batch",
-            (None, Dispatch::Sequential) => "sequential",
-            (None, Dispatch::Workers(_)) => "workers",
-            (None, Dispatch::Lanes(_)) => "lanes",
-            (None, Dispatch::AnyWorker { .. }) => "any_worker",
+        if batch_handler || self.batch_size.is_some() {
+            return "batch";
+        }
+        match self.dispatch() {
+            Dispatch::Sequential => "sequential",
+            Dispatch::Workers(_) => "workers",
+            Dispatch::Lanes(_) => "lanes",
+            Dispatch::AnyWorker { .. } => "any_worker",
         }
     }
 

@@ -304,12 +304,21 @@ async fn publish_keyed(test: &TestApp, count: u64, keys: u64) {
     }
 }
 
-/// Lets the mount read what it will: the in-process transport and the dispatcher need no
-/// more than a few turns of the (current-thread) runtime.
-async fn settle_down() {
+/// Waits (for at most ten seconds) until the mount holds `held` deliveries of `jobs`, then
+/// gives it many more turns of the (current-thread) runtime and checks it took no more.
+async fn holds_exactly(broker: &MemoryBroker, held: usize) {
+    let in_flight = || broker.stats("jobs").in_flight;
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while in_flight() < held {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the mount holds {} of {held}", in_flight()));
     for _ in 0..100 {
         tokio::task::yield_now().await;
     }
+    assert_eq!(in_flight(), held, "the mount read past its bound");
 }
 
 #[tokio::test]
@@ -324,9 +333,8 @@ async fn any_worker_holds_read_ahead_deliveries_and_no_more() {
     let test = TestApp::start(app, &broker).await.unwrap();
     publish_keyed(&test, 50, 5).await;
     gate.wait_running(2).await;
-    settle_down().await;
     // Two running, four waiting for a worker or their key's turn.
-    assert_eq!(broker.stats("jobs").in_flight, 6);
+    holds_exactly(&broker, 6).await;
     gate.permits.add_permits(50);
     test.settled().await.unwrap();
     assert_eq!(gate.peak.load(Ordering::SeqCst), 2);
@@ -346,10 +354,9 @@ async fn a_hot_key_cannot_take_the_whole_any_worker_window() {
     let test = TestApp::start(app, &broker).await.unwrap();
     publish_keyed(&test, 20, 1).await;
     gate.wait_running(1).await;
-    settle_down().await;
     // The key holds read_ahead - workers = 4 (one running), and the dispatcher holds its
     // next one until the key has room: 5 of the 6, one left for the other worker's key.
-    assert_eq!(broker.stats("jobs").in_flight, 5);
+    holds_exactly(&broker, 5).await;
     assert_eq!(
         gate.running.load(Ordering::SeqCst),
         1,
