@@ -212,6 +212,7 @@ impl App {
                 cx,
                 options,
                 system,
+                dispatch,
                 metrics,
                 status,
                 shutdown: shutdown.clone(),

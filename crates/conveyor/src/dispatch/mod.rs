@@ -55,6 +55,8 @@ mod run {
         pub(crate) max_hold: std::time::Duration,
         /// The source's `messaging.system`, for the delivery spans.
         pub(crate) system: &'static str,
+        /// The dispatch mode's name, for the delivery spans.
+        pub(crate) dispatch: &'static str,
         /// The mount's metric handles (nothing without the `metrics` feature).
         pub(crate) metrics: crate::telemetry::MountMetrics,
         /// What the running app's health shows of this mount.

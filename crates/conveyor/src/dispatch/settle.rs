@@ -73,7 +73,7 @@ fn delivery_span(delivery: &Delivery, run: &Run) -> tracing::Span {
         messaging.message.id = delivery.headers().get_str(MESSAGE_ID_HEADER),
         messaging.conveyor.attempt = delivery.attempt(),
         messaging.conveyor.lane = delivery.lane(),
-        messaging.conveyor.dispatch = run.options.dispatch_name(false),
+        messaging.conveyor.dispatch = run.dispatch,
     )
 }
 
