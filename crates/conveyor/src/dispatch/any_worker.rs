@@ -325,9 +325,8 @@ async fn work<H: CallOne>(
     index: usize,
 ) {
     loop {
-        if run.shutdown.is_requested() {
-            return;
-        }
+        // The board before the shutdown's future (see `receive`); a shutdown is looked at
+        // once a turn is taken.
         let next = tokio::select! {
             biased;
             next = board.next() => next,

@@ -104,10 +104,8 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
 /// its queue is dropped.
 async fn run_lane<H: CallOne>(handler: Arc<H>, mut queue: mpsc::Receiver<Delivery>, mut run: Run) {
     loop {
-        // As in `receive`: a plain look, then the queue before the shutdown's future.
-        if run.shutdown.is_requested() {
-            return;
-        }
+        // The queue before the shutdown's future, which is made only when the lane waits
+        // (see `receive`); a shutdown is looked at once a delivery is taken.
         let next = tokio::select! {
             biased;
             next = queue.recv() => next,
