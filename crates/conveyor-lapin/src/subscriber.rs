@@ -140,7 +140,6 @@ fn routes(
             .transpose()?,
         dead_letter,
         confirm_timeout: broker.inner.confirm_timeout,
-        connection: broker.publishing_settings(),
     })
 }
 
