@@ -719,6 +719,12 @@ impl LapinBroker {
         self.inner.publishing.configuration().clone()
     }
 
+    /// The publishing connection's frame limit (frame_max), read without a copy of its
+    /// settings.
+    pub(crate) fn publishing_frame_max(&self) -> u32 {
+        self.inner.publishing.configuration().frame_max()
+    }
+
     /// Runs `f` on the topology channel, opening it first if need be. A failed
     /// declaration closes the channel on the broker's side, so the next call opens a new
     /// one.

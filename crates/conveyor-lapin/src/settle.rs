@@ -585,7 +585,7 @@ struct Copy {
 /// on headers near the limit) is not sent: the broker would close the connection over
 /// it, and every delivery in flight on it would come again.
 async fn publish(routes: &Routes, copy: Copy, payload: &[u8]) -> Result<PublisherConfirm, String> {
-    let limit = routes.broker.publishing_settings().frame_max();
+    let limit = routes.broker.publishing_frame_max();
     if let Some(size) = oversize_header_frame(&copy.properties, limit) {
         let refused = LapinError::HeadersTooLarge {
             destination: copy.routing_key.to_string(),
