@@ -68,6 +68,21 @@ fn the_workers_and_batches_example_runs_four_at_once_and_batches_by_ten() {
     assert!(stdout.contains("batch of 10 metrics"), "{stdout}");
 }
 
+#[test]
+fn the_idempotency_example_charges_each_payment_once_though_two_come_twice() {
+    let stdout = run("idempotency");
+    for id in ["p-1", "p-2", "p-3", "p-4", "p-5"] {
+        assert!(
+            stdout.contains(&format!("{id}: charged 1 time(s)")),
+            "{stdout}"
+        );
+    }
+    assert!(
+        stdout.contains("7 messages, 5 payments, each charged once"),
+        "{stdout}"
+    );
+}
+
 /// The README's service, unchanged but for the line that makes the broker, places its
 /// three orders and records the receipts its handler published, on every broker
 /// (RabbitMQ and the SQS emulator run for the test suite).

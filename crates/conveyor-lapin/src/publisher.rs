@@ -7,6 +7,7 @@ use conveyor::{Bytes, Message, Publisher};
 use lapin::options::BasicPublishOptions;
 use lapin::types::ShortString;
 use lapin::{BasicProperties, Channel, Confirmation, PublisherConfirm};
+use tracing::Instrument;
 
 use crate::broker::LapinBroker;
 use crate::error::{LapinError, short};
@@ -147,9 +148,16 @@ impl LapinPublisher {
         message: Message,
         options: PublishOptions,
     ) -> Result<(), LapinError> {
-        let prepared = self.prepare(exchange, routing_key, message, options)?;
-        let confirm = self.send(&prepared).await?;
-        self.confirmed(prepared.destination, confirm).await
+        let span = publish_span(exchange, routing_key);
+        let mut message = message;
+        conveyor::trace::inject_context(&span, message.headers_mut());
+        async {
+            let prepared = self.prepare(exchange, routing_key, message, options)?;
+            let confirm = self.send(&prepared).await?;
+            self.confirmed(prepared.destination, confirm).await
+        }
+        .instrument(span)
+        .await
     }
 
     /// Publishes every message to `exchange` under `routing_key`, in order, then waits
@@ -163,10 +171,19 @@ impl LapinPublisher {
         messages: Vec<Message>,
         options: PublishOptions,
     ) -> Result<(), LapinError> {
+        let span = publish_span(exchange, routing_key);
         let prepared = messages
             .into_iter()
-            .map(|message| self.prepare(exchange, routing_key, message, options))
+            .map(|mut message| {
+                conveyor::trace::inject_context(&span, message.headers_mut());
+                self.prepare(exchange, routing_key, message, options)
+            })
             .collect::<Result<Vec<_>, _>>()?;
+        self.send_all(prepared).instrument(span).await
+    }
+
+    /// Sends every message, then waits for all their confirms.
+    async fn send_all(&self, prepared: Vec<Prepared>) -> Result<(), LapinError> {
         let mut sent = Vec::with_capacity(prepared.len());
         for prepared in prepared {
             let confirm = self.send(&prepared).await?;
@@ -358,6 +375,17 @@ impl Publisher for LapinPublisher {
             .await
             .map_err(|e| e.into_publish(destination))
     }
+}
+
+/// The span a publish to `exchange` under `routing_key` runs in: named after the
+/// exchange, or after the queue for the default exchange.
+fn publish_span(exchange: &str, routing_key: &str) -> tracing::Span {
+    let destination = if exchange.is_empty() {
+        routing_key
+    } else {
+        exchange
+    };
+    conveyor::trace::publish_span("rabbitmq", destination)
 }
 
 #[cfg(test)]

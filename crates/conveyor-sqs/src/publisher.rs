@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 use conveyor::{Error, Message, MessageParts, Publisher};
+use tracing::Instrument;
 
 use crate::attributes::{self, Outgoing};
 use crate::broker::SqsBroker;
@@ -100,7 +101,31 @@ impl Publisher for SqsBroker {
     /// empty (and, on a FIFO queue, a `MessageGroupId` header must be the partition key),
     /// and the whole must fit the queue's size limit. What fails is [`Error::Publish`],
     /// saying why.
-    async fn publish(&self, destination: &str, message: Message) -> Result<(), Error> {
+    async fn publish(&self, destination: &str, mut message: Message) -> Result<(), Error> {
+        let span = conveyor::trace::publish_span("aws_sqs", destination);
+        conveyor::trace::inject_context(&span, message.headers_mut());
+        self.send_one(destination, message).instrument(span).await
+    }
+
+    /// Sends with `SendMessageBatch`, ten messages or the queue's size limit per call,
+    /// whichever comes first. Every message is checked before the first call, so a bad
+    /// one sends nothing.
+    async fn publish_batch(
+        &self,
+        destination: &str,
+        mut messages: Vec<Message>,
+    ) -> Result<(), Error> {
+        let span = conveyor::trace::publish_span("aws_sqs", destination);
+        for message in &mut messages {
+            conveyor::trace::inject_context(&span, message.headers_mut());
+        }
+        self.send_all(destination, messages).instrument(span).await
+    }
+}
+
+impl SqsBroker {
+    /// [`Publisher::publish`], in its span.
+    async fn send_one(&self, destination: &str, message: Message) -> Result<(), Error> {
         let queue = self
             .resolve(destination)
             .await
@@ -123,10 +148,8 @@ impl Publisher for SqsBroker {
         Ok(())
     }
 
-    /// Sends with `SendMessageBatch`, ten messages or the queue's size limit per call,
-    /// whichever comes first. Every message is checked before the first call, so a bad
-    /// one sends nothing.
-    async fn publish_batch(&self, destination: &str, messages: Vec<Message>) -> Result<(), Error> {
+    /// [`Publisher::publish_batch`], in its span.
+    async fn send_all(&self, destination: &str, messages: Vec<Message>) -> Result<(), Error> {
         let queue = self
             .resolve(destination)
             .await

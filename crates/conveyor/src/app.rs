@@ -14,6 +14,7 @@ use crate::error::Error;
 use crate::extract::Context;
 use crate::handler::{Endpoint, Handler};
 use crate::health::{Health, MountHealth, MountStatus};
+use crate::layer::{Identity, Layer, Stack};
 use crate::mount::{Dispatch, MountOptions};
 use crate::state::StateMap;
 use crate::transport::{Broker, Source, SubscribeSettings, Subscriber};
@@ -52,12 +53,16 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 ///     .await
 /// # }
 /// ```
-pub struct App {
+pub struct App<L = Identity> {
     name: String,
     state: StateMap,
     mounts: Vec<Mount>,
     brokers: Vec<Close>,
     shutdown_timeout: Duration,
+    /// The layers every mount added from now on is wrapped in.
+    layer: L,
+    /// Set when a layer came after a mount, which it would not wrap.
+    misplaced_layer: bool,
 }
 
 struct Mount {
@@ -66,6 +71,8 @@ struct Mount {
     system: &'static str,
     options: MountOptions,
     batch_handler: bool,
+    /// The mount has layers (its own or the app's).
+    layered: bool,
     check: Check,
     start: Start,
 }
@@ -79,6 +86,35 @@ impl App {
             mounts: Vec::new(),
             brokers: Vec::new(),
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            layer: Identity,
+            misplaced_layer: false,
+        }
+    }
+}
+
+impl<L: Layer + Clone> App<L> {
+    /// Wraps the handler of every mount in `layer` (see [`Layer`]), around the layers
+    /// given before and those of each mount. It must come before the mounts: a layer
+    /// added after a mount is a startup error, as it would not wrap it. A batch mount
+    /// takes no layer: an app with layers and a batch handler fails to start.
+    ///
+    /// ```
+    /// # use conveyor::{App, Identity, Json, MemoryBroker};
+    /// # async fn handle(Json(n): Json<u64>) {}
+    /// let broker = MemoryBroker::new();
+    /// let app = App::new("orders")
+    ///     .layer(Identity) // say, deduplication or an audit log
+    ///     .mount(broker.queue("orders"), handle, |m| m);
+    /// ```
+    pub fn layer<Outer: Layer + Clone>(self, layer: Outer) -> App<Stack<Outer, L>> {
+        App {
+            misplaced_layer: self.misplaced_layer || !self.mounts.is_empty(),
+            name: self.name,
+            state: self.state,
+            mounts: self.mounts,
+            brokers: self.brokers,
+            shutdown_timeout: self.shutdown_timeout,
+            layer: Stack::new(layer, self.layer),
         }
     }
 
@@ -125,18 +161,21 @@ impl App {
     /// let app = App::new("orders")
     ///     .mount(broker.queue("orders.fifo"), handle, |m| m.workers(4).by_key());
     /// ```
-    pub fn mount<S, H, Args>(
+    pub fn mount<S, H, Args, M>(
         mut self,
         source: S,
         handler: H,
-        configure: impl FnOnce(MountOptions) -> MountOptions,
+        configure: impl FnOnce(MountOptions) -> MountOptions<M>,
     ) -> Self
     where
         S: Source,
         H: Handler<Args>,
+        M: Layer,
     {
-        let options = configure(MountOptions::default());
-        let endpoint = Arc::new(handler.into_endpoint());
+        let (options, layer) = configure(MountOptions::default()).into_parts();
+        let layer = Stack::new(self.layer.clone(), layer);
+        let layered = !<Stack<L, M> as Layer>::IS_IDENTITY;
+        let endpoint = Arc::new(handler.into_endpoint().with_layer(layer));
         let checked = endpoint.clone();
         let mut settings = SubscribeSettings::new(options.max_in_flight());
         settings.batch_size = options.batch_size();
@@ -144,6 +183,7 @@ impl App {
             queue: source.queue_name().to_string(),
             system: source.messaging_system(),
             batch_handler: <H::Endpoint as Endpoint>::BATCH,
+            layered,
             options,
             check: Box::new(move |cx| checked.check(cx)),
             start: Box::new(move |run| {
@@ -192,12 +232,23 @@ impl App {
     /// mount that cannot work (bad settings, missing state) or a subscription that cannot
     /// start fails here with a clear error, and nothing is left running.
     pub async fn start(self) -> Result<RunningApp, Error> {
+        if self.misplaced_layer {
+            return Err(Error::config(
+                "App::layer came after a mount, which it would not wrap; add layers before the mounts",
+            ));
+        }
         let state = Arc::new(self.state);
         let (stop, shutdown) = Shutdown::new();
         let mut starts = Vec::with_capacity(self.mounts.len());
         for mount in self.mounts {
             let cx = Context::new(mount.queue.as_str().into(), state.clone());
             validate(&mount.queue, &mount.options, mount.batch_handler)?;
+            if mount.batch_handler && mount.layered {
+                return Err(Error::config(format!(
+                    "mount on `{}`: a batch handler takes no layer (layers wrap one delivery's run); mount it in an app without App::layer, and without MountOptions::layer",
+                    mount.queue
+                )));
+            }
             (mount.check)(&cx)?;
             let dispatch = mount.options.dispatch_name(mount.batch_handler);
             starts.push((mount.start, cx, mount.options, mount.system, dispatch));
@@ -236,7 +287,7 @@ impl App {
     }
 }
 
-impl fmt::Debug for App {
+impl<L> fmt::Debug for App<L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("App")
             .field("name", &self.name)

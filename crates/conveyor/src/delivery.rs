@@ -135,6 +135,13 @@ impl Delivery {
         &self.headers
     }
 
+    /// The message id, if the publisher gave one (the [`MESSAGE_ID_HEADER`] header).
+    ///
+    /// [`MESSAGE_ID_HEADER`]: crate::MESSAGE_ID_HEADER
+    pub fn message_id(&self) -> Option<&str> {
+        self.headers.get_str(crate::message::MESSAGE_ID_HEADER)
+    }
+
     /// The partition key, if the message has one.
     pub fn partition_key(&self) -> Option<&PartitionKey> {
         self.partition_key.as_ref()

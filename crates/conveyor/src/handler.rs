@@ -32,9 +32,10 @@ use std::sync::Arc;
 use crate::batch::{Batch, IntoBatchOutcome};
 use crate::delivery::Delivery;
 use crate::dispatch::{self, Run};
-use crate::error::Error;
+use crate::error::{BoxError, Error};
 use crate::extract::{Context, FromContext, FromDelivery, Rejection};
-use crate::outcome::IntoOutcome;
+use crate::layer::Layer;
+use crate::outcome::{IntoOutcome, Outcome};
 use crate::payload::{DecodeError, FromPayload};
 use crate::transport::Subscriber;
 
@@ -84,6 +85,13 @@ mod sealed {
             subscriber: S,
             run: Run,
         ) -> impl Future<Output = Result<(), Error>> + Send;
+
+        /// The handler inside `layer`; a batch handler takes none (the app checks that
+        /// `layer` is no layer before it asks).
+        type Layered<L: Layer>: Endpoint;
+
+        /// Wraps the handler in `layer`.
+        fn with_layer<L: Layer>(self, layer: L) -> Self::Layered<L>;
     }
 
     /// A single-delivery handler function, ready for the dispatch engine.
@@ -97,9 +105,15 @@ mod sealed {
         pub(crate) f: F,
         pub(crate) _args: PhantomData<fn() -> A>,
     }
+
+    /// A single-delivery handler inside its layers.
+    pub struct WithLayer<E, L> {
+        pub(crate) endpoint: E,
+        pub(crate) layer: L,
+    }
 }
 
-pub(crate) use sealed::{BatchFn, Batched, Endpoint, OneFn, Single};
+pub(crate) use sealed::{BatchFn, Batched, Endpoint, OneFn, Single, WithLayer};
 
 /// Why a handler could not be called for a delivery.
 #[derive(Debug, thiserror::Error)]
@@ -112,11 +126,54 @@ pub(crate) enum Refusal {
 
 /// A handler that takes one delivery.
 pub(crate) trait CallOne: Send + Sync + 'static {
-    type Output: IntoOutcome;
-    type Future: Future<Output = Self::Output> + Send + 'static;
-
-    fn call(&self, delivery: &Delivery, cx: &Context) -> Result<Self::Future, Refusal>;
+    /// Decodes the handler's arguments and gives its run, not yet started (with the
+    /// mount's layers around it), which yields the outcome or the handler's error.
+    fn call<'a>(
+        &'a self,
+        delivery: &'a Delivery,
+        cx: &Context,
+    ) -> Result<impl Future<Output = Result<Outcome, BoxError>> + Send + 'a, Refusal>;
     fn check_extractors(cx: &Context) -> Result<(), Error>;
+}
+
+impl<E: CallOne, L: Layer> CallOne for WithLayer<E, L> {
+    fn call<'a>(
+        &'a self,
+        delivery: &'a Delivery,
+        cx: &Context,
+    ) -> Result<impl Future<Output = Result<Outcome, BoxError>> + Send + 'a, Refusal> {
+        let run = self.endpoint.call(delivery, cx)?;
+        Ok(self.layer.call(delivery, run))
+    }
+
+    fn check_extractors(cx: &Context) -> Result<(), Error> {
+        E::check_extractors(cx)
+    }
+}
+
+impl<E: CallOne, L: Layer> Endpoint for WithLayer<E, L> {
+    const BATCH: bool = false;
+
+    fn check(&self, cx: &Context) -> Result<(), Error> {
+        E::check_extractors(cx)
+    }
+
+    fn drive<S: Subscriber>(
+        self: Arc<Self>,
+        subscriber: S,
+        run: Run,
+    ) -> impl Future<Output = Result<(), Error>> + Send {
+        dispatch::drive_one(self, subscriber, run)
+    }
+
+    type Layered<Outer: Layer> = WithLayer<Self, Outer>;
+
+    fn with_layer<Outer: Layer>(self, layer: Outer) -> WithLayer<Self, Outer> {
+        WithLayer {
+            endpoint: self,
+            layer,
+        }
+    }
 }
 
 /// A handler that takes a batch of decoded payloads.
@@ -179,6 +236,15 @@ where
     ) -> impl Future<Output = Result<(), Error>> + Send {
         dispatch::drive_one(self, subscriber, run)
     }
+
+    type Layered<L: Layer> = WithLayer<Self, L>;
+
+    fn with_layer<L: Layer>(self, layer: L) -> WithLayer<Self, L> {
+        WithLayer {
+            endpoint: self,
+            layer,
+        }
+    }
 }
 
 impl<F, A> Endpoint for BatchFn<F, A>
@@ -199,6 +265,12 @@ where
     ) -> impl Future<Output = Result<(), Error>> + Send {
         dispatch::drive_batch(self, subscriber, run)
     }
+
+    type Layered<L: Layer> = Self;
+
+    fn with_layer<L: Layer>(self, _layer: L) -> Self {
+        self
+    }
 }
 
 macro_rules! impl_handler {
@@ -211,14 +283,18 @@ macro_rules! impl_handler {
             P: FromPayload,
             $($extractor: FromDelivery,)*
         {
-            type Output = Fut::Output;
-            type Future = Fut;
-
             #[allow(non_snake_case, unused_variables)]
-            fn call(&self, delivery: &Delivery, cx: &Context) -> Result<Fut, Refusal> {
+            fn call<'a>(
+                &'a self,
+                delivery: &'a Delivery,
+                cx: &Context,
+            ) -> Result<impl Future<Output = Result<Outcome, BoxError>> + Send + 'a, Refusal> {
                 let payload = P::from_payload(delivery.payload())?;
                 $(let $extractor = $extractor::from_delivery(delivery, cx)?;)*
-                Ok((self.f)(payload, $($extractor,)*))
+                let run = (self.f)(payload, $($extractor,)*);
+                // `into_outcome` is user code too (a custom `IntoOutcome`): it runs inside
+                // the run, where panics are caught.
+                Ok(async move { run.await.into_outcome() })
             }
 
             #[allow(unused_variables)]

@@ -51,6 +51,7 @@ mod extract;
 mod handler;
 mod headers;
 mod health;
+pub mod layer;
 pub mod memory;
 mod message;
 mod mount;
@@ -61,6 +62,7 @@ mod state;
 pub mod support;
 mod telemetry;
 pub mod testing;
+pub mod trace;
 mod transport;
 
 pub use admin::{DeadLetter, DeadLetterPolicy, QueueDepth, QueueSpec};
@@ -73,6 +75,7 @@ pub use extract::{Context, DeliveryInfo, FromContext, FromDelivery, Rejection, S
 pub use handler::Handler;
 pub use headers::{HeaderName, Headers};
 pub use health::{ConnectionProbe, Health, MountHealth, MountState};
+pub use layer::{Identity, Layer, Stack};
 pub use memory::{MemoryBroker, MemoryQueue, MemorySubscriber};
 pub use message::{
     CONTENT_TYPE_HEADER, CORRELATION_ID_HEADER, MESSAGE_ID_HEADER, Message, MessageBuilder,

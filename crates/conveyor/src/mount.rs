@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::layer::{Identity, Layer, Stack};
 use crate::policy::{Backoff, FailurePolicy, OnError};
 
 /// How a mount runs its deliveries.
@@ -43,8 +44,8 @@ pub enum Dispatch {
 ///     .max_attempts(3);
 /// assert_eq!(careful.dispatch(), Dispatch::Sequential);
 /// ```
-#[derive(Clone, Debug, Default)]
-pub struct MountOptions {
+#[derive(Clone, Debug)]
+pub struct MountOptions<L = Identity> {
     workers: Option<usize>,
     /// `by_key()` was asked for: lanes once there are workers, a startup error without.
     keyed: bool,
@@ -54,6 +55,22 @@ pub struct MountOptions {
     batch_size: Option<usize>,
     policy: FailurePolicy,
     timeout: Option<Duration>,
+    layer: L,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            workers: None,
+            keyed: false,
+            any_worker: false,
+            read_ahead: None,
+            batch_size: None,
+            policy: FailurePolicy::default(),
+            timeout: None,
+            layer: Identity,
+        }
+    }
 }
 
 /// The batch size when a batch handler's mount names none.
@@ -62,7 +79,47 @@ pub const DEFAULT_BATCH_SIZE: usize = 10;
 /// How many deliveries may wait in a lane behind the one it is running.
 pub(crate) const LANE_BUFFER: usize = 1;
 
-impl MountOptions {
+impl<L> MountOptions<L> {
+    /// Wraps this mount's handler in `layer` (see [`Layer`]): inside the layers of
+    /// [`App::layer`](crate::App::layer), and around those this mount was given before.
+    /// A batch mount takes no layer: it is a startup error.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use conveyor::{Identity, MountOptions};
+    ///
+    /// let layered = MountOptions::default().workers(4).layer(Identity);
+    /// assert_eq!(layered.handler_timeout(), None);
+    /// ```
+    pub fn layer<Outer: Layer>(self, layer: Outer) -> MountOptions<Stack<Outer, L>> {
+        let (options, inner) = self.into_parts();
+        MountOptions {
+            workers: options.workers,
+            keyed: options.keyed,
+            any_worker: options.any_worker,
+            read_ahead: options.read_ahead,
+            batch_size: options.batch_size,
+            policy: options.policy,
+            timeout: options.timeout,
+            layer: Stack::new(layer, inner),
+        }
+    }
+
+    /// The settings and the layers, apart.
+    pub(crate) fn into_parts(self) -> (MountOptions, L) {
+        let options = MountOptions {
+            workers: self.workers,
+            keyed: self.keyed,
+            any_worker: self.any_worker,
+            read_ahead: self.read_ahead,
+            batch_size: self.batch_size,
+            policy: self.policy,
+            timeout: self.timeout,
+            layer: Identity,
+        };
+        (options, self.layer)
+    }
+
     /// Runs up to `n` handlers at once, finishing in any order. While `n` are in flight
     /// the subscription reads nothing further. A retry goes back to the broker. Follow
     /// with [`by_key`](Self::by_key) for ordered lanes.

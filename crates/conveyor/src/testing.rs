@@ -29,6 +29,7 @@ use serde::Serialize;
 
 use crate::app::{App, RunningApp};
 use crate::error::Error;
+use crate::layer::Layer;
 use crate::memory::{MemoryBroker, RecordedMessage, Rejected};
 use crate::message::Message;
 use crate::transport::Publisher;
@@ -47,7 +48,10 @@ pub struct TestApp {
 impl TestApp {
     /// Turns on the broker's history and starts `app`: every subscription is open when
     /// this returns.
-    pub async fn start(app: App, broker: &MemoryBroker) -> Result<Self, Error> {
+    pub async fn start<L: Layer + Clone>(
+        app: App<L>,
+        broker: &MemoryBroker,
+    ) -> Result<Self, Error> {
         broker.record_history(true);
         let running = app.start().await?;
         Ok(TestApp {

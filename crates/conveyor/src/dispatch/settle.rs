@@ -15,8 +15,7 @@ use super::{Run, error_chain, settle};
 use crate::delivery::Delivery;
 use crate::error::BoxError;
 use crate::handler::{CallOne, Refusal};
-use crate::message::MESSAGE_ID_HEADER;
-use crate::outcome::{IntoOutcome, Outcome, Settlement};
+use crate::outcome::{Outcome, Settlement};
 use crate::policy::Verdict;
 use crate::telemetry::OutcomeKind;
 
@@ -64,17 +63,22 @@ pub(crate) async fn handle_one<H: CallOne>(
 /// after OpenTelemetry's messaging conventions, plus Conveyor's own: the attempt, the lane
 /// (the worker, under any-worker) and the dispatch mode. The handler's own spans and
 /// events nest under it. Made only when a subscriber wants INFO spans of this crate.
+/// With the `otel` feature it continues the trace of the publish that sent the message.
 fn delivery_span(delivery: &Delivery, run: &Run) -> tracing::Span {
-    tracing::info_span!(
+    let span = tracing::info_span!(
         "conveyor.process",
+        otel.name = %format_args!("process {}", run.cx.queue()),
+        otel.kind = "consumer",
         messaging.system = run.system,
         messaging.destination.name = run.cx.queue(),
         messaging.operation.type = "process",
-        messaging.message.id = delivery.headers().get_str(MESSAGE_ID_HEADER),
+        messaging.message.id = delivery.message_id(),
         messaging.conveyor.attempt = delivery.attempt(),
         messaging.conveyor.lane = delivery.lane(),
         messaging.conveyor.dispatch = run.dispatch,
-    )
+    );
+    crate::trace::continue_trace(&span, delivery.headers());
+    span
 }
 
 /// What one run of the handler decided for its delivery.
@@ -156,9 +160,7 @@ async fn run_once<H: CallOne>(handler: &H, delivery: &Delivery, run: &Run) -> Fa
             return failed(delivery, &Failure::Panic(panic), run);
         }
     };
-    // `into_outcome` is user code too (a custom `IntoOutcome`).
-    let finished = AssertUnwindSafe(async { future.await.into_outcome() });
-    let result = within_timeout(finished.catch_unwind(), run).await;
+    let result = within_timeout(AssertUnwindSafe(future).catch_unwind(), run).await;
     run.metrics.run_ended(started);
     let result = match result {
         Ok(result) => result,

@@ -244,7 +244,10 @@ impl MemoryBroker {
 
 impl Publisher for MemoryBroker {
     /// Adds the message to the queue `destination`, creating it if needed.
-    async fn publish(&self, destination: &str, message: Message) -> Result<(), Error> {
+    async fn publish(&self, destination: &str, mut message: Message) -> Result<(), Error> {
+        let span = crate::trace::publish_span("conveyor_in_process", destination);
+        crate::trace::inject_context(&span, message.headers_mut());
+        let _in_span = span.enter();
         let (queue, stored, delay) = self.store(destination, message);
         if self.inner.history.is_recording() {
             self.inner.history.record_published(
