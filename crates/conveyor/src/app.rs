@@ -14,6 +14,7 @@ use crate::error::Error;
 use crate::extract::Context;
 use crate::handler::{Endpoint, Handler};
 use crate::health::{Health, MountHealth, MountStatus};
+use crate::lanes_view::MountLanes;
 use crate::layer::{Identity, Layer, Stack};
 use crate::mount::{Dispatch, MountOptions};
 use crate::state::StateMap;
@@ -257,6 +258,9 @@ impl<L: Layer + Clone> App<L> {
         let mut statuses = Vec::with_capacity(starts.len());
         for (start, cx, options, system, dispatch) in starts {
             let status = MountStatus::default();
+            if let (Dispatch::Lanes(lanes), "lanes") = (options.dispatch(), dispatch) {
+                status.lane_stats(lanes);
+            }
             statuses.push((cx.queue().to_string(), status.clone()));
             let metrics = crate::telemetry::MountMetrics::new(system, cx.queue(), dispatch);
             let run = Run {
@@ -362,6 +366,36 @@ impl RunningApp {
                 })
                 .collect(),
         }
+    }
+
+    /// A live view of every lanes mount (`workers(n).by_key()`): what each lane runs and
+    /// holds, the hottest partition keys, and how often the mount waited for a full
+    /// lane. Answers "why is this key slow?": a hot key's lane shows a long wait and a
+    /// long-running delivery while the others idle. Other mounts are not listed.
+    ///
+    /// ```
+    /// use conveyor::{App, Json, MemoryBroker};
+    ///
+    /// # async fn handle(Json(n): Json<u64>) {}
+    /// # async fn f() -> Result<(), conveyor::Error> {
+    /// let broker = MemoryBroker::new();
+    /// let app = App::new("orders")
+    ///     .mount(broker.queue("orders"), handle, |m| m.workers(4).by_key())
+    ///     .start()
+    ///     .await?;
+    /// let view = app.lanes();
+    /// assert_eq!(view[0].lanes.len(), 4);
+    /// for hot in &view[0].hot_keys {
+    ///     println!("{} on lane {}: {} of the recent sample", hot.key, hot.lane, hot.count);
+    /// }
+    /// app.shutdown().await
+    /// # }
+    /// ```
+    pub fn lanes(&self) -> Vec<MountLanes> {
+        self.statuses
+            .iter()
+            .filter_map(|(queue, status)| status.lanes().map(|stats| stats.snapshot(queue)))
+            .collect()
     }
 
     /// Stops receiving now, without waiting: in-flight handlers go on and deliveries not

@@ -17,6 +17,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use crate::lanes_view::LaneStats;
 use crate::support;
 
 /// Where one mount is.
@@ -94,6 +95,8 @@ pub(crate) struct MountStatus {
     transport: Arc<OnceLock<Arc<dyn ConnectionProbe>>>,
     /// Set when the mount's task has ended: `None` for a clean end.
     ended: Arc<Mutex<Option<Option<String>>>>,
+    /// A lanes mount's live counters.
+    lanes: Arc<OnceLock<Arc<LaneStats>>>,
 }
 
 impl std::fmt::Debug for MountStatus {
@@ -121,6 +124,20 @@ impl MountStatus {
         if let Some(probe) = transport {
             let _ = self.transport.set(probe);
         }
+    }
+
+    /// The counters of a lanes mount with `lanes` lanes, made on first call: by the app
+    /// as it starts the mount, so [`RunningApp::lanes`](crate::RunningApp::lanes) lists
+    /// it at once, and by the mount's dispatcher.
+    pub(crate) fn lane_stats(&self, lanes: usize) -> Arc<LaneStats> {
+        self.lanes
+            .get_or_init(|| Arc::new(LaneStats::new(lanes)))
+            .clone()
+    }
+
+    /// A lanes mount's counters.
+    pub(crate) fn lanes(&self) -> Option<&LaneStats> {
+        self.lanes.get().map(|stats| &**stats)
     }
 
     fn connection_lost(&self) -> bool {

@@ -51,6 +51,7 @@ mod extract;
 mod handler;
 mod headers;
 mod health;
+pub mod lanes_view;
 pub mod layer;
 pub mod memory;
 mod message;
@@ -75,6 +76,7 @@ pub use extract::{Context, DeliveryInfo, FromContext, FromDelivery, Rejection, S
 pub use handler::Handler;
 pub use headers::{HeaderName, Headers};
 pub use health::{ConnectionProbe, Health, MountHealth, MountState};
+pub use lanes_view::{HotKey, LaneView, MountLanes};
 pub use layer::{Identity, Layer, Stack};
 pub use memory::{MemoryBroker, MemoryQueue, MemorySubscriber};
 pub use message::{

@@ -29,6 +29,7 @@ use serde::Serialize;
 
 use crate::app::{App, RunningApp};
 use crate::error::Error;
+use crate::lanes_view::MountLanes;
 use crate::layer::Layer;
 use crate::memory::{MemoryBroker, RecordedMessage, Rejected};
 use crate::message::Message;
@@ -112,6 +113,12 @@ impl TestApp {
                 what: what.to_string(),
                 after: self.deadline,
             })
+    }
+
+    /// The live view of the app's lanes mounts: see
+    /// [`RunningApp::lanes`](crate::RunningApp::lanes).
+    pub fn lanes(&self) -> Vec<MountLanes> {
+        self.running.lanes()
     }
 
     /// Messages acked from `queue`.

@@ -11,6 +11,7 @@
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::TrySendError;
 use tokio::task::JoinSet;
 
 use super::{
@@ -20,6 +21,7 @@ use super::{
 use crate::delivery::Delivery;
 use crate::error::Error;
 use crate::handler::CallOne;
+use crate::lanes_view::LaneStats;
 use crate::mount::LANE_BUFFER;
 use crate::transport::Subscriber;
 
@@ -39,7 +41,7 @@ pub fn lane_for_key(key: &str, lanes: usize) -> usize {
 }
 
 /// 64-bit FNV-1a over the key's UTF-8 bytes.
-pub(super) fn key_hash(key: &str) -> u64 {
+pub(crate) fn key_hash(key: &str) -> u64 {
     const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
     const PRIME: u64 = 0x0000_0100_0000_01b3;
     key.bytes().fold(OFFSET, |hash, byte| {
@@ -54,12 +56,18 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
     n: usize,
 ) -> Result<(), Error> {
     let mut lanes = Vec::with_capacity(n);
+    let stats = run.status.lane_stats(n);
     // Dropping the set aborts the lanes, so an aborted mount leaves none behind.
     let mut tasks = JoinSet::new();
-    for _ in 0..n {
+    for number in 0..n {
         let (lane, queue) = mpsc::channel::<Delivery>(LANE_BUFFER);
         lanes.push(lane);
-        tasks.spawn(run_lane(handler.clone(), queue, run.clone()));
+        let lane = Lane {
+            number,
+            queue,
+            stats: stats.clone(),
+        };
+        tasks.spawn(run_lane(handler.clone(), lane, run.clone()));
     }
 
     let mut rotation = 0usize;
@@ -74,16 +82,28 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
             other => break other.into(),
         };
         let lane = match delivery.partition_key() {
-            Some(key) => lane_for_key(key, n),
+            Some(key) => {
+                let hash = key_hash(key);
+                let lane = (hash % n as u64) as usize;
+                stats.queued(lane, Some((key, hash)));
+                lane
+            }
             None => {
                 rotation = rotation.wrapping_add(1);
+                stats.queued(rotation % n, None);
                 rotation % n
             }
         };
         delivery.set_lane(lane);
-        // The send first: a lane with room takes the delivery without the shutdown's
-        // future being made (see `receive`). The delivery inside a dropped send is
-        // released.
+        // A lane with room takes the delivery at once, without the shutdown's future
+        // being made (see `receive`).
+        let delivery = match lanes[lane].try_send(delivery) {
+            Ok(()) => continue,
+            Err(TrySendError::Full(delivery)) => delivery,
+            Err(TrySendError::Closed(_)) => break hand_over_lost(&mut tasks, &run).await,
+        };
+        stats.waited_for_full_lane();
+        // The delivery inside a dropped send is released.
         tokio::select! {
             biased;
             sent = lanes[lane].send(delivery) => if sent.is_err() {
@@ -99,10 +119,22 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
     finish(subscriber, &run, end).await.and(joined)
 }
 
+/// One lane's end of the hand-over.
+struct Lane {
+    number: usize,
+    queue: mpsc::Receiver<Delivery>,
+    stats: Arc<LaneStats>,
+}
+
 /// One lane: runs its deliveries in order, each to its end, retries included, before the
 /// next. At shutdown it starts no new one; those still waiting in it are released when
 /// its queue is dropped.
-async fn run_lane<H: CallOne>(handler: Arc<H>, mut queue: mpsc::Receiver<Delivery>, mut run: Run) {
+async fn run_lane<H: CallOne>(handler: Arc<H>, lane: Lane, mut run: Run) {
+    let Lane {
+        number,
+        mut queue,
+        stats,
+    } = lane;
     loop {
         // The queue before the shutdown's future, which is made only when the lane waits
         // (see `receive`); a shutdown is looked at once a delivery is taken.
@@ -117,7 +149,9 @@ async fn run_lane<H: CallOne>(handler: Arc<H>, mut queue: mpsc::Receiver<Deliver
         if run.shutdown.is_requested() {
             return;
         }
+        stats.started(number);
         handle_one(&*handler, delivery, &run, Retries::InPlace).await;
+        stats.finished(number);
     }
 }
 
