@@ -83,6 +83,116 @@ fn the_idempotency_example_charges_each_payment_once_though_two_come_twice() {
     );
 }
 
+/// GETs `path` from `address`; returns the status line and the body.
+fn get(address: &str, path: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).expect("the example listens");
+    write!(stream, "GET {path} HTTP/1.1\r\nhost: {address}\r\n\r\n").expect("a request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("a response");
+    let (head, body) = response.split_once("\r\n\r\n").expect("a head and a body");
+    let status = head.lines().next().unwrap_or_default().to_string();
+    (status, body.to_string())
+}
+
+/// The value of the Prometheus series whose line starts with `series`, if there.
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find(|line| line.starts_with(series))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+}
+
+/// The observability example serves `/metrics` and `/health` next to its app: a scrape
+/// sees every order consumed and acked, with the mount's labels, and the probe says ready.
+#[test]
+fn the_observability_example_serves_metrics_a_scraper_reads_and_a_health_probe() {
+    use std::io::BufRead;
+    let mut child = Command::new(example("observability"))
+        .args(["--port", "0"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("the example starts");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
+    let address = loop {
+        let mut line = String::new();
+        assert!(
+            stdout.read_line(&mut line).expect("output") > 0,
+            "no address printed"
+        );
+        if let Some(rest) = line.strip_prefix("serving http://") {
+            break rest.split('/').next().unwrap_or_default().to_string();
+        }
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let metrics = loop {
+        let (status, metrics) = get(&address, "/metrics");
+        assert_eq!(status, "HTTP/1.1 200 OK");
+        let acked = metrics
+            .lines()
+            .find(|l| l.starts_with("conveyor_outcomes{") && l.contains("conveyor_outcome=\"ack\""))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok());
+        if acked == Some(100.0) {
+            break metrics;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not all acked:\n{metrics}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mount = "{messaging_system=\"conveyor_in_process\",messaging_destination_name=\"orders\",conveyor_dispatch=\"lanes\"}";
+    assert_eq!(
+        sample(
+            &metrics,
+            &format!("messaging_client_consumed_messages{mount}")
+        ),
+        Some(100.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "messaging_client_sent_messages{messaging_system=\"conveyor_in_process\",messaging_destination_name=\"orders\"}"
+        ),
+        Some(100.0),
+        "{metrics}"
+    );
+    for series in [
+        "messaging_process_duration_count",
+        "conveyor_wait_duration_count",
+        "conveyor_lane_in_flight{",
+        "conveyor_lane_waiting{",
+        "conveyor_in_flight{",
+    ] {
+        assert!(metrics.contains(series), "no {series} in:\n{metrics}");
+    }
+    assert!(
+        !metrics.contains("customer-"),
+        "a partition key became a label:\n{metrics}"
+    );
+
+    let (status, health) = get(&address, "/health");
+    assert_eq!(status, "HTTP/1.1 200 OK", "{health}");
+    assert!(
+        health.contains("ready: true") && health.contains("orders: Running"),
+        "{health}"
+    );
+    let (_, lanes) = get(&address, "/lanes");
+    assert!(
+        lanes.contains("hot_keys") && lanes.contains("customer-"),
+        "{lanes}"
+    );
+
+    // Closing its standard input shuts it down.
+    drop(child.stdin.take());
+    let status = child.wait().expect("the example exits");
+    assert!(status.success(), "{status}");
+}
+
 /// The README's service, unchanged but for the line that makes the broker, places its
 /// three orders and records the receipts its handler published, on every broker
 /// (RabbitMQ and the SQS emulator run for the test suite).

@@ -179,6 +179,29 @@ pub enum LapinError {
 }
 
 impl LapinError {
+    /// The error's kind, for a metric's `error.type`: one short name per variant.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            LapinError::InvalidUrl { .. } => "invalid_url",
+            LapinError::Connect { .. } => "connect",
+            LapinError::ConnectTimeout { .. } => "connect_timeout",
+            LapinError::Channel { .. } => "channel",
+            LapinError::Close { .. } => "close",
+            LapinError::Declare { .. } => "declare",
+            LapinError::MissingQueue { .. } => "missing_queue",
+            LapinError::MissingExchange { .. } => "missing_exchange",
+            LapinError::Consume { .. } => "consume",
+            LapinError::Receive { .. } => "receive",
+            LapinError::Publish { .. } => "publish",
+            LapinError::Nacked { .. } => "nacked",
+            LapinError::Returned { .. } => "returned",
+            LapinError::ConfirmTimeout { .. } => "confirm_timeout",
+            LapinError::Unavailable { .. } => "unavailable",
+            LapinError::HeadersTooLarge { .. } => "headers_too_large",
+            LapinError::Invalid { .. } => "invalid",
+        }
+    }
+
     /// Wraps this error as the core's [`conveyor::Error::Subscribe`] for `queue` (by its
     /// first 64 characters if it is longer than AMQP allows).
     pub fn into_subscribe(self, queue: &str) -> conveyor::Error {

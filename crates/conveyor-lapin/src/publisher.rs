@@ -1,7 +1,7 @@
 //! Publishing: to a queue through the default exchange (the core [`Publisher`] trait), or
 //! to any exchange with a routing key, with publisher confirms.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use conveyor::{Bytes, Message, Publisher};
 use lapin::options::BasicPublishOptions;
@@ -151,13 +151,16 @@ impl LapinPublisher {
         let span = publish_span(exchange, routing_key);
         let mut message = message;
         conveyor::trace::inject_context(&span, message.headers_mut());
-        async {
+        let started = Instant::now();
+        let sent = async {
             let prepared = self.prepare(exchange, routing_key, message, options)?;
             let confirm = self.send(&prepared).await?;
             self.confirmed(prepared.destination, confirm).await
         }
         .instrument(span)
-        .await
+        .await;
+        record(exchange, routing_key, 1, started, &sent);
+        sent
     }
 
     /// Publishes every message to `exchange` under `routing_key`, in order, then waits
@@ -172,14 +175,21 @@ impl LapinPublisher {
         options: PublishOptions,
     ) -> Result<(), LapinError> {
         let span = publish_span(exchange, routing_key);
+        let started = Instant::now();
+        let count = messages.len() as u64;
         let prepared = messages
             .into_iter()
             .map(|mut message| {
                 conveyor::trace::inject_context(&span, message.headers_mut());
                 self.prepare(exchange, routing_key, message, options)
             })
-            .collect::<Result<Vec<_>, _>>()?;
-        self.send_all(prepared).instrument(span).await
+            .collect::<Result<Vec<_>, _>>();
+        let sent = match prepared {
+            Ok(prepared) => self.send_all(prepared).instrument(span).await,
+            Err(error) => Err(error),
+        };
+        record(exchange, routing_key, count, started, &sent);
+        sent
     }
 
     /// Sends every message, then waits for all their confirms.
@@ -375,6 +385,25 @@ impl Publisher for LapinPublisher {
             .await
             .map_err(|e| e.into_publish(destination))
     }
+}
+
+/// Counts a publish of `count` messages, and how long it took to be confirmed (or
+/// refused), in the publish metrics.
+fn record(
+    exchange: &str,
+    routing_key: &str,
+    count: u64,
+    started: Instant,
+    sent: &Result<(), LapinError>,
+) {
+    let error = sent.as_ref().err().map(LapinError::kind);
+    let destination = if exchange.is_empty() {
+        routing_key
+    } else {
+        exchange
+    };
+    conveyor::telemetry::record_sent("rabbitmq", destination, count, error);
+    conveyor::telemetry::record_operation("rabbitmq", "publish", started.elapsed(), error);
 }
 
 /// The span a publish to `exchange` under `routing_key` runs in: named after the

@@ -186,9 +186,11 @@ impl SqsBrokerBuilder {
             .connect_timeout(settings.request_timeout)
             .operation_attempt_timeout(settings.wait_time + settings.request_timeout)
             .build();
-        let config = aws_sdk_sqs::config::Builder::from(&sdk)
-            .timeout_config(timeouts)
-            .build();
+        let mut config = aws_sdk_sqs::config::Builder::from(&sdk).timeout_config(timeouts);
+        if conveyor::telemetry::ENABLED {
+            config = config.interceptor(crate::call_metrics::TimeCalls);
+        }
+        let config = config.build();
         Ok(SqsBroker::from_parts(Client::from_conf(config), settings))
     }
 }

@@ -96,6 +96,7 @@
 mod admin;
 mod attributes;
 mod broker;
+mod call_metrics;
 mod calls;
 mod error;
 mod inflight;

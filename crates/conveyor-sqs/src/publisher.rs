@@ -104,7 +104,9 @@ impl Publisher for SqsBroker {
     async fn publish(&self, destination: &str, mut message: Message) -> Result<(), Error> {
         let span = conveyor::trace::publish_span("aws_sqs", destination);
         conveyor::trace::inject_context(&span, message.headers_mut());
-        self.send_one(destination, message).instrument(span).await
+        let sent = self.send_one(destination, message).instrument(span).await;
+        record_sent(destination, 1, &sent);
+        sent
     }
 
     /// Sends with `SendMessageBatch`, ten messages or the queue's size limit per call,
@@ -119,8 +121,26 @@ impl Publisher for SqsBroker {
         for message in &mut messages {
             conveyor::trace::inject_context(&span, message.headers_mut());
         }
-        self.send_all(destination, messages).instrument(span).await
+        let count = messages.len() as u64;
+        let sent = self.send_all(destination, messages).instrument(span).await;
+        record_sent(destination, count, &sent);
+        sent
     }
+}
+
+/// Counts a publish of `count` messages in the publish metrics. (A batch that fails part
+/// way counts as failed as a whole: which messages went is not known here.)
+fn record_sent(destination: &str, count: u64, sent: &Result<(), Error>) {
+    let error = match sent {
+        Ok(()) => None,
+        Err(Error::Publish { source, .. }) => Some(match source.downcast_ref::<SqsError>() {
+            Some(SqsError::InvalidMessage { .. }) => "invalid",
+            Some(SqsError::NoSuchQueue { .. }) => "no_such_queue",
+            _ => "error",
+        }),
+        Err(_) => Some("error"),
+    };
+    conveyor::telemetry::record_sent("aws_sqs", destination, count, error);
 }
 
 impl SqsBroker {

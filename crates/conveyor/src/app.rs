@@ -258,11 +258,15 @@ impl<L: Layer + Clone> App<L> {
         let mut statuses = Vec::with_capacity(starts.len());
         for (start, cx, options, system, dispatch) in starts {
             let status = MountStatus::default();
-            if let (Dispatch::Lanes(lanes), "lanes") = (options.dispatch(), dispatch) {
+            statuses.push((cx.queue().to_string(), status.clone()));
+            let lanes = match (options.dispatch(), dispatch) {
+                (Dispatch::Lanes(lanes), "lanes") => lanes,
+                _ => 0,
+            };
+            let metrics = crate::telemetry::MountMetrics::new(system, cx.queue(), dispatch, lanes);
+            if lanes > 0 {
                 status.lane_stats(lanes);
             }
-            statuses.push((cx.queue().to_string(), status.clone()));
-            let metrics = crate::telemetry::MountMetrics::new(system, cx.queue(), dispatch);
             let run = Run {
                 cx,
                 options,

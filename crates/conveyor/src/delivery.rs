@@ -79,6 +79,9 @@ pub struct Delivery {
     queue: Arc<str>,
     lane: Option<usize>,
     settler: Option<(Arc<dyn Settle>, u64)>,
+    /// When the transport made it, for the head-of-line wait metric.
+    #[cfg(feature = "metrics")]
+    arrived: std::time::Instant,
 }
 
 impl Delivery {
@@ -96,7 +99,17 @@ impl Delivery {
             queue,
             lane: None,
             settler: Some((settler, tag)),
+            #[cfg(feature = "metrics")]
+            arrived: std::time::Instant::now(),
         }
+    }
+
+    /// When the transport received it (with the `metrics` feature).
+    pub(crate) fn arrived(&self) -> Option<std::time::Instant> {
+        #[cfg(feature = "metrics")]
+        return Some(self.arrived);
+        #[cfg(not(feature = "metrics"))]
+        None
     }
 
     /// Sets the headers.

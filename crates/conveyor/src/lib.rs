@@ -61,7 +61,7 @@ mod payload;
 mod policy;
 mod state;
 pub mod support;
-mod telemetry;
+pub mod telemetry;
 pub mod testing;
 pub mod trace;
 mod transport;

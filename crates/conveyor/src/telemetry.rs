@@ -1,6 +1,6 @@
-//! A mount's metrics, through the [`metrics`](https://docs.rs/metrics) facade, so that any
-//! exporter works (Prometheus, StatsD, OpenTelemetry...). Built with the `metrics` cargo
-//! feature; without it every call here is empty and compiles away.
+//! Metrics, through the [`metrics`](https://docs.rs/metrics) facade, so that any exporter
+//! works (Prometheus, StatsD, OpenTelemetry...). Built with the `metrics` cargo feature;
+//! without it every call here is empty and compiles away.
 //!
 //! Names and units follow OpenTelemetry's messaging conventions where they have one:
 //!
@@ -8,15 +8,24 @@
 //! | --- | --- | --- |
 //! | `messaging.client.consumed.messages` | counter | deliveries taken from the queue |
 //! | `messaging.process.duration` | histogram, seconds | one run of a handler |
-//! | `conveyor.outcomes` | counter, by `conveyor.outcome` | `ack`, `retry`, `retry_after`, `reject` |
+//! | `messaging.client.sent.messages` | counter | messages published (with `error.type` when refused) |
+//! | `messaging.client.operation.duration` | histogram, seconds | a broker call, by `messaging.operation.name`: an SQS request by its API name, a RabbitMQ publish until its confirm |
+//! | `conveyor.outcomes` | counter, by `conveyor.outcome` | `ack`, `retry`, `retry_after`, `reject`, and `released` (handed back unhandled at shutdown) |
 //! | `conveyor.decode_failures` | counter | payloads or extractors a handler could not take |
 //! | `conveyor.panics` | counter | panics caught in decoding, extractors or handlers |
+//! | `conveyor.reconnects` | counter | times a mount's receives started failing, and it began retrying |
 //! | `conveyor.in_flight` | gauge | deliveries a mount's handlers are running |
+//! | `conveyor.wait.duration` | histogram, seconds | from a delivery's receipt to the start of its handler: head-of-line wait |
+//! | `conveyor.lane.in_flight` | gauge, by `conveyor.lane` | a lanes mount's delivery running in each lane (0 or 1) |
+//! | `conveyor.lane.waiting` | gauge, by `conveyor.lane` | deliveries waiting for each lane |
 //!
-//! Every series carries `messaging.system`, `messaging.destination.name` (the queue) and
-//! `conveyor.dispatch` (the mount's mode). No label ever holds a partition key or message
-//! id: the number of series stays that of the mounts. Handles are registered once, when
-//! a mount starts, so install the recorder before starting the app.
+//! Every mount series carries `messaging.system`, `messaging.destination.name` (the
+//! queue) and `conveyor.dispatch` (the mount's mode); publish series carry the system
+//! and the destination. No label ever holds a partition key or message id: the number
+//! of series stays that of the mounts, lanes and destinations. Mount handles are
+//! registered once, when a mount starts, so install the recorder before starting the app.
+//!
+//! [`record_sent`] and [`record_operation`] are for transports.
 
 use std::time::Instant;
 
@@ -27,6 +36,7 @@ pub(crate) enum OutcomeKind {
     Retry,
     RetryAfter,
     Reject,
+    Released,
 }
 
 #[cfg(feature = "metrics")]
@@ -43,9 +53,14 @@ mod enabled {
         retried: Counter,
         retried_later: Counter,
         rejected: Counter,
+        released: Counter,
         decode_failures: Counter,
         panics: Counter,
+        reconnects: Counter,
         in_flight: Gauge,
+        wait: Histogram,
+        /// Per lane: (in flight, waiting), for a lanes mount.
+        lanes: std::sync::Arc<[(Gauge, Gauge)]>,
     }
 
     impl std::fmt::Debug for MountMetrics {
@@ -55,7 +70,12 @@ mod enabled {
     }
 
     impl MountMetrics {
-        pub(crate) fn new(system: &'static str, queue: &str, dispatch: &'static str) -> Self {
+        pub(crate) fn new(
+            system: &'static str,
+            queue: &str,
+            dispatch: &'static str,
+            lanes: usize,
+        ) -> Self {
             let labels = vec![
                 Label::new("messaging.system", system),
                 Label::new("messaging.destination.name", queue.to_string()),
@@ -73,9 +93,51 @@ mod enabled {
                 retried: outcome("retry"),
                 retried_later: outcome("retry_after"),
                 rejected: outcome("reject"),
+                released: outcome("released"),
                 decode_failures: metrics::counter!("conveyor.decode_failures", labels.clone()),
                 panics: metrics::counter!("conveyor.panics", labels.clone()),
-                in_flight: metrics::gauge!("conveyor.in_flight", labels),
+                reconnects: metrics::counter!("conveyor.reconnects", labels.clone()),
+                in_flight: metrics::gauge!("conveyor.in_flight", labels.clone()),
+                wait: metrics::histogram!("conveyor.wait.duration", labels.clone()),
+                lanes: (0..lanes)
+                    .map(|lane| {
+                        let mut labels = labels.clone();
+                        labels.push(Label::new("conveyor.lane", lane.to_string()));
+                        (
+                            metrics::gauge!("conveyor.lane.in_flight", labels.clone()),
+                            metrics::gauge!("conveyor.lane.waiting", labels),
+                        )
+                    })
+                    .collect(),
+            }
+        }
+
+        pub(crate) fn started_after(&self, received: Option<Instant>) {
+            if let Some(received) = received {
+                self.wait.record(received.elapsed().as_secs_f64());
+            }
+        }
+
+        pub(crate) fn reconnecting(&self) {
+            self.reconnects.increment(1);
+        }
+
+        pub(crate) fn lane_queued(&self, lane: usize) {
+            if let Some((_, waiting)) = self.lanes.get(lane) {
+                waiting.increment(1.0);
+            }
+        }
+
+        pub(crate) fn lane_started(&self, lane: usize) {
+            if let Some((running, waiting)) = self.lanes.get(lane) {
+                waiting.decrement(1.0);
+                running.set(1.0);
+            }
+        }
+
+        pub(crate) fn lane_finished(&self, lane: usize) {
+            if let Some((running, _)) = self.lanes.get(lane) {
+                running.set(0.0);
             }
         }
 
@@ -105,6 +167,7 @@ mod enabled {
                 OutcomeKind::Retry => &self.retried,
                 OutcomeKind::RetryAfter => &self.retried_later,
                 OutcomeKind::Reject => &self.rejected,
+                OutcomeKind::Released => &self.released,
             }
             .increment(1);
         }
@@ -128,9 +191,24 @@ mod disabled {
     pub(crate) struct MountMetrics;
 
     impl MountMetrics {
-        pub(crate) fn new(_system: &'static str, _queue: &str, _dispatch: &'static str) -> Self {
+        pub(crate) fn new(
+            _system: &'static str,
+            _queue: &str,
+            _dispatch: &'static str,
+            _lanes: usize,
+        ) -> Self {
             MountMetrics
         }
+
+        pub(crate) fn started_after(&self, _received: Option<Instant>) {}
+
+        pub(crate) fn reconnecting(&self) {}
+
+        pub(crate) fn lane_queued(&self, _lane: usize) {}
+
+        pub(crate) fn lane_started(&self, _lane: usize) {}
+
+        pub(crate) fn lane_finished(&self, _lane: usize) {}
 
         pub(crate) fn consumed(&self, _count: u64) {}
 
@@ -154,3 +232,57 @@ mod disabled {
 pub(crate) use disabled::MountMetrics;
 #[cfg(feature = "metrics")]
 pub(crate) use enabled::MountMetrics;
+
+/// Whether Conveyor was built with the `metrics` feature: a transport can skip the work
+/// of measuring when nothing would record it.
+pub const ENABLED: bool = cfg!(feature = "metrics");
+
+/// For transports: counts `messages` published to `destination`, or refused (with
+/// `error`, a short low-cardinality kind such as `"refused"` or `"unavailable"`), as
+/// `messaging.client.sent.messages`.
+pub fn record_sent(
+    system: &'static str,
+    destination: &str,
+    messages: u64,
+    error: Option<&'static str>,
+) {
+    #[cfg(feature = "metrics")]
+    {
+        let mut labels = vec![
+            metrics::Label::new("messaging.system", system),
+            metrics::Label::new("messaging.destination.name", destination.to_string()),
+        ];
+        if let Some(error) = error {
+            labels.push(metrics::Label::new("error.type", error));
+        }
+        metrics::counter!("messaging.client.sent.messages", labels).increment(messages);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (system, destination, messages, error);
+}
+
+/// For transports: records how long one broker call took, as
+/// `messaging.client.operation.duration`: `operation` is the call's name (an SQS API
+/// name, `publish` for a RabbitMQ publish with its confirm), `error` the kind of failure
+/// if it failed.
+pub fn record_operation(
+    system: &'static str,
+    operation: &str,
+    elapsed: std::time::Duration,
+    error: Option<&'static str>,
+) {
+    #[cfg(feature = "metrics")]
+    {
+        let mut labels = vec![
+            metrics::Label::new("messaging.system", system),
+            metrics::Label::new("messaging.operation.name", operation.to_string()),
+        ];
+        if let Some(error) = error {
+            labels.push(metrics::Label::new("error.type", error));
+        }
+        metrics::histogram!("messaging.client.operation.duration", labels)
+            .record(elapsed.as_secs_f64());
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (system, operation, elapsed, error);
+}

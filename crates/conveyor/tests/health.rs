@@ -117,6 +117,10 @@ impl Source for Flaky {
 
 #[tokio::test]
 async fn a_mount_whose_receives_fail_is_reconnecting_until_one_succeeds() {
+    // The runtime is current-thread: the app's tasks record here.
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recording = metrics::set_default_local_recorder(&recorder);
     let down = Arc::new(AtomicBool::new(false));
     let app = App::new("flaky")
         .mount(
@@ -142,6 +146,18 @@ async fn a_mount_whose_receives_fail_is_reconnecting_until_one_succeeds() {
     down.store(false, Ordering::SeqCst);
     health_until(&app, "running again", Health::is_ready).await;
     app.shutdown().await.unwrap();
+    // Several receives failed in a row: one reconnect.
+    let reconnects: Vec<_> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == "conveyor.reconnects")
+        .map(|(.., value)| value)
+        .collect();
+    assert_eq!(
+        reconnects,
+        [metrics_util::debugging::DebugValue::Counter(1)]
+    );
 }
 
 #[tokio::test]

@@ -86,11 +86,13 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
                 let hash = key_hash(key);
                 let lane = (hash % n as u64) as usize;
                 stats.queued(lane, Some((key, hash)));
+                run.metrics.lane_queued(lane);
                 lane
             }
             None => {
                 rotation = rotation.wrapping_add(1);
                 stats.queued(rotation % n, None);
+                run.metrics.lane_queued(rotation % n);
                 rotation % n
             }
         };
@@ -150,7 +152,9 @@ async fn run_lane<H: CallOne>(handler: Arc<H>, lane: Lane, mut run: Run) {
             return;
         }
         stats.started(number);
+        run.metrics.lane_started(number);
         handle_one(&*handler, delivery, &run, Retries::InPlace).await;
+        run.metrics.lane_finished(number);
         stats.finished(number);
     }
 }

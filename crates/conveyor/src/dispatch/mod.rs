@@ -177,7 +177,9 @@ impl From<Received> for End {
 /// The mount shows as reconnecting while it waits (a receive that succeeds, or one that
 /// waits without failing, is up again).
 pub(crate) async fn pause_after(pause: &mut RetryPause, error: &Error, run: &mut Run) -> bool {
-    run.status.receive_failed();
+    if run.status.receive_failed() {
+        run.metrics.reconnecting();
+    }
     let retry_in = pause.failed();
     tracing::warn!(
         queue = run.cx.queue(),
@@ -333,7 +335,7 @@ pub(crate) fn settle(delivery: Delivery, settlement: crate::outcome::Settlement<
         Settlement::Retry => Some(OutcomeKind::Retry),
         Settlement::RetryAfter(_) => Some(OutcomeKind::RetryAfter),
         Settlement::Reject { .. } => Some(OutcomeKind::Reject),
-        Settlement::Release => None,
+        Settlement::Release => Some(OutcomeKind::Released),
     };
     if let Some(outcome) = outcome {
         run.metrics.outcome(outcome);

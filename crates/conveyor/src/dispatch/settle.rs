@@ -47,12 +47,14 @@ pub(crate) async fn handle_one<H: CallOne>(
 ) {
     let span = delivery_span(&delivery, run);
     run.metrics.consumed(1);
+    run.metrics.started_after(delivery.arrived());
     let handled = async {
         // The handler is polled first: one that finishes at once never polls the other.
         tokio::select! {
             biased;
             () = run_and_settle(handler, delivery, run, retries) => {}
-            () = run.shutdown.cancelled() => {}
+            // The delivery, dropped unsettled, goes back to the broker.
+            () = run.shutdown.cancelled() => run.metrics.outcome(OutcomeKind::Released),
         }
     };
     handled.instrument(span).await;

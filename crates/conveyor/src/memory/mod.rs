@@ -261,6 +261,7 @@ impl Publisher for MemoryBroker {
             );
         }
         queue.push(stored, delay);
+        crate::telemetry::record_sent("conveyor_in_process", destination, 1, None);
         Ok(())
     }
 }
