@@ -35,7 +35,7 @@ use tokio::sync::Notify;
 static ALLOC: CountingAlloc = CountingAlloc;
 
 const USAGE: &str = "usage: dispatch [--mode sequential|bytes|workers|lanes|any-worker|batch|end-to-end] \
-[--messages N] [--warmup N] [--runtime current|multi] [--repeat N] [--trace N]";
+[--messages N] [--warmup N] [--runtime current|multi] [--repeat N] [--trace N] [--observe]";
 
 /// A small payload whose decoded form allocates nothing.
 #[derive(Serialize, Deserialize)]
@@ -129,6 +129,9 @@ struct Args {
     flavor: Flavor,
     repeat: u32,
     traces: u32,
+    /// Spans and metrics on: a tracing subscriber that records Conveyor's spans, and a
+    /// Prometheus recorder (needs the `observe` feature).
+    observe: bool,
 }
 
 impl Args {
@@ -143,6 +146,7 @@ impl Args {
             flavor: Flavor::Current,
             repeat: if bench { 5 } else { 1 },
             traces: 0,
+            observe: false,
         };
         let mut words = std::env::args().skip(1);
         while let Some(word) = words.next() {
@@ -158,6 +162,7 @@ impl Args {
                 "--runtime" => args.flavor = value()?.parse()?,
                 "--repeat" => args.repeat = number(value()?)?.try_into().map_err(|_| USAGE)?,
                 "--trace" => args.traces = number(value()?)?.try_into().map_err(|_| USAGE)?,
+                "--observe" => args.observe = true,
                 "--bench" => {} // passed by `cargo bench`
                 _ => return Err(format!("unknown argument `{word}`\n{USAGE}")),
             }
@@ -331,6 +336,9 @@ fn best(mode: Mode, flavor: Flavor, args: &Args) -> (Allocations, f64) {
 
 fn main() -> Result<(), Box<dyn Error>> {
     let args = Args::parse()?;
+    if args.observe {
+        observe()?;
+    }
     let per = |n: u64| n as f64 / args.messages as f64;
     if let Some(mode) = args.mode {
         let measured = run(mode, args.flavor, args.warmup, args.messages, args.traces);
@@ -368,4 +376,22 @@ fn main() -> Result<(), Box<dyn Error>> {
         );
     }
     Ok(())
+}
+
+/// Turns spans and metrics on for the whole process: Conveyor's INFO spans recorded by a
+/// `tracing` registry, and every metric by a Prometheus recorder (never scraped).
+#[cfg(feature = "observe")]
+fn observe() -> Result<(), Box<dyn Error>> {
+    use tracing_subscriber::layer::SubscriberExt;
+    let subscriber = tracing_subscriber::registry().with(
+        tracing_subscriber::filter::Targets::new().with_target("conveyor", tracing::Level::INFO),
+    );
+    tracing::subscriber::set_global_default(subscriber)?;
+    metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    Ok(())
+}
+
+#[cfg(not(feature = "observe"))]
+fn observe() -> Result<(), Box<dyn Error>> {
+    Err("--observe needs the bench built with `--features observe`".into())
 }

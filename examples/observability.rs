@@ -106,6 +106,12 @@ async fn serve(
                 .mounts
                 .iter()
                 .map(|m| format!("{}: {:?}", m.queue, m.state))
+                .chain(
+                    health
+                        .connections
+                        .iter()
+                        .map(|c| format!("connection {}: {:?}", c.name, c.state)),
+                )
                 .collect();
             let body = format!(
                 "live: {}\nready: {}\n{}\n",

@@ -8,6 +8,7 @@
 #   instructions/delivery = (Ir(2N) - Ir(N)) / N
 #
 # Usage: scripts/bench-core.sh [N]    (default N=20000; honours CARGO_TARGET_DIR)
+#        OBSERVE=1 scripts/bench-core.sh [N]   spans and metrics on (`--observe`)
 # Needs valgrind. Prefix with `nice -n 10` on a shared machine.
 set -euo pipefail
 
@@ -19,7 +20,11 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
 # Build in release (the bench profile) and find the bench binary.
-bin=$(cargo bench -p conveyor-benches --bench dispatch --no-run --message-format=json \
+features=() observe=()
+if [[ ${OBSERVE:-0} == 1 ]]; then
+    features=(--features observe) observe=(--observe)
+fi
+bin=$(cargo bench -p conveyor-benches --bench dispatch "${features[@]}" --no-run --message-format=json \
     | grep -o '"executable":"[^"]*dispatch-[^"]*"' | tail -n 1 | cut -d'"' -f4)
 if [[ -z "$bin" || ! -x "$bin" ]]; then
     echo "bench-core: could not find the dispatch bench binary" >&2
@@ -31,7 +36,7 @@ window_ir() {
     local mode=$1 messages=$2 file="$out/$1.$2"
     valgrind --tool=callgrind --callgrind-out-file="$file" \
         --zero-before='*window_open*' --dump-before='*window_close*' \
-        "$bin" --mode "$mode" --runtime current --warmup "$warmup" --messages "$messages" \
+        "$bin" --mode "$mode" --runtime current --warmup "$warmup" --messages "$messages" "${observe[@]}" \
         >/dev/null 2>"$file.log"
     # The dump taken on entering window_close holds exactly the window.
     local ir

@@ -884,6 +884,29 @@ impl Publisher for LapinBroker {
 impl conveyor::Broker for LapinBroker {
     type Queue = LapinQueue;
 
+    /// The consuming connection and the publishing one.
+    fn connections(&self) -> Vec<conveyor::ConnectionHealth> {
+        [
+            ("consuming", &self.inner.connection),
+            ("publishing", &self.inner.publishing),
+        ]
+        .into_iter()
+        .map(|(name, connection)| {
+            let status = connection.status();
+            let state = if status.connected() && status.blocked() {
+                conveyor::ConnectionState::Blocked
+            } else if status.connected() {
+                conveyor::ConnectionState::Connected
+            } else if status.closed() || status.errored() {
+                conveyor::ConnectionState::Closed
+            } else {
+                conveyor::ConnectionState::Reconnecting
+            };
+            conveyor::ConnectionHealth::new(name, state)
+        })
+        .collect()
+    }
+
     fn queue(&self, name: &str) -> LapinQueue {
         LapinBroker::queue(self, name)
     }

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::{cleanup, publish_one, unacked_count, unique, wait_for, wait_until};
-use conveyor::{App, DeliveryInfo, Json, Publisher, QueueSpec, State};
+use conveyor::{App, ConnectionState, DeliveryInfo, Json, Publisher, QueueSpec, State};
 use conveyor_lapin::LapinBroker;
 
 fn rabbitmqctl(args: &[&str]) -> String {
@@ -119,6 +119,24 @@ async fn subscriptions_ack_while_a_memory_alarm_blocks_publishing_and_retries_wa
     wait_until("the publishing connection to be blocked", || {
         connection_state(&publishing_connection).as_deref() == Some("blocked")
     })
+    .await;
+    // The app's health shows it too, from what RabbitMQ told the client.
+    let states = || {
+        conveyor::Broker::connections(&broker)
+            .into_iter()
+            .map(|c| (c.name, c.state))
+            .collect::<Vec<_>>()
+    };
+    wait_until(
+        "the health to show the publishing connection blocked",
+        || {
+            states()
+                == [
+                    ("consuming".to_string(), ConnectionState::Connected),
+                    ("publishing".to_string(), ConnectionState::Blocked),
+                ]
+        },
+    )
     .await;
     // The consuming connection is `blocking`: it would be blocked if it published, and it
     // never does.

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use conveyor::{App, DeliveryInfo, Json, Message, Publisher, QueueSpec, State};
+use conveyor::{App, ConnectionState, DeliveryInfo, Json, Message, Publisher, QueueSpec, State};
 use conveyor_lapin::{LapinBroker, LapinError};
 use tokio::sync::watch;
 
@@ -607,24 +607,45 @@ async fn health_shows_the_mount_reconnecting_while_its_connection_is_lost_then_r
     let proxy = Proxy::start(UPSTREAM).await;
     let broker = through(&proxy, &unique("reconnect-health")).await;
     let app = App::new("health")
+        .broker(broker.clone())
         .mount(broker.queue(queue.as_str()), ignore, |m| m)
         .start()
         .await
         .unwrap();
     assert!(app.health().is_ready(), "{:?}", app.health());
+    let connections = |health: &conveyor::Health| {
+        health
+            .connections
+            .iter()
+            .map(|c| (c.name.clone(), c.state))
+            .collect::<Vec<_>>()
+    };
+    let both = |state| {
+        vec![
+            ("consuming".to_string(), state),
+            ("publishing".to_string(), state),
+        ]
+    };
+    assert_eq!(connections(&app.health()), both(ConnectionState::Connected));
 
     proxy.refuse_new_connections();
     assert_eq!(proxy.cut_connections().await, 2, "consuming and publishing");
-    wait_until("the mount to show as reconnecting", || {
-        app.health().mounts[0].state == conveyor::MountState::Reconnecting
-    })
+    wait_until(
+        "the mount and both connections to show as reconnecting",
+        || {
+            let health = app.health();
+            health.mounts[0].state == conveyor::MountState::Reconnecting
+                && connections(&health) == both(ConnectionState::Reconnecting)
+        },
+    )
     .await;
     let health = app.health();
     assert!(health.is_live() && !health.is_ready(), "{health:?}");
 
     proxy.accept_new_connections();
     wait_until("the mount to run again", || app.health().is_ready()).await;
+    assert_eq!(connections(&app.health()), both(ConnectionState::Connected));
+    // The app closes the broker it was given.
     app.shutdown().await.unwrap();
-    broker.close().await.unwrap();
     cleanup(&admin, &[&queue], &[]).await;
 }

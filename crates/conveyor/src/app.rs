@@ -13,7 +13,7 @@ use crate::dispatch::{Phase, Run, Shutdown};
 use crate::error::Error;
 use crate::extract::Context;
 use crate::handler::{Endpoint, Handler};
-use crate::health::{Health, MountHealth, MountStatus};
+use crate::health::{ConnectionHealth, Health, MountHealth, MountStatus};
 use crate::lanes_view::MountLanes;
 use crate::layer::{Identity, Layer, Stack};
 use crate::mount::{Dispatch, MountOptions};
@@ -25,6 +25,7 @@ type MountTask = BoxFuture<Result<(), Error>>;
 type Start = Box<dyn FnOnce(Run) -> BoxFuture<Result<MountTask, Error>> + Send>;
 type Check = Box<dyn Fn(&Context) -> Result<(), Error> + Send>;
 type Close = Box<dyn FnOnce() -> BoxFuture<Result<(), Error>> + Send>;
+type Connections = Box<dyn Fn() -> Vec<ConnectionHealth> + Send + Sync>;
 
 /// The default time in-flight handlers get to finish at shutdown.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -59,6 +60,8 @@ pub struct App<L = Identity> {
     state: StateMap,
     mounts: Vec<Mount>,
     brokers: Vec<Close>,
+    /// Each broker's connections, for the health.
+    connections: Vec<Connections>,
     shutdown_timeout: Duration,
     /// The layers every mount added from now on is wrapped in.
     layer: L,
@@ -86,6 +89,7 @@ impl App {
             state: StateMap::default(),
             mounts: Vec::new(),
             brokers: Vec::new(),
+            connections: Vec::new(),
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             layer: Identity,
             misplaced_layer: false,
@@ -114,14 +118,16 @@ impl<L: Layer + Clone> App<L> {
             state: self.state,
             mounts: self.mounts,
             brokers: self.brokers,
+            connections: self.connections,
             shutdown_timeout: self.shutdown_timeout,
             layer: Stack::new(layer, self.layer),
         }
     }
 
     /// Gives the app a broker to own: it is closed at the end of shutdown, once every
-    /// mount has stopped and settled its deliveries. Sources and publishers hold their
-    /// own handles, so the app needs it only to close it in order.
+    /// mount has stopped and settled its deliveries, and its connections show in
+    /// [`RunningApp::health`]. Sources and publishers hold their own handles, so the app
+    /// needs it only for these.
     ///
     /// ```
     /// # use conveyor::{App, Json, MemoryBroker};
@@ -132,6 +138,9 @@ impl<L: Layer + Clone> App<L> {
     ///     .mount(broker.queue("orders"), handle, |m| m);
     /// ```
     pub fn broker<B: Broker>(mut self, broker: B) -> Self {
+        let watched = broker.clone();
+        self.connections
+            .push(Box::new(move || watched.connections()));
         self.brokers.push(Box::new(move || {
             Box::pin(async move { broker.close().await })
         }));
@@ -290,6 +299,7 @@ impl<L: Layer + Clone> App<L> {
             mounts,
             statuses,
             brokers: self.brokers,
+            connections: self.connections,
             shutdown_timeout: self.shutdown_timeout,
         })
     }
@@ -350,13 +360,15 @@ pub struct RunningApp {
     /// Each mount's queue and status, in mount order, for [`RunningApp::health`].
     statuses: Vec<(String, MountStatus)>,
     brokers: Vec<Close>,
+    connections: Vec<Connections>,
     shutdown_timeout: Duration,
 }
 
 impl RunningApp {
     /// Every mount's state now: running, reconnecting, draining, stopped or failed (with
-    /// the error). [`Health::is_live`] and [`Health::is_ready`] answer a liveness and a
-    /// readiness probe.
+    /// the error), and every connection of the brokers given with [`App::broker`].
+    /// [`Health::is_live`] and [`Health::is_ready`] answer a liveness and a readiness
+    /// probe.
     pub fn health(&self) -> Health {
         let shutting_down = *self.stop.borrow() != Phase::Running;
         Health {
@@ -369,6 +381,7 @@ impl RunningApp {
                     state: status.state(shutting_down),
                 })
                 .collect(),
+            connections: self.connections.iter().flat_map(|of| of()).collect(),
         }
     }
 

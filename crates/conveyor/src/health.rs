@@ -47,7 +47,43 @@ pub struct MountHealth {
     pub state: MountState,
 }
 
-/// A running app's health: every mount's state.
+/// Where one broker connection is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConnectionState {
+    /// Open and usable.
+    Connected,
+    /// Open, but the broker has stopped reading what it sends (RabbitMQ blocks a
+    /// publishing connection during a resource alarm): its publishes wait.
+    Blocked,
+    /// Lost, and being recovered.
+    Reconnecting,
+    /// Closed for good.
+    Closed,
+}
+
+/// One broker connection's health.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConnectionHealth {
+    /// What the connection is for (RabbitMQ: `consuming` or `publishing`).
+    pub name: String,
+    /// Where it is.
+    pub state: ConnectionState,
+}
+
+impl ConnectionHealth {
+    /// A connection named `name` in `state`: for transports.
+    pub fn new(name: impl Into<String>, state: ConnectionState) -> Self {
+        ConnectionHealth {
+            name: name.into(),
+            state,
+        }
+    }
+}
+
+/// A running app's health: every mount's state, and every connection of the brokers
+/// given with [`App::broker`](crate::App::broker).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Health {
@@ -55,6 +91,9 @@ pub struct Health {
     pub app: String,
     /// Every mount, in the order they were mounted.
     pub mounts: Vec<MountHealth>,
+    /// Every connection of the app's brokers, in the order the brokers were given (a
+    /// broker over HTTP, like SQS, keeps none: its calls show in its mounts' states).
+    pub connections: Vec<ConnectionHealth>,
 }
 
 impl Health {
@@ -67,11 +106,16 @@ impl Health {
             .any(|mount| matches!(mount.state, MountState::Failed(_)))
     }
 
-    /// Whether the app is doing its work: every mount is running.
+    /// Whether the app is doing its work: every mount is running, and every broker
+    /// connection connected (not blocked, not recovering).
     pub fn is_ready(&self) -> bool {
         self.mounts
             .iter()
             .all(|mount| mount.state == MountState::Running)
+            && self
+                .connections
+                .iter()
+                .all(|connection| connection.state == ConnectionState::Connected)
     }
 }
 
@@ -160,6 +204,36 @@ impl MountStatus {
             None if shutting_down => MountState::Draining,
             None if self.connection_lost() => MountState::Reconnecting,
             None => MountState::Running,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn health(connections: &[ConnectionState]) -> Health {
+        Health {
+            app: "app".into(),
+            mounts: vec![MountHealth {
+                queue: "q".into(),
+                state: MountState::Running,
+            }],
+            connections: connections
+                .iter()
+                .map(|&state| ConnectionHealth::new("c", state))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn an_app_is_ready_only_while_every_connection_is_connected_and_live_whatever_they_are() {
+        use ConnectionState::*;
+        assert!(health(&[]).is_ready());
+        assert!(health(&[Connected, Connected]).is_ready());
+        for other in [Blocked, Reconnecting, Closed] {
+            let health = health(&[Connected, other]);
+            assert!(!health.is_ready() && health.is_live(), "{other:?}");
         }
     }
 }

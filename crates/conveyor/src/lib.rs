@@ -75,7 +75,9 @@ pub use error::{BoxError, Error, Report, Result};
 pub use extract::{Context, DeliveryInfo, FromContext, FromDelivery, Rejection, State};
 pub use handler::Handler;
 pub use headers::{HeaderName, Headers};
-pub use health::{ConnectionProbe, Health, MountHealth, MountState};
+pub use health::{
+    ConnectionHealth, ConnectionProbe, ConnectionState, Health, MountHealth, MountState,
+};
 pub use lanes_view::{HotKey, LaneView, MountLanes};
 pub use layer::{Identity, Layer, Stack};
 pub use memory::{MemoryBroker, MemoryQueue, MemorySubscriber};

@@ -239,4 +239,12 @@ pub trait Broker: Publisher + Clone + Send + Sync + 'static {
 
     /// Closes the broker's connections. Called once, at the end of the app's shutdown.
     fn close(&self) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Where each of the broker's connections is now, for
+    /// [`RunningApp::health`](crate::RunningApp::health). Asked on every health check:
+    /// keep it cheap and never block. The default, for a broker that keeps no
+    /// connection (in process, or over HTTP), has none.
+    fn connections(&self) -> Vec<crate::ConnectionHealth> {
+        Vec::new()
+    }
 }
