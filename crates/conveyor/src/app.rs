@@ -268,13 +268,17 @@ impl<L: Layer + Clone> App<L> {
         for (start, cx, options, system, dispatch) in starts {
             let status = MountStatus::default();
             statuses.push((cx.queue().to_string(), status.clone()));
-            let lanes = match (options.dispatch(), dispatch) {
-                (Dispatch::Lanes(lanes), "lanes") => lanes,
+            // A keyed mount's lanes (or any-worker's workers), for its live view; lanes
+            // have their own metric series too.
+            let keyed = match (options.dispatch(), dispatch) {
+                (Dispatch::Lanes(n), "lanes")
+                | (Dispatch::AnyWorker { workers: n, .. }, "any_worker") => n,
                 _ => 0,
             };
+            let lanes = if dispatch == "lanes" { keyed } else { 0 };
             let metrics = crate::telemetry::MountMetrics::new(system, cx.queue(), dispatch, lanes);
-            if lanes > 0 {
-                status.lane_stats(lanes);
+            if keyed > 0 {
+                status.lane_stats(keyed);
             }
             let run = Run {
                 cx,
@@ -385,10 +389,11 @@ impl RunningApp {
         }
     }
 
-    /// A live view of every lanes mount (`workers(n).by_key()`): what each lane runs and
-    /// holds, the hottest partition keys, and how often the mount waited for a full
-    /// lane. Answers "why is this key slow?": a hot key's lane shows a long wait and a
-    /// long-running delivery while the others idle. Other mounts are not listed.
+    /// A live view of every keyed mount (`workers(n).by_key()`, with or without
+    /// `any_worker()`): what each lane (or worker) runs and holds, the hottest partition
+    /// keys, and how often the mount waited behind one key. Answers "why is this key
+    /// slow?": a hot key's lane shows a long wait and a long-running delivery while the
+    /// others idle. Other mounts are not listed.
     ///
     /// ```
     /// use conveyor::{App, Json, MemoryBroker};

@@ -1,5 +1,5 @@
-//! A live view of a keyed mount's lanes: what each runs and holds, and which partition
-//! keys are hot. [`RunningApp::lanes`](crate::RunningApp::lanes) takes it.
+//! A live view of a keyed mount's lanes (or, under any-worker, its workers): what each
+//! runs and holds, and which partition keys are hot. [`RunningApp::lanes`](crate::RunningApp::lanes) takes it.
 //!
 //! The counters are kept as the lanes run, with relaxed atomics (a handful of
 //! instructions per delivery). The hot keys come from a sample of the deliveries (one in
@@ -37,11 +37,15 @@ pub struct MountLanes {
     /// [`HOT_KEY_SLOTS`].
     pub hot_keys: Vec<HotKey>,
     /// How many times the dispatcher found a delivery's lane full and waited for it: the
-    /// whole mount waited behind one lane's keys.
+    /// whole mount waited behind one lane's keys. Under any-worker: how many times a
+    /// delivery's key held all the read-ahead it may, and the mount waited for that key.
     pub full_lane_waits: u64,
+    /// Under any-worker, the deliveries held for their key's turn, not yet on a worker
+    /// (0 for lanes, whose waiting deliveries show per lane).
+    pub held: usize,
 }
 
-/// One lane now.
+/// One lane now (under any-worker, one worker).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LaneView {
@@ -63,8 +67,8 @@ pub struct LaneView {
 pub struct HotKey {
     /// The key.
     pub key: PartitionKey,
-    /// The lane it runs on.
-    pub lane: usize,
+    /// The lane it runs on; `None` under any-worker, where any worker runs it.
+    pub lane: Option<usize>,
     /// Its estimated share of the recent deliveries, out of the sample counted (see the
     /// module docs): an upper bound, within the count of the key it replaced.
     pub count: u64,
@@ -87,6 +91,8 @@ pub(crate) struct LaneStats {
     epoch: Instant,
     lanes: Vec<LaneCounters>,
     full_waits: AtomicU64,
+    /// Deliveries held on an any-worker mount's board.
+    held: AtomicUsize,
     /// Counted by the dispatcher alone; read by the snapshot.
     hot: Mutex<HotKeys>,
     keyed: AtomicU64,
@@ -98,15 +104,25 @@ impl LaneStats {
             epoch: Instant::now(),
             lanes: (0..lanes).map(|_| LaneCounters::default()).collect(),
             full_waits: AtomicU64::new(0),
+            held: AtomicUsize::new(0),
             hot: Mutex::new(HotKeys::default()),
             keyed: AtomicU64::new(0),
         }
     }
 
-    /// The dispatcher hands a delivery of `key` (hashed to `hash`) to `lane`.
-    pub(crate) fn queued(&self, lane: usize, key: Option<(&PartitionKey, u64)>) {
-        if let Some(counters) = self.lanes.get(lane) {
-            counters.waiting.fetch_add(1, Ordering::Relaxed);
+    /// The dispatcher hands a delivery of `key` (hashed to `hash`) to `lane`, or holds
+    /// it for its key's turn (`None`, any-worker); on the lane it runs on, its key counts
+    /// as a hot key candidate.
+    pub(crate) fn queued(&self, lane: Option<usize>, key: Option<(&PartitionKey, u64)>) {
+        match lane {
+            Some(lane) => {
+                if let Some(counters) = self.lanes.get(lane) {
+                    counters.waiting.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            None => {
+                self.held.fetch_add(1, Ordering::Relaxed);
+            }
         }
         if let Some((key, hash)) = key {
             // Only the dispatcher counts, so a plain load and store suffice.
@@ -125,10 +141,16 @@ impl LaneStats {
         self.full_waits.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// `lane` starts running its next delivery.
-    pub(crate) fn started(&self, lane: usize) {
+    /// `lane` starts running its next delivery: one that waited in it, or one held
+    /// for its key's turn (`held`, any-worker).
+    pub(crate) fn started(&self, lane: usize, held: bool) {
+        if held {
+            self.held.fetch_sub(1, Ordering::Relaxed);
+        }
         if let Some(counters) = self.lanes.get(lane) {
-            counters.waiting.fetch_sub(1, Ordering::Relaxed);
+            if !held {
+                counters.waiting.fetch_sub(1, Ordering::Relaxed);
+            }
             let nanos = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX - 1);
             counters.started.store(nanos + 1, Ordering::Relaxed);
         }
@@ -165,6 +187,7 @@ impl LaneStats {
             lanes,
             hot_keys: support::lock(&self.hot).hottest(),
             full_lane_waits: self.full_waits.load(Ordering::Relaxed),
+            held: self.held.load(Ordering::Relaxed),
         }
     }
 }
@@ -182,12 +205,12 @@ struct HotKeys {
 struct Slot {
     hash: u64,
     key: PartitionKey,
-    lane: usize,
+    lane: Option<usize>,
     count: u64,
 }
 
 impl HotKeys {
-    fn count(&mut self, key: &PartitionKey, hash: u64, lane: usize) {
+    fn count(&mut self, key: &PartitionKey, hash: u64, lane: Option<usize>) {
         self.samples = self.samples.wrapping_add(1);
         if self.samples % HALVE_EVERY == 0 {
             for slot in &mut self.slots {
@@ -251,16 +274,16 @@ mod tests {
         let (hot, hot_hash) = hashed("hot");
         for i in 0..5_000u64 {
             if i % 3 == 0 {
-                table.count(&hot, hot_hash, 1);
+                table.count(&hot, hot_hash, Some(1));
             } else {
                 let (key, hash) = hashed(&format!("rare-{i}"));
-                table.count(&key, hash, 0);
+                table.count(&key, hash, Some(0));
             }
         }
         let hottest = table.hottest();
         assert!(hottest.len() <= HOT_KEY_SLOTS);
         assert_eq!(hottest[0].key.as_str(), "hot");
-        assert_eq!(hottest[0].lane, 1);
+        assert_eq!(hottest[0].lane, Some(1));
     }
 
     #[test]
@@ -268,11 +291,11 @@ mod tests {
         let mut table = HotKeys::default();
         let (old, old_hash) = hashed("old");
         for _ in 0..HALVE_EVERY - 1 {
-            table.count(&old, old_hash, 0);
+            table.count(&old, old_hash, None);
         }
         for i in 0..HALVE_EVERY * 12 {
             let (key, hash) = hashed(&format!("new-{}", i % 4));
-            table.count(&key, hash, 0);
+            table.count(&key, hash, None);
         }
         assert!(
             table.hottest().iter().all(|hot| hot.key.as_str() != "old"),

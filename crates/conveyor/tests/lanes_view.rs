@@ -95,28 +95,89 @@ async fn the_lanes_view_shows_a_hot_key_holding_its_lane_and_the_mount() {
     let hottest = &done.hot_keys[0];
     assert_eq!(
         (hottest.key.as_str(), hottest.lane),
-        ("hot", hot_lane),
+        ("hot", Some(hot_lane)),
         "{done:#?}"
     );
+    assert_eq!(done.held, 0, "lanes hold nothing apart from their lanes");
     assert!(done.hot_keys.len() <= conveyor::lanes_view::HOT_KEY_SLOTS);
     assert!(done.full_lane_waits >= 1);
     test.stop().await.unwrap();
 }
 
 #[tokio::test]
-async fn only_lanes_mounts_are_in_the_lanes_view() {
+async fn the_view_of_an_any_worker_mount_shows_the_deliveries_a_hot_key_holds() {
+    const WORKERS: usize = 4;
+    const READ_AHEAD: usize = 16;
+    let broker = MemoryBroker::new();
+    let gate = Gate(Arc::new(Semaphore::new(0)));
+    let app = App::new("hot")
+        .with_state(gate.clone())
+        .mount(broker.queue("orders"), handle, |m| {
+            m.workers(WORKERS)
+                .by_key()
+                .any_worker()
+                .read_ahead(READ_AHEAD)
+        });
+    let test = TestApp::start(app, &broker).await.unwrap();
+    for i in 0..HOT * 2 {
+        let key = if i % 2 == 0 {
+            "hot".to_string()
+        } else {
+            format!("cold-{}", i % 50)
+        };
+        let message = Message::builder().partition_key(key).payload("x");
+        test.publish("orders", message).await.unwrap();
+    }
+
+    // The hot key runs on one worker and may hold `read_ahead - workers` more; the
+    // mount then waits for it, with the other workers idle.
+    let held = view_until(&test, "the hot key holding all it may", |view| {
+        let running = view
+            .lanes
+            .iter()
+            .filter(|l| l.running_for.is_some())
+            .count();
+        view.held == READ_AHEAD - WORKERS && running == 1 && view.full_lane_waits >= 1
+    })
+    .await;
+    assert_eq!(held.lanes.len(), WORKERS);
+    assert!(held.lanes.iter().all(|lane| lane.waiting == 0), "{held:#?}");
+
+    gate.0.add_permits(HOT);
+    test.settled().await.unwrap();
+    let done = view_until(&test, "every delivery handled", |view| {
+        view.lanes.iter().map(|lane| lane.handled).sum::<u64>() == (HOT * 2) as u64
+    })
+    .await;
+    assert_eq!(done.held, 0);
+    let hottest = &done.hot_keys[0];
+    assert_eq!(
+        (hottest.key.as_str(), hottest.lane),
+        ("hot", None),
+        "{done:#?}"
+    );
+    test.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn only_keyed_mounts_are_in_the_lanes_view() {
     let broker = MemoryBroker::new();
     let gate = Gate(Arc::new(Semaphore::new(0)));
     let app = App::new("mixed")
         .with_state(gate)
         .mount(broker.queue("a"), handle, |m| m)
         .mount(broker.queue("b"), handle, |m| m.workers(2).by_key())
-        .mount(broker.queue("c"), handle, |m| m.workers(2));
+        .mount(broker.queue("c"), handle, |m| m.workers(2))
+        .mount(broker.queue("d"), handle, |m| {
+            m.workers(3).by_key().any_worker()
+        });
     let test = TestApp::start(app, &broker).await.unwrap();
     let view = test.lanes();
-    assert_eq!(view.len(), 1);
-    assert_eq!(view[0].queue, "b");
-    assert_eq!(view[0].lanes.len(), 2);
-    assert!(view[0].hot_keys.is_empty());
+    let mounts: Vec<_> = view
+        .iter()
+        .map(|m| (m.queue.as_str(), m.lanes.len()))
+        .collect();
+    assert_eq!(mounts, [("b", 2), ("d", 3)]);
+    assert!(view.iter().all(|m| m.hot_keys.is_empty()));
     test.stop().await.unwrap();
 }

@@ -23,6 +23,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
+use futures_util::FutureExt;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
@@ -33,6 +34,7 @@ use super::{
 use crate::delivery::Delivery;
 use crate::error::Error;
 use crate::handler::CallOne;
+use crate::lanes_view::LaneStats;
 use crate::support;
 use crate::transport::Subscriber;
 
@@ -259,10 +261,16 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
     read_ahead: usize,
 ) -> Result<(), Error> {
     let board = Arc::new(Board::new(n, read_ahead));
+    let stats = run.status.lane_stats(n);
     // Dropping the set aborts the workers, so an aborted mount leaves none behind.
     let mut workers = JoinSet::new();
     for index in 0..n {
-        workers.spawn(work(handler.clone(), board.clone(), run.clone(), index));
+        let worker = Worker {
+            index,
+            board: board.clone(),
+            stats: stats.clone(),
+        };
+        workers.spawn(work(handler.clone(), worker, run.clone()));
     }
 
     // A delivery the dispatcher holds when the loop ends: it came last, so it goes back
@@ -286,8 +294,13 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
             Received::Delivery(delivery) => delivery,
             other => break other.into(),
         };
-        let key = delivery.partition_key().map(|key| key_hash(key));
+        let key = delivery.partition_key().map(|key| (key, key_hash(key)));
+        stats.queued(None, key);
+        let key = key.map(|(_, hash)| hash);
         if let Some(key) = key {
+            if board.room_for_key(key).now_or_never().is_none() {
+                stats.waited_for_full_lane();
+            }
             // The delivery in hand is released if shutdown or a dead worker ends the wait.
             tokio::select! {
                 biased;
@@ -315,15 +328,22 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
     finish(subscriber, &run, end).await.and(joined)
 }
 
+/// One worker's share of the mount.
+struct Worker {
+    index: usize,
+    board: Arc<Board<Delivery>>,
+    stats: Arc<LaneStats>,
+}
+
 /// One worker: takes the oldest ready delivery, runs it to its end (retries in place
 /// included), then gives its key back. At shutdown, or once the mount has released the
 /// board (it is ending), it takes no new one.
-async fn work<H: CallOne>(
-    handler: Arc<H>,
-    board: Arc<Board<Delivery>>,
-    mut run: Run,
-    index: usize,
-) {
+async fn work<H: CallOne>(handler: Arc<H>, worker: Worker, mut run: Run) {
+    let Worker {
+        index,
+        board,
+        stats,
+    } = worker;
     loop {
         // The board before the shutdown's future (see `receive`); a shutdown is looked at
         // once a turn is taken.
@@ -342,7 +362,9 @@ async fn work<H: CallOne>(
             return;
         }
         turn.item.set_lane(index);
+        stats.started(index, true);
         handle_one(&*handler, turn.item, &run, Retries::InPlace).await;
+        stats.finished(index);
         drop(board.done(turn.key));
     }
 }

@@ -85,13 +85,13 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
             Some(key) => {
                 let hash = key_hash(key);
                 let lane = (hash % n as u64) as usize;
-                stats.queued(lane, Some((key, hash)));
+                stats.queued(Some(lane), Some((key, hash)));
                 run.metrics.lane_queued(lane);
                 lane
             }
             None => {
                 rotation = rotation.wrapping_add(1);
-                stats.queued(rotation % n, None);
+                stats.queued(Some(rotation % n), None);
                 run.metrics.lane_queued(rotation % n);
                 rotation % n
             }
@@ -151,7 +151,7 @@ async fn run_lane<H: CallOne>(handler: Arc<H>, lane: Lane, mut run: Run) {
         if run.shutdown.is_requested() {
             return;
         }
-        stats.started(number);
+        stats.started(number, false);
         run.metrics.lane_started(number);
         handle_one(&*handler, delivery, &run, Retries::InPlace).await;
         run.metrics.lane_finished(number);
