@@ -440,6 +440,7 @@ impl Settling {
         fallback: Fallback,
     ) -> BoxFuture<'static, ()> {
         let (queue, routes) = (self.queue.clone(), self.routes.clone());
+        let dead_letter = matches!(fallback, Fallback::DeadLetter { .. });
         Box::pin(async move {
             // While a resource alarm blocks the publishing connection, a copy would only
             // wait in lapin's buffer: if it then timed out, the original would be
@@ -459,7 +460,12 @@ impl Settling {
                 Err(_) => Err(format!("could not be sent within {timeout:?}")),
             };
             let result = match taken {
-                Ok(()) => acker.ack(BasicAckOptions::default()).await,
+                Ok(()) => {
+                    if dead_letter {
+                        conveyor::telemetry::record_dead_lettered("rabbitmq", &queue);
+                    }
+                    acker.ack(BasicAckOptions::default()).await
+                }
                 Err(error) => fallback.settle(&acker, &queue, &error).await,
             };
             report(&queue, result);

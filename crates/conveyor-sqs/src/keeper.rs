@@ -287,6 +287,7 @@ impl<C: Calls> Keeper<C> {
                 attempt = message.rejected.attempt,
                 "rejected: moved to the dead-letter queue"
             );
+            conveyor::telemetry::record_dead_lettered("aws_sqs", &self.queue.name);
             deletes.push(message.receipt);
         };
         let send = SendDeadLetters {

@@ -13,6 +13,7 @@
 //! | `conveyor.outcomes` | counter, by `conveyor.outcome` | `ack`, `retry`, `retry_after`, `reject`, and `released` (handed back unhandled at shutdown) |
 //! | `conveyor.decode_failures` | counter | payloads or extractors a handler could not take |
 //! | `conveyor.panics` | counter | panics caught in decoding, extractors or handlers |
+//! | `conveyor.dead_letters` | counter | rejected messages the transport moved to the queue's dead-letter queue, by the queue they came from |
 //! | `conveyor.reconnects` | counter | times a mount's receives started failing, and it began retrying |
 //! | `conveyor.in_flight` | gauge | deliveries a mount's handlers are running |
 //! | `conveyor.wait.duration` | histogram, seconds | from a delivery's receipt to the start of its handler: head-of-line wait |
@@ -25,7 +26,7 @@
 //! of series stays that of the mounts, lanes and destinations. Mount handles are
 //! registered once, when a mount starts, so install the recorder before starting the app.
 //!
-//! [`record_sent`] and [`record_operation`] are for transports.
+//! [`record_sent`], [`record_operation`] and [`record_dead_lettered`] are for transports.
 
 use std::time::Instant;
 
@@ -112,10 +113,15 @@ mod enabled {
             }
         }
 
-        pub(crate) fn started_after(&self, received: Option<Instant>) {
-            if let Some(received) = received {
-                self.wait.record(received.elapsed().as_secs_f64());
+        /// A delivery that arrived at `arrived` starts its first run now: records its
+        /// wait, and returns the run's start (one clock read for both).
+        pub(crate) fn first_run_started(&self, arrived: Option<Instant>) -> Option<Instant> {
+            let now = Instant::now();
+            if let Some(arrived) = arrived {
+                self.wait
+                    .record(now.saturating_duration_since(arrived).as_secs_f64());
             }
+            Some(now)
         }
 
         pub(crate) fn reconnecting(&self) {
@@ -200,7 +206,9 @@ mod disabled {
             MountMetrics
         }
 
-        pub(crate) fn started_after(&self, _received: Option<Instant>) {}
+        pub(crate) fn first_run_started(&self, _arrived: Option<Instant>) -> Option<Instant> {
+            None
+        }
 
         pub(crate) fn reconnecting(&self) {}
 
@@ -259,6 +267,20 @@ pub fn record_sent(
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (system, destination, messages, error);
+}
+
+/// For transports: counts a rejected message of `queue` moved to its dead-letter queue,
+/// as `conveyor.dead_letters`.
+pub fn record_dead_lettered(system: &'static str, queue: &str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "conveyor.dead_letters",
+        "messaging.system" => system,
+        "messaging.destination.name" => queue.to_string()
+    )
+    .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (system, queue);
 }
 
 /// For transports: records how long one broker call took, as

@@ -271,3 +271,30 @@ async fn publishing_counts_sent_messages_by_destination() {
         ]
     );
 }
+
+#[tokio::test]
+async fn a_reject_moved_to_the_dead_letter_queue_is_counted_where_it_came_from() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recording = metrics::set_default_local_recorder(&recorder);
+
+    let broker = MemoryBroker::new();
+    conveyor::Broker::declare_queue(
+        &broker,
+        &conveyor::QueueSpec::new("jobs").dead_letter_queue("jobs-dead", 3),
+    )
+    .await
+    .unwrap();
+    let app = App::new("dead").mount(broker.queue("jobs"), judge, |m| m.reject_on_error());
+    let test = TestApp::start(app, &broker).await.unwrap();
+    for n in [0i64, 1, 0] {
+        test.publish_json("jobs", &n).await.unwrap();
+    }
+    test.settled().await.unwrap();
+    test.stop().await.unwrap();
+    let dead: Vec<_> = series(&snapshotter, "conveyor.dead_letters")
+        .into_iter()
+        .map(|(labels, value)| (labels["messaging.destination.name"].clone(), value))
+        .collect();
+    assert_eq!(dead, [("jobs".to_string(), DebugValue::Counter(2))]);
+}

@@ -47,12 +47,12 @@ pub(crate) async fn handle_one<H: CallOne>(
 ) {
     let span = delivery_span(&delivery, run);
     run.metrics.consumed(1);
-    run.metrics.started_after(delivery.arrived());
+    let started = run.metrics.first_run_started(delivery.arrived());
     let handled = async {
         // The handler is polled first: one that finishes at once never polls the other.
         tokio::select! {
             biased;
-            () = run_and_settle(handler, delivery, run, retries) => {}
+            () = run_and_settle(handler, delivery, run, retries, started) => {}
             // The delivery, dropped unsettled, goes back to the broker.
             () = run.shutdown.cancelled() => run.metrics.outcome(OutcomeKind::Released),
         }
@@ -104,11 +104,12 @@ async fn run_and_settle<H: CallOne>(
     mut delivery: Delivery,
     run: &Run,
     retries: Retries,
+    mut first_started: Option<std::time::Instant>,
 ) {
     // Set at the first retry: the clock is read only on the retry path.
     let mut first_failure: Option<Instant> = None;
     loop {
-        let delay = match run_once(handler, &delivery, run).await {
+        let delay = match run_once(handler, &delivery, run, first_started.take()).await {
             Fate::Ack => return settle(delivery, Settlement::Ack, run),
             Fate::Reject(reason) => {
                 return settle(delivery, Settlement::Reject { reason: &reason }, run);
@@ -150,9 +151,15 @@ async fn run_and_settle<H: CallOne>(
 }
 
 /// Runs the handler once and decides the delivery's fate.
-async fn run_once<H: CallOne>(handler: &H, delivery: &Delivery, run: &Run) -> Fate {
+/// `started` is when the first run started, read once with the wait before it.
+async fn run_once<H: CallOne>(
+    handler: &H,
+    delivery: &Delivery,
+    run: &Run,
+    started: Option<std::time::Instant>,
+) -> Fate {
     // Decoding and extractors run user code too (`FromPayload`, `FromDelivery`, serde).
-    let started = run.metrics.run_started();
+    let started = started.or_else(|| run.metrics.run_started());
     let called = std::panic::catch_unwind(AssertUnwindSafe(|| handler.call(delivery, &run.cx)));
     let future = match called {
         Ok(Ok(future)) => future,

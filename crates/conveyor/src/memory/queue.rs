@@ -247,6 +247,7 @@ impl Queue {
         }
         match dead_letter_queue {
             Some(dlq) => {
+                crate::telemetry::record_dead_lettered("conveyor_in_process", &self.name);
                 stored
                     .headers
                     .insert(REJECT_REASON_HEADER, reason.to_string());
