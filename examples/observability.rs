@@ -88,10 +88,15 @@ async fn serve(
     metrics: &PrometheusHandle,
     app: &RunningApp,
 ) -> std::io::Result<()> {
+    // The whole head, up to its empty line: a socket closed with unread bytes is reset,
+    // and the client could lose the response.
+    let mut reader = BufReader::new(&mut stream);
     let mut request_line = String::new();
-    BufReader::new(&mut stream)
-        .read_line(&mut request_line)
-        .await?;
+    reader.read_line(&mut request_line).await?;
+    let mut header = String::new();
+    while reader.read_line(&mut header).await? > 0 && !header.trim_end().is_empty() {
+        header.clear();
+    }
     let path = request_line.split_whitespace().nth(1).unwrap_or("/");
     let (status, body) = match path {
         "/metrics" => ("200 OK", metrics.render()),

@@ -87,7 +87,8 @@ fn the_idempotency_example_charges_each_payment_once_though_two_come_twice() {
 fn get(address: &str, path: &str) -> (String, String) {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(address).expect("the example listens");
-    write!(stream, "GET {path} HTTP/1.1\r\nhost: {address}\r\n\r\n").expect("a request");
+    let request = format!("GET {path} HTTP/1.1\r\nhost: {address}\r\n\r\n");
+    stream.write_all(request.as_bytes()).expect("a request");
     let mut response = String::new();
     stream.read_to_string(&mut response).expect("a response");
     let (head, body) = response.split_once("\r\n\r\n").expect("a head and a body");

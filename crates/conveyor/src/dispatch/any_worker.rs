@@ -23,7 +23,6 @@ use std::collections::hash_map::Entry;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use futures_util::FutureExt;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
@@ -132,12 +131,14 @@ impl<T> Board<T> {
 
     /// Resolves once `key` holds fewer items than one key may.
     pub(super) async fn room_for_key(&self, key: u64) {
-        support::wait_for(&self.settled, || {
-            let held = support::lock(&self.held);
-            let of_key = held.behind.get(&key).map_or(0, |behind| behind.len() + 1);
-            (of_key < self.per_key).then_some(())
-        })
-        .await;
+        support::wait_for(&self.settled, || self.has_room_for(key).then_some(())).await;
+    }
+
+    /// Whether `key` holds fewer items than one key may.
+    pub(super) fn has_room_for(&self, key: u64) -> bool {
+        let held = support::lock(&self.held);
+        let of_key = held.behind.get(&key).map_or(0, |behind| behind.len() + 1);
+        of_key < self.per_key
     }
 
     /// Puts an item on the board. Call after [`room`](Self::room) and, for a key,
@@ -297,10 +298,9 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
         let key = delivery.partition_key().map(|key| (key, key_hash(key)));
         stats.queued(None, key);
         let key = key.map(|(_, hash)| hash);
-        if let Some(key) = key {
-            if board.room_for_key(key).now_or_never().is_none() {
-                stats.waited_for_full_lane();
-            }
+        // A key holding all it may: the mount waits for it (the hot-key case).
+        if let Some(key) = key.filter(|&key| !board.has_room_for(key)) {
+            stats.waited_for_full_lane();
             // The delivery in hand is released if shutdown or a dead worker ends the wait.
             tokio::select! {
                 biased;
