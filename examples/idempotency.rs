@@ -57,6 +57,19 @@ impl MemoryStore {
     }
 }
 
+/// A claimed id, recorded as done or freed when the run ends, however it ends.
+struct Claim<'a> {
+    store: &'a MemoryStore,
+    id: &'a str,
+    acked: bool,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        self.store.finish(self.id, self.acked);
+    }
+}
+
 /// Runs the handler once per message id: a repeat of a handled id is acked at once; one
 /// that arrives while the same id runs is retried a little later, when the first has
 /// finished one way or the other. A message without an id always runs.
@@ -73,11 +86,20 @@ impl Layer for Idempotent {
         };
         match self.0.claim(id) {
             Some(Seen::Done) => return Ok(Outcome::Ack),
-            Some(Seen::Running) => return Ok(Outcome::RetryAfter(Duration::from_millis(50))),
+            // A copy of it runs now: look again once that one is likely done. (This
+            // retry counts as an attempt, like any other.)
+            Some(Seen::Running) => return Ok(Outcome::RetryAfter(Duration::from_secs(1))),
             None => {}
         }
+        // Frees the claim unless the run ends in an ack: also when the run is dropped
+        // (a timeout, a cancel at shutdown) or panics, so a redelivery can run.
+        let mut claim = Claim {
+            store: &self.0,
+            id,
+            acked: false,
+        };
         let outcome = next.await;
-        self.0.finish(id, matches!(outcome, Ok(Outcome::Ack)));
+        claim.acked = matches!(outcome, Ok(Outcome::Ack));
         outcome
     }
 }

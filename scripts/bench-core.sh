@@ -24,7 +24,7 @@ features=() observe=()
 if [[ ${OBSERVE:-0} == 1 ]]; then
     features=(--features observe) observe=(--observe)
 fi
-bin=$(cargo bench -p conveyor-benches --bench dispatch "${features[@]}" --no-run --message-format=json \
+bin=$(cargo bench -p conveyor-benches --bench dispatch ${features[@]+"${features[@]}"} --no-run --message-format=json \
     | grep -o '"executable":"[^"]*dispatch-[^"]*"' | tail -n 1 | cut -d'"' -f4)
 if [[ -z "$bin" || ! -x "$bin" ]]; then
     echo "bench-core: could not find the dispatch bench binary" >&2
@@ -36,7 +36,7 @@ window_ir() {
     local mode=$1 messages=$2 file="$out/$1.$2"
     valgrind --tool=callgrind --callgrind-out-file="$file" \
         --zero-before='*window_open*' --dump-before='*window_close*' \
-        "$bin" --mode "$mode" --runtime current --warmup "$warmup" --messages "$messages" "${observe[@]}" \
+        "$bin" --mode "$mode" --runtime current --warmup "$warmup" --messages "$messages" ${observe[@]+"${observe[@]}"} \
         >/dev/null 2>"$file.log"
     # The dump taken on entering window_close holds exactly the window.
     local ir

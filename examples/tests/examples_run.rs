@@ -87,6 +87,9 @@ fn the_idempotency_example_charges_each_payment_once_though_two_come_twice() {
 fn get(address: &str, path: &str) -> (String, String) {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(address).expect("the example listens");
+    // A stuck example fails the test instead of hanging it.
+    let limit = Some(std::time::Duration::from_secs(60));
+    stream.set_read_timeout(limit).expect("a read timeout");
     let request = format!("GET {path} HTTP/1.1\r\nhost: {address}\r\n\r\n");
     stream.write_all(request.as_bytes()).expect("a request");
     let mut response = String::new();

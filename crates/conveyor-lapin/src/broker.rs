@@ -179,8 +179,13 @@ impl LapinBrokerBuilder {
             .map(|name| format!("{name} (publishing)"));
         let unblocked = Arc::new(tokio::sync::Notify::new());
         let (consuming, publishing) = tokio::join!(
-            self.dial(&redacted, self.connection_name.clone(), unblocked.clone()),
-            self.dial(&redacted, publishing_name, unblocked.clone())
+            self.dial(
+                &redacted,
+                self.connection_name.clone(),
+                "consuming",
+                unblocked.clone()
+            ),
+            self.dial(&redacted, publishing_name, "publishing", unblocked.clone())
         );
         let ((consuming, consuming_dialer), (publishing, publishing_dialer)) =
             match (consuming, publishing) {
@@ -211,13 +216,16 @@ impl LapinBrokerBuilder {
         })
     }
 
-    /// Opens one connection, named `name` on the broker, and has its events logged.
+    /// Opens one connection, named `name` on the broker, and has its events logged;
+    /// `purpose` names it where it has no name.
     async fn dial(
         &self,
         redacted: &str,
         name: Option<String>,
+        purpose: &'static str,
         unblocked: Arc<tokio::sync::Notify>,
     ) -> Result<(Connection, Arc<Dialer>), LapinError> {
+        let shown_as = name.clone().unwrap_or_else(|| purpose.to_string());
         let redacted = redacted.to_string();
         let uri: lapin::uri::AMQPUri =
             self.url
@@ -336,7 +344,10 @@ impl LapinBrokerBuilder {
         };
         tokio::spawn(log_events(
             connection.events_listener(),
-            redacted,
+            Watched {
+                url: redacted,
+                name: shown_as,
+            },
             dialer.clone(),
             unblocked,
         ));
@@ -819,15 +830,22 @@ async fn take(
     Ok(taken)
 }
 
+/// The connection whose events [`log_events`] follows: its URL (redacted) and its name.
+struct Watched {
+    url: String,
+    name: String,
+}
+
 /// Logs what lapin reports about the connection: errors it does not recover from, and
-/// the broker's flow control. (Recovery itself is silent here: lapin logs the loss, and
-/// subscriptions and publishers simply carry on once it has reconnected.)
+/// the broker's flow control; counts each recovery in the `conveyor.connection.reconnects`
+/// metric. (Subscriptions and publishers simply carry on once it has reconnected.)
 async fn log_events(
     events: impl futures_util::Stream<Item = lapin::Event>,
-    url: String,
+    watched: Watched,
     dialer: Arc<Dialer>,
     unblocked: Arc<tokio::sync::Notify>,
 ) {
+    let Watched { url, name } = watched;
     use futures_util::StreamExt;
     let mut events = std::pin::pin!(events);
     while let Some(event) = events.next().await {
@@ -842,7 +860,9 @@ async fn log_events(
                 tracing::info!(url = %url, "RabbitMQ unblocked the connection");
                 unblocked.notify_waiters();
             }
+            // The listener is made once the first connect is done: this is a recovery.
             lapin::Event::Connected => {
+                conveyor::telemetry::record_reconnect("rabbitmq", &name);
                 dialer.connected();
                 unblocked.notify_waiters();
                 tracing::info!(url = %url, "RabbitMQ connection (re)established");
@@ -850,6 +870,12 @@ async fn log_events(
             _ => {}
         }
     }
+}
+
+/// A publish of `count` messages that found no channel to go out on: counted as refused.
+fn no_channel(error: LapinError, destination: &str, count: u64) -> conveyor::Error {
+    conveyor::telemetry::record_sent("rabbitmq", destination, count, Some(error.kind()));
+    error.into_publish(destination)
 }
 
 /// Publishes to the queue `destination` through the default exchange, persistent and
@@ -860,7 +886,7 @@ impl Publisher for LapinBroker {
         let publisher = self
             .confirm_publisher()
             .await
-            .map_err(|e| e.into_publish(destination))?;
+            .map_err(|e| no_channel(e, destination, 1))?;
         publisher.publish(destination, message).await
     }
 
@@ -873,7 +899,7 @@ impl Publisher for LapinBroker {
         let publisher = self
             .confirm_publisher()
             .await
-            .map_err(|e| e.into_publish(destination))?;
+            .map_err(|e| no_channel(e, destination, messages.len() as u64))?;
         publisher.publish_batch(destination, messages).await
     }
 }

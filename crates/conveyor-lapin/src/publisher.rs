@@ -403,7 +403,13 @@ fn record(
         exchange
     };
     conveyor::telemetry::record_sent("rabbitmq", destination, count, error);
-    conveyor::telemetry::record_operation("rabbitmq", "publish", started.elapsed(), error);
+    // A message refused before it was sent made no broker call.
+    if !matches!(
+        sent,
+        Err(LapinError::Invalid { .. } | LapinError::HeadersTooLarge { .. })
+    ) {
+        conveyor::telemetry::record_operation("rabbitmq", "publish", started.elapsed(), error);
+    }
 }
 
 /// The span a publish to `exchange` under `routing_key` runs in: named after the

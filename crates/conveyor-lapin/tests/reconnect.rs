@@ -10,11 +10,12 @@ mod common;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use conveyor::{App, ConnectionState, DeliveryInfo, Json, Message, Publisher, QueueSpec, State};
 use conveyor_lapin::{LapinBroker, LapinError};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::sync::watch;
 
 use common::proxy::Proxy;
@@ -596,6 +597,20 @@ async fn a_publish_fails_as_unavailable_while_the_connection_stays_lost_and_succ
 
 async fn ignore(Json(_): Json<u32>) {}
 
+/// The process-wide metrics recorder of this test binary, installed on first use. Its
+/// snapshot drains what it shows; tests tell their series apart by connection name.
+fn recorder() -> &'static Snapshotter {
+    static RECORDER: OnceLock<Snapshotter> = OnceLock::new();
+    RECORDER.get_or_init(|| {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder
+            .install()
+            .expect("the only recorder of this binary");
+        snapshotter
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_shows_the_mount_reconnecting_while_its_connection_is_lost_then_running() {
     let admin = common::broker().await;
@@ -604,8 +619,10 @@ async fn health_shows_the_mount_reconnecting_while_its_connection_is_lost_then_r
         .declare_queue(&QueueSpec::new(queue.as_str()))
         .await
         .unwrap();
+    let recoveries = recorder();
     let proxy = Proxy::start(UPSTREAM).await;
-    let broker = through(&proxy, &unique("reconnect-health")).await;
+    let name = unique("reconnect-health");
+    let broker = through(&proxy, &name).await;
     let app = App::new("health")
         .broker(broker.clone())
         .mount(broker.queue(queue.as_str()), ignore, |m| m)
@@ -645,6 +662,31 @@ async fn health_shows_the_mount_reconnecting_while_its_connection_is_lost_then_r
     proxy.accept_new_connections();
     wait_until("the mount to run again", || app.health().is_ready()).await;
     assert_eq!(connections(&app.health()), both(ConnectionState::Connected));
+    // Each connection was recovered once, and counted (other tests' connections have
+    // other names).
+    let mut counted: Vec<(String, u64)> = recoveries
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == "conveyor.connection.reconnects")
+        .filter_map(|(key, _, _, value)| {
+            let connection = key
+                .key()
+                .labels()
+                .find(|l| l.key() == "conveyor.connection")?
+                .value()
+                .to_string();
+            match value {
+                DebugValue::Counter(n) if connection.starts_with(&name) => Some((connection, n)),
+                _ => None,
+            }
+        })
+        .collect();
+    counted.sort();
+    assert_eq!(
+        counted,
+        [(name.clone(), 1), (format!("{name} (publishing)"), 1)]
+    );
     // The app closes the broker it was given.
     app.shutdown().await.unwrap();
     cleanup(&admin, &[&queue], &[]).await;

@@ -210,8 +210,19 @@ impl SqsBroker {
         SqsBrokerBuilder::default()
     }
 
-    /// A broker over a client you configured yourself, with default settings.
+    /// A broker over a client you configured yourself, with default settings. With the
+    /// core's `metrics` feature, its requests are timed like a built broker's.
     pub fn from_client(client: Client) -> Self {
+        let client = if conveyor::telemetry::ENABLED {
+            let config = client
+                .config()
+                .to_builder()
+                .interceptor(crate::call_metrics::TimeCalls)
+                .build();
+            Client::from_conf(config)
+        } else {
+            client
+        };
         Self::from_parts(client, Settings::default())
     }
 

@@ -30,7 +30,8 @@ type Connections = Box<dyn Fn() -> Vec<ConnectionHealth> + Send + Sync>;
 /// The default time in-flight handlers get to finish at shutdown.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A service: handlers mounted on queues, and the state they share.
+/// A service: handlers mounted on queues, and the state they share. `L` is the layers
+/// every mount's handler runs in ([`App::layer`]); none by default.
 ///
 /// `run` starts every subscription (failing at once if one cannot start), runs until
 /// SIGINT or SIGTERM, then shuts down gracefully: it stops receiving, gives in-flight
@@ -102,6 +103,10 @@ impl<L: Layer + Clone> App<L> {
     /// given before and those of each mount. It must come before the mounts: a layer
     /// added after a mount is a startup error, as it would not wrap it. A batch mount
     /// takes no layer: an app with layers and a batch handler fails to start.
+    ///
+    /// Each mount gets its own clone of `layer`: keep state that the mounts must share
+    /// (a store of seen ids, say) behind an `Arc`. The app's type records its layers
+    /// (`App<Stack<Outer, L>>`), so that they compile into each handler's future.
     ///
     /// ```
     /// # use conveyor::{App, Identity, Json, MemoryBroker};
@@ -184,7 +189,9 @@ impl<L: Layer + Clone> App<L> {
     {
         let (options, layer) = configure(MountOptions::default()).into_parts();
         let layer = Stack::new(self.layer.clone(), layer);
-        let layered = !<Stack<L, M> as Layer>::IS_IDENTITY;
+        // No layer is `Identity` on both sides; anything else was asked for.
+        let none = std::any::TypeId::of::<Identity>();
+        let layered = std::any::TypeId::of::<L>() != none || std::any::TypeId::of::<M>() != none;
         let endpoint = Arc::new(handler.into_endpoint().with_layer(layer));
         let checked = endpoint.clone();
         let mut settings = SubscribeSettings::new(options.max_in_flight());
@@ -408,7 +415,7 @@ impl RunningApp {
     /// let view = app.lanes();
     /// assert_eq!(view[0].lanes.len(), 4);
     /// for hot in &view[0].hot_keys {
-    ///     println!("{} on lane {}: {} of the recent sample", hot.key, hot.lane, hot.count);
+    ///     println!("{} (lane {:?}): {} of the recent sample", hot.key, hot.lane, hot.count);
     /// }
     /// app.shutdown().await
     /// # }

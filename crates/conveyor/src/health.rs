@@ -54,7 +54,8 @@ pub enum ConnectionState {
     /// Open and usable.
     Connected,
     /// Open, but the broker has stopped reading what it sends (RabbitMQ blocks a
-    /// publishing connection during a resource alarm): its publishes wait.
+    /// publishing connection during a resource alarm): its publishes wait. Still counts
+    /// as ready (see [`Health::is_ready`]).
     Blocked,
     /// Lost, and being recovered.
     Reconnecting,
@@ -107,15 +108,19 @@ impl Health {
     }
 
     /// Whether the app is doing its work: every mount is running, and every broker
-    /// connection connected (not blocked, not recovering).
+    /// connection up. A blocked connection counts as up: a RabbitMQ resource alarm blocks
+    /// every client of the cluster at once, and the mounts go on consuming and acking
+    /// meanwhile (only publishes wait), so no replica would be any readier.
     pub fn is_ready(&self) -> bool {
         self.mounts
             .iter()
             .all(|mount| mount.state == MountState::Running)
-            && self
-                .connections
-                .iter()
-                .all(|connection| connection.state == ConnectionState::Connected)
+            && self.connections.iter().all(|connection| {
+                matches!(
+                    connection.state,
+                    ConnectionState::Connected | ConnectionState::Blocked
+                )
+            })
     }
 }
 
@@ -227,11 +232,11 @@ mod tests {
     }
 
     #[test]
-    fn an_app_is_ready_only_while_every_connection_is_connected_and_live_whatever_they_are() {
+    fn an_app_is_ready_only_while_every_connection_is_up_and_live_whatever_they_are() {
         use ConnectionState::*;
         assert!(health(&[]).is_ready());
-        assert!(health(&[Connected, Connected]).is_ready());
-        for other in [Blocked, Reconnecting, Closed] {
+        assert!(health(&[Connected, Blocked]).is_ready());
+        for other in [Reconnecting, Closed] {
             let health = health(&[Connected, other]);
             assert!(!health.is_ready() && health.is_live(), "{other:?}");
         }

@@ -40,8 +40,9 @@ pub struct MountLanes {
     /// whole mount waited behind one lane's keys. Under any-worker: how many times a
     /// delivery's key held all the read-ahead it may, and the mount waited for that key.
     pub full_lane_waits: u64,
-    /// Under any-worker, the deliveries held for their key's turn, not yet on a worker
-    /// (0 for lanes, whose waiting deliveries show per lane).
+    /// Under any-worker, the deliveries received and not yet started: waiting for their
+    /// key's turn or for a free worker, and the one in the dispatcher's hand (0 for lanes,
+    /// whose waiting deliveries show per lane).
     pub held: usize,
 }
 
@@ -55,7 +56,8 @@ pub struct LaneView {
     /// when it runs nothing.
     pub running_for: Option<Duration>,
     /// Deliveries waiting for the lane behind the one it runs: in the lane, or in the
-    /// dispatcher's hand when the lane is full.
+    /// dispatcher's hand when the lane is full. Always 0 under any-worker, where a
+    /// waiting delivery belongs to no worker (see [`MountLanes::held`]).
     pub waiting: usize,
     /// Deliveries it has finished (settled) since the mount started.
     pub handled: u64,
@@ -69,8 +71,11 @@ pub struct HotKey {
     pub key: PartitionKey,
     /// The lane it runs on; `None` under any-worker, where any worker runs it.
     pub lane: Option<usize>,
-    /// Its estimated share of the recent deliveries, out of the sample counted (see the
-    /// module docs): an upper bound, within the count of the key it replaced.
+    /// How many of the sampled recent deliveries were its (see the module docs): one in
+    /// about [`SAMPLE_EVERY`] deliveries is sampled, and counts are halved every
+    /// [`HALVE_EVERY`] samples. It may count high by as much as the count of the key
+    /// whose slot it took; compare keys by it, rather than read it as a number of
+    /// messages.
     pub count: u64,
 }
 
@@ -162,6 +167,16 @@ impl LaneStats {
             counters.started.store(0, Ordering::Relaxed);
             counters.handled.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// The mount has stopped: what its lanes held went back to the broker unstarted,
+    /// without passing through [`started`](Self::started).
+    pub(crate) fn stopped(&self) {
+        for counters in &self.lanes {
+            counters.waiting.store(0, Ordering::Relaxed);
+            counters.started.store(0, Ordering::Relaxed);
+        }
+        self.held.store(0, Ordering::Relaxed);
     }
 
     /// The view of the lanes now, for the mount on `queue`.

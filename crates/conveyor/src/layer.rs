@@ -67,10 +67,6 @@ pub trait Layer: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Outcome, BoxError>> + Send + 'a
     where
         N: Future<Output = Result<Outcome, BoxError>> + Send + 'a;
-
-    /// Whether this is no layer at all: a batch mount takes none. Not for overriding.
-    #[doc(hidden)]
-    const IS_IDENTITY: bool = false;
 }
 
 /// No layer: the handler runs as it is. The default of every mount and app.
@@ -88,8 +84,6 @@ impl Layer for Identity {
     {
         next
     }
-
-    const IS_IDENTITY: bool = true;
 }
 
 /// Two layers, `outer` around `inner`: what [`App::layer`](crate::App::layer) and
@@ -118,6 +112,4 @@ impl<Outer: Layer, Inner: Layer> Layer for Stack<Outer, Inner> {
     {
         self.outer.call(delivery, self.inner.call(delivery, next))
     }
-
-    const IS_IDENTITY: bool = Outer::IS_IDENTITY && Inner::IS_IDENTITY;
 }

@@ -27,7 +27,8 @@ pub enum Dispatch {
 }
 
 /// The settings of one mount site, built in the closure given to
-/// [`App::mount`](crate::App::mount).
+/// [`App::mount`](crate::App::mount). `L` is the layers of this mount
+/// ([`layer`](Self::layer)); none by default.
 ///
 /// ```
 /// use std::time::Duration;

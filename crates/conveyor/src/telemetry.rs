@@ -10,23 +10,26 @@
 //! | `messaging.process.duration` | histogram, seconds | one run of a handler |
 //! | `messaging.client.sent.messages` | counter | messages published (with `error.type` when refused) |
 //! | `messaging.client.operation.duration` | histogram, seconds | a broker call, by `messaging.operation.name`: an SQS request by its API name, a RabbitMQ publish until its confirm |
-//! | `conveyor.outcomes` | counter, by `conveyor.outcome` | `ack`, `retry`, `retry_after`, `reject`, and `released` (handed back unhandled at shutdown) |
+//! | `conveyor.outcomes` | counter, by `conveyor.outcome` | `ack`, `retry`, `retry_after`, `reject`, and `released` (a handler cancelled at the shutdown timeout, its delivery handed back unsettled) |
 //! | `conveyor.decode_failures` | counter | payloads or extractors a handler could not take |
 //! | `conveyor.panics` | counter | panics caught in decoding, extractors or handlers |
 //! | `conveyor.dead_letters` | counter | rejected messages the transport moved to the queue's dead-letter queue, by the queue they came from |
 //! | `conveyor.reconnects` | counter | times a mount's receives started failing, and it began retrying |
+//! | `conveyor.connection.reconnects` | counter, by `conveyor.connection` | times a broker connection was recovered (RabbitMQ, whose subscriptions wait for the recovery without failing a receive) |
 //! | `conveyor.in_flight` | gauge | deliveries a mount's handlers are running |
 //! | `conveyor.wait.duration` | histogram, seconds | from a delivery's receipt to the start of its handler: head-of-line wait |
 //! | `conveyor.lane.in_flight` | gauge, by `conveyor.lane` | a lanes mount's delivery running in each lane (0 or 1) |
 //! | `conveyor.lane.waiting` | gauge, by `conveyor.lane` | deliveries waiting for each lane |
 //!
 //! Every mount series carries `messaging.system`, `messaging.destination.name` (the
-//! queue) and `conveyor.dispatch` (the mount's mode); publish series carry the system
-//! and the destination. No label ever holds a partition key or message id: the number
+//! queue) and `conveyor.dispatch` (the mount's mode); `messaging.client.sent.messages`
+//! carries the system and the destination, `messaging.client.operation.duration` the
+//! system and the operation; both add `error.type` for what failed. No label ever holds a partition key or message id: the number
 //! of series stays that of the mounts, lanes and destinations. Mount handles are
 //! registered once, when a mount starts, so install the recorder before starting the app.
 //!
-//! [`record_sent`], [`record_operation`] and [`record_dead_lettered`] are for transports.
+//! [`record_sent`], [`record_operation`], [`record_dead_lettered`] and
+//! [`record_reconnect`] are for transports.
 
 use std::time::Instant;
 
@@ -37,7 +40,6 @@ pub(crate) enum OutcomeKind {
     Retry,
     RetryAfter,
     Reject,
-    Released,
 }
 
 #[cfg(feature = "metrics")]
@@ -147,6 +149,14 @@ mod enabled {
             }
         }
 
+        /// The mount has stopped: what its lanes held went back unstarted.
+        pub(crate) fn lanes_stopped(&self) {
+            for (running, waiting) in self.lanes.iter() {
+                running.set(0.0);
+                waiting.set(0.0);
+            }
+        }
+
         pub(crate) fn consumed(&self, count: u64) {
             self.consumed.increment(count);
             // Counts as f64: exact for any count a mount can hold.
@@ -173,9 +183,12 @@ mod enabled {
                 OutcomeKind::Retry => &self.retried,
                 OutcomeKind::RetryAfter => &self.retried_later,
                 OutcomeKind::Reject => &self.rejected,
-                OutcomeKind::Released => &self.released,
             }
             .increment(1);
+        }
+
+        pub(crate) fn released(&self, count: u64) {
+            self.released.increment(count);
         }
 
         pub(crate) fn decode_failed(&self) {
@@ -218,6 +231,8 @@ mod disabled {
 
         pub(crate) fn lane_finished(&self, _lane: usize) {}
 
+        pub(crate) fn lanes_stopped(&self) {}
+
         pub(crate) fn consumed(&self, _count: u64) {}
 
         pub(crate) fn finished(&self, _count: u64) {}
@@ -229,6 +244,8 @@ mod disabled {
         pub(crate) fn run_ended(&self, _started: Option<Instant>) {}
 
         pub(crate) fn outcome(&self, _outcome: OutcomeKind) {}
+
+        pub(crate) fn released(&self, _count: u64) {}
 
         pub(crate) fn decode_failed(&self) {}
 
@@ -281,6 +298,20 @@ pub fn record_dead_lettered(system: &'static str, queue: &str) {
     .increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = (system, queue);
+}
+
+/// For transports: counts a recovered connection, named `connection` (a name the
+/// service gave it, or what it is for), as `conveyor.connection.reconnects`.
+pub fn record_reconnect(system: &'static str, connection: &str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "conveyor.connection.reconnects",
+        "messaging.system" => system,
+        "conveyor.connection" => connection.to_string()
+    )
+    .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (system, connection);
 }
 
 /// For transports: records how long one broker call took, as

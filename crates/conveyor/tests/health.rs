@@ -12,13 +12,13 @@ use conveyor::{
 
 async fn ignore(Json(_n): Json<u64>) {}
 
-/// Waits, for at most ten seconds, until `check` holds for the app's health.
+/// Waits, for at most a minute, until `check` holds for the app's health.
 async fn health_until(
     app: &conveyor::RunningApp,
     what: &str,
     check: impl Fn(&Health) -> bool,
 ) -> Health {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         let health = app.health();
         if check(&health) {

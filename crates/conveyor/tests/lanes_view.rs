@@ -21,9 +21,9 @@ async fn handle(_payload: conveyor::Bytes, key: PartitionKey, State(gate): State
 const LANES: usize = 4;
 const HOT: usize = 200;
 
-/// Waits, for at most ten seconds, until `check` holds for the mount's lanes.
+/// Waits, for at most a minute, until `check` holds for the mount's lanes.
 async fn view_until(test: &TestApp, what: &str, check: impl Fn(&MountLanes) -> bool) -> MountLanes {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         let view = test.lanes().remove(0);
         if check(&view) {

@@ -155,7 +155,7 @@ async fn a_lanes_mount_reports_each_lane_and_the_wait_before_each_handler() {
     }
     let held_lane = conveyor::dispatch::lane_for_key("held", 2);
     // The first runs, the second waits in the lane, the third in the dispatcher's hand.
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
     while test.lanes()[0].lanes[held_lane].waiting != 2 {
         assert!(tokio::time::Instant::now() < deadline, "{:?}", test.lanes());
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
@@ -215,7 +215,7 @@ async fn a_delivery_handed_back_at_the_shutdown_timeout_counts_as_released() {
         .start()
         .await
         .unwrap();
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
     while broker.stats("jobs").in_flight == 0 {
         assert!(tokio::time::Instant::now() < deadline, "never received");
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;

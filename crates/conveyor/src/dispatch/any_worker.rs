@@ -325,6 +325,7 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
     drop(in_hand);
     subscriber.stop_receiving().await;
     let joined = join_tasks(workers, &run).await;
+    stats.stopped();
     finish(subscriber, &run, end).await.and(joined)
 }
 

@@ -38,6 +38,7 @@ pub(super) async fn drive<H: CallBatch, S: Subscriber>(
             Some(Ok(())) => {
                 pause.reset();
                 // Past the shutdown timeout the batch is dropped, its deliveries released.
+                let count = gathered.len() as u64;
                 let handled = async {
                     tokio::select! {
                         biased;
@@ -47,6 +48,8 @@ pub(super) async fn drive<H: CallBatch, S: Subscriber>(
                 };
                 let cancelled = stop.run(handled, &mut subscriber).await;
                 if cancelled {
+                    run.metrics.released(gathered.len() as u64);
+                    run.metrics.finished(count);
                     gathered.clear();
                 }
             }

@@ -37,7 +37,12 @@ use crate::transport::Subscriber;
 /// assert!(lane_for_key("bob", 4) < 4);
 /// ```
 pub fn lane_for_key(key: &str, lanes: usize) -> usize {
-    (key_hash(key) % lanes.max(1) as u64) as usize
+    lane_for_hash(key_hash(key), lanes)
+}
+
+/// The lane, out of `lanes`, of a key whose [`key_hash`] is `hash`.
+fn lane_for_hash(hash: u64, lanes: usize) -> usize {
+    (hash % lanes.max(1) as u64) as usize
 }
 
 /// 64-bit FNV-1a over the key's UTF-8 bytes.
@@ -84,7 +89,7 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
         let lane = match delivery.partition_key() {
             Some(key) => {
                 let hash = key_hash(key);
-                let lane = (hash % n as u64) as usize;
+                let lane = lane_for_hash(hash, n);
                 stats.queued(Some(lane), Some((key, hash)));
                 run.metrics.lane_queued(lane);
                 lane
@@ -118,6 +123,8 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
     drop(lanes);
     subscriber.stop_receiving().await;
     let joined = join_tasks(tasks, &run).await;
+    stats.stopped();
+    run.metrics.lanes_stopped();
     finish(subscriber, &run, end).await.and(joined)
 }
 

@@ -335,7 +335,8 @@ pub(crate) fn settle(delivery: Delivery, settlement: crate::outcome::Settlement<
         Settlement::Retry => Some(OutcomeKind::Retry),
         Settlement::RetryAfter(_) => Some(OutcomeKind::RetryAfter),
         Settlement::Reject { .. } => Some(OutcomeKind::Reject),
-        Settlement::Release => Some(OutcomeKind::Released),
+        // The core releases only by dropping a delivery (see `handle_one`).
+        Settlement::Release => None,
     };
     if let Some(outcome) = outcome {
         run.metrics.outcome(outcome);

@@ -54,7 +54,7 @@ pub(crate) async fn handle_one<H: CallOne>(
             biased;
             () = run_and_settle(handler, delivery, run, retries, started) => {}
             // The delivery, dropped unsettled, goes back to the broker.
-            () = run.shutdown.cancelled() => run.metrics.outcome(OutcomeKind::Released),
+            () = run.shutdown.cancelled() => run.metrics.released(1),
         }
     };
     handled.instrument(span).await;
