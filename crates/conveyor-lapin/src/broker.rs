@@ -300,7 +300,8 @@ impl LapinBrokerBuilder {
         };
         let connection = match outcome {
             Some(Ok(connection)) => {
-                dialer.connected();
+                // The first connect: no recovery to count.
+                let _ = dialer.connected();
                 connection
             }
             failed => {
@@ -860,10 +861,10 @@ async fn log_events(
                 tracing::info!(url = %url, "RabbitMQ unblocked the connection");
                 unblocked.notify_waiters();
             }
-            // The listener is made once the first connect is done: this is a recovery.
             lapin::Event::Connected => {
-                conveyor::telemetry::record_reconnect("rabbitmq", &name);
-                dialer.connected();
+                if dialer.connected() {
+                    conveyor::telemetry::record_reconnect("rabbitmq", &name);
+                }
                 unblocked.notify_waiters();
                 tracing::info!(url = %url, "RabbitMQ connection (re)established");
             }

@@ -91,6 +91,9 @@ struct State {
     refused: bool,
     /// Whether lapin has dropped the dialer's handle: its thread has ended.
     released: bool,
+    /// A stream was handed to lapin after the first connect: what connects next is a
+    /// recovery.
+    recovering: bool,
 }
 
 enum Phase {
@@ -126,6 +129,7 @@ impl Dialer {
                 last_failure: None,
                 refused: false,
                 released: false,
+                recovering: false,
             }),
             wake: Notify::new(),
             stopping: Notify::new(),
@@ -212,7 +216,10 @@ impl Dialer {
         let mut state = self.state();
         let spare = match state.phase {
             Phase::First { .. } => socket.and_then(duplicate),
-            Phase::Connected => None,
+            Phase::Connected => {
+                state.recovering = true;
+                None
+            }
             Phase::GivenUp => return false,
         };
         state.attempt = Attempt::Handshaking(spare);
@@ -254,9 +261,11 @@ impl Dialer {
     }
 
     /// A connection was established (the first, or a recovered one): later attempts are
-    /// reconnects, paced from the shortest delay again.
-    pub(crate) fn connected(&self) {
+    /// reconnects, paced from the shortest delay again. Returns whether it was a
+    /// recovery (lapin may or may not report the first connect twice).
+    pub(crate) fn connected(&self) -> bool {
         let mut state = self.state();
+        let recovered = std::mem::take(&mut state.recovering);
         if !matches!(state.phase, Phase::GivenUp) {
             state.phase = Phase::Connected;
         }
@@ -264,6 +273,7 @@ impl Dialer {
         // Drops the first connect's duplicate socket (the connection keeps its own).
         state.attempt = Attempt::Idle;
         state.last_failure = None;
+        recovered
     }
 
     /// The first connect failed: no more attempts. A handshake still waiting for the
