@@ -86,28 +86,24 @@ impl<L> MountOptions<L> {
     /// A batch mount takes no layer: it is a startup error.
     ///
     /// ```
-    /// use std::time::Duration;
-    /// use conveyor::{Identity, MountOptions};
+    /// use conveyor::{Dispatch, Identity, MountOptions};
     ///
+    /// // Any `conveyor::Layer`; `Identity` is the one that does nothing.
     /// let layered = MountOptions::default().workers(4).layer(Identity);
-    /// assert_eq!(layered.handler_timeout(), None);
+    /// assert_eq!(layered.dispatch(), Dispatch::Workers(4));
     /// ```
     pub fn layer<Outer: Layer>(self, layer: Outer) -> MountOptions<Stack<Outer, L>> {
         let (options, inner) = self.into_parts();
-        MountOptions {
-            workers: options.workers,
-            keyed: options.keyed,
-            any_worker: options.any_worker,
-            read_ahead: options.read_ahead,
-            batch_size: options.batch_size,
-            policy: options.policy,
-            timeout: options.timeout,
-            layer: Stack::new(layer, inner),
-        }
+        options.swap_layer(Stack::new(layer, inner)).0
     }
 
     /// The settings and the layers, apart.
     pub(crate) fn into_parts(self) -> (MountOptions, L) {
+        self.swap_layer(Identity)
+    }
+
+    /// The same settings with `layer`, and the layers they had.
+    fn swap_layer<M>(self, layer: M) -> (MountOptions<M>, L) {
         let options = MountOptions {
             workers: self.workers,
             keyed: self.keyed,
@@ -116,7 +112,7 @@ impl<L> MountOptions<L> {
             batch_size: self.batch_size,
             policy: self.policy,
             timeout: self.timeout,
-            layer: Identity,
+            layer,
         };
         (options, self.layer)
     }
