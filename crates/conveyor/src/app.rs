@@ -12,7 +12,7 @@ use tokio::task::JoinSet;
 use crate::dispatch::{Phase, Run, Shutdown};
 use crate::error::Error;
 use crate::extract::Context;
-use crate::handler::{Endpoint, Handler};
+use crate::handler::{Endpoint, Handler, Unlayered};
 use crate::health::{ConnectionHealth, Health, MountHealth, MountStatus};
 use crate::lanes_view::MountLanes;
 use crate::layer::{Identity, Layer, Stack};
@@ -199,7 +199,7 @@ impl<L: Layer + Clone> App<L> {
         self.mounts.push(Mount {
             queue: source.queue_name().to_string(),
             system: source.messaging_system(),
-            batch_handler: <H::Endpoint as Endpoint>::BATCH,
+            batch_handler: <H::Endpoint as Unlayered>::BATCH,
             layered,
             options,
             check: Box::new(move |cx| checked.check(cx)),

@@ -53,7 +53,7 @@ pub trait Handler<Args>: Clone + Send + Sync + 'static {
     /// The dispatch engine's view of the handler (sealed: it cannot be named outside
     /// Conveyor).
     #[doc(hidden)]
-    type Endpoint: Endpoint;
+    type Endpoint: Unlayered;
 
     /// Wraps the handler for the dispatch engine.
     #[doc(hidden)]
@@ -71,11 +71,21 @@ mod sealed {
     /// Marks a handler that takes a batch; `A` lists its argument types.
     pub struct Batched<A>(PhantomData<fn() -> A>);
 
-    /// How the dispatch engine runs a mounted handler. Not for implementing by hand.
-    pub trait Endpoint: Send + Sync + Sized + 'static {
+    /// A handler before its layers. Not for implementing by hand.
+    pub trait Unlayered: Send + Sync + Sized + 'static {
         /// Whether this is a batch handler.
         const BATCH: bool;
 
+        /// The handler inside `layer`; a batch handler takes none (the app checks that
+        /// `layer` is no layer before it asks).
+        type Layered<L: Layer>: Endpoint;
+
+        /// Wraps the handler in `layer`.
+        fn with_layer<L: Layer>(self, layer: L) -> Self::Layered<L>;
+    }
+
+    /// How the dispatch engine runs a mounted handler. Not for implementing by hand.
+    pub trait Endpoint: Send + Sync + Sized + 'static {
         /// Checks once at startup that every extractor can work (state present, ...).
         fn check(&self, cx: &Context) -> Result<(), Error>;
 
@@ -85,13 +95,6 @@ mod sealed {
             subscriber: S,
             run: Run,
         ) -> impl Future<Output = Result<(), Error>> + Send;
-
-        /// The handler inside `layer`; a batch handler takes none (the app checks that
-        /// `layer` is no layer before it asks).
-        type Layered<L: Layer>: Endpoint;
-
-        /// Wraps the handler in `layer`.
-        fn with_layer<L: Layer>(self, layer: L) -> Self::Layered<L>;
     }
 
     /// A single-delivery handler function, ready for the dispatch engine.
@@ -113,7 +116,7 @@ mod sealed {
     }
 }
 
-pub(crate) use sealed::{BatchFn, Batched, Endpoint, OneFn, Single, WithLayer};
+pub(crate) use sealed::{BatchFn, Batched, Endpoint, OneFn, Single, Unlayered, WithLayer};
 
 /// Why a handler could not be called for a delivery.
 #[derive(Debug, thiserror::Error)]
@@ -152,8 +155,6 @@ impl<E: CallOne, L: Layer> CallOne for WithLayer<E, L> {
 }
 
 impl<E: CallOne, L: Layer> Endpoint for WithLayer<E, L> {
-    const BATCH: bool = false;
-
     fn check(&self, cx: &Context) -> Result<(), Error> {
         E::check_extractors(cx)
     }
@@ -164,15 +165,6 @@ impl<E: CallOne, L: Layer> Endpoint for WithLayer<E, L> {
         run: Run,
     ) -> impl Future<Output = Result<(), Error>> + Send {
         dispatch::drive_one(self, subscriber, run)
-    }
-
-    type Layered<Outer: Layer> = WithLayer<Self, Outer>;
-
-    fn with_layer<Outer: Layer>(self, layer: Outer) -> WithLayer<Self, Outer> {
-        WithLayer {
-            endpoint: self,
-            layer,
-        }
     }
 }
 
@@ -218,24 +210,13 @@ where
     }
 }
 
-impl<F, A> Endpoint for OneFn<F, A>
+/// A single-delivery handler always runs inside its layers (none is `Identity`).
+impl<F, A> Unlayered for OneFn<F, A>
 where
     OneFn<F, A>: CallOne,
     A: 'static,
 {
     const BATCH: bool = false;
-
-    fn check(&self, cx: &Context) -> Result<(), Error> {
-        <Self as CallOne>::check_extractors(cx)
-    }
-
-    fn drive<S: Subscriber>(
-        self: Arc<Self>,
-        subscriber: S,
-        run: Run,
-    ) -> impl Future<Output = Result<(), Error>> + Send {
-        dispatch::drive_one(self, subscriber, run)
-    }
 
     type Layered<L: Layer> = WithLayer<Self, L>;
 
@@ -247,13 +228,25 @@ where
     }
 }
 
-impl<F, A> Endpoint for BatchFn<F, A>
+impl<F, A> Unlayered for BatchFn<F, A>
 where
     BatchFn<F, A>: CallBatch,
     A: 'static,
 {
     const BATCH: bool = true;
 
+    type Layered<L: Layer> = Self;
+
+    fn with_layer<L: Layer>(self, _layer: L) -> Self {
+        self
+    }
+}
+
+impl<F, A> Endpoint for BatchFn<F, A>
+where
+    BatchFn<F, A>: CallBatch,
+    A: 'static,
+{
     fn check(&self, cx: &Context) -> Result<(), Error> {
         <Self as CallBatch>::check_extractors(cx)
     }
@@ -264,12 +257,6 @@ where
         run: Run,
     ) -> impl Future<Output = Result<(), Error>> + Send {
         dispatch::drive_batch(self, subscriber, run)
-    }
-
-    type Layered<L: Layer> = Self;
-
-    fn with_layer<L: Layer>(self, _layer: L) -> Self {
-        self
     }
 }
 
