@@ -37,6 +37,19 @@ async fn view_until(test: &TestApp, what: &str, check: impl Fn(&MountLanes) -> b
     }
 }
 
+/// Publishes `2 * HOT` messages: the hot key every other one, 50 others sharing the rest.
+async fn publish_hot_and_cold(test: &TestApp) {
+    for i in 0..HOT * 2 {
+        let key = if i % 2 == 0 {
+            "hot".to_string()
+        } else {
+            format!("cold-{}", i % 50)
+        };
+        let message = Message::builder().partition_key(key).payload("x");
+        test.publish("orders", message).await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn the_lanes_view_shows_a_hot_key_holding_its_lane_and_the_mount() {
     let broker = MemoryBroker::new();
@@ -47,16 +60,7 @@ async fn the_lanes_view_shows_a_hot_key_holding_its_lane_and_the_mount() {
             m.workers(LANES).by_key()
         });
     let test = TestApp::start(app, &broker).await.unwrap();
-    // The hot key every other message; 50 others share the rest.
-    for i in 0..HOT * 2 {
-        let key = if i % 2 == 0 {
-            "hot".to_string()
-        } else {
-            format!("cold-{}", i % 50)
-        };
-        let message = Message::builder().partition_key(key).payload("x");
-        test.publish("orders", message).await.unwrap();
-    }
+    publish_hot_and_cold(&test).await;
     let hot_lane = conveyor::dispatch::lane_for_key("hot", LANES);
 
     // The hot key's first delivery runs and holds; one more waits in its lane, and the
@@ -119,15 +123,7 @@ async fn the_view_of_an_any_worker_mount_shows_the_deliveries_a_hot_key_holds() 
                 .read_ahead(READ_AHEAD)
         });
     let test = TestApp::start(app, &broker).await.unwrap();
-    for i in 0..HOT * 2 {
-        let key = if i % 2 == 0 {
-            "hot".to_string()
-        } else {
-            format!("cold-{}", i % 50)
-        };
-        let message = Message::builder().partition_key(key).payload("x");
-        test.publish("orders", message).await.unwrap();
-    }
+    publish_hot_and_cold(&test).await;
 
     // The hot key runs on one worker and may hold `read_ahead - workers` more; the
     // mount then waits for it, with the other workers idle.
