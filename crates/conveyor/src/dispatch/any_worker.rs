@@ -274,8 +274,8 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
         workers.spawn(work(handler.clone(), worker, run.clone()));
     }
 
-    // A delivery the dispatcher holds when the loop ends: it came last, so it goes back
-    // after the board's.
+    // A delivery the dispatcher holds, waiting for its key's room, when the loop ends:
+    // it came last of its key, so it goes back after the key's others.
     let mut in_hand = None;
     let end: End = loop {
         // Room first: when there is some, the shutdown's future is never made (`receive`
@@ -306,11 +306,11 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
                 biased;
                 () = board.room_for_key(key) => {}
                 () = run.shutdown.requested() => {
-                    in_hand = Some(delivery);
+                    in_hand = Some((key, delivery));
                     break End::Stopped;
                 }
                 died = task_died(&mut workers) => {
-                    in_hand = Some(delivery);
+                    in_hand = Some((key, delivery));
                     break End::Failed(task_error(&died, &run));
                 }
             }
@@ -319,10 +319,13 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
             break End::Stopped;
         }
     };
+    // The delivery in hand joins its key's others on the board, so it keeps its place.
+    if let Some((key, delivery)) = in_hand {
+        drop(board.add(Some(key), delivery));
+    }
     // What has not started goes back at once, oldest first, while running handlers finish;
     // what waits behind a running one goes back as that one ends.
     drop(board.release());
-    drop(in_hand);
     subscriber.stop_receiving().await;
     let joined = join_tasks(workers, &run).await;
     stats.stopped();
