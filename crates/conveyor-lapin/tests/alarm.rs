@@ -89,7 +89,7 @@ fn connection_state(name: &str) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscriptions_ack_while_a_memory_alarm_blocks_publishing_and_retries_wait() {
     const MESSAGES: usize = 20;
-    const CONFIRM_TIMEOUT: Duration = Duration::from_secs(1);
+    const CONFIRM_TIMEOUT: Duration = Duration::from_secs(3);
     let name = unique("alarm");
     let broker = LapinBroker::builder(common::URL)
         .connection_name(name.as_str())

@@ -42,6 +42,21 @@ pub(crate) enum OutcomeKind {
     Reject,
 }
 
+impl OutcomeKind {
+    /// What `settlement` counts as; `None` for a release (the core releases only by
+    /// dropping a delivery, counted where it drops it).
+    pub(crate) fn of(settlement: &crate::outcome::Settlement<'_>) -> Option<Self> {
+        use crate::outcome::Settlement;
+        match settlement {
+            Settlement::Ack => Some(OutcomeKind::Ack),
+            Settlement::Retry => Some(OutcomeKind::Retry),
+            Settlement::RetryAfter(_) => Some(OutcomeKind::RetryAfter),
+            Settlement::Reject { .. } => Some(OutcomeKind::Reject),
+            Settlement::Release => None,
+        }
+    }
+}
+
 #[cfg(feature = "metrics")]
 mod enabled {
     use super::{Instant, OutcomeKind};

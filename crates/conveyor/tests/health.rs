@@ -2,7 +2,7 @@
 //! live and ready answers a probe needs.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use conveyor::{
@@ -71,6 +71,8 @@ async fn a_started_app_is_live_and_ready_and_draining_is_not_ready() {
 #[derive(Default)]
 struct Flaky {
     down: Arc<AtomicBool>,
+    /// Deliveries handed out.
+    delivered: Arc<AtomicUsize>,
     ends: bool,
     panics: bool,
 }
@@ -91,6 +93,7 @@ impl Subscriber for Flaky {
         if self.down.load(Ordering::SeqCst) {
             return Some(Err(Error::config("the broker is away")));
         }
+        self.delivered.fetch_add(1, Ordering::SeqCst);
         let payload = Bytes::from_static(b"1");
         Some(Ok(Delivery::new(
             payload,
@@ -122,10 +125,12 @@ async fn a_mount_whose_receives_fail_is_reconnecting_until_one_succeeds() {
     let snapshotter = recorder.snapshotter();
     let _recording = metrics::set_default_local_recorder(&recorder);
     let down = Arc::new(AtomicBool::new(false));
+    let delivered = Arc::new(AtomicUsize::new(0));
     let app = App::new("flaky")
         .mount(
             Flaky {
                 down: down.clone(),
+                delivered: delivered.clone(),
                 ..Flaky::default()
             },
             ignore,
@@ -144,6 +149,12 @@ async fn a_mount_whose_receives_fail_is_reconnecting_until_one_succeeds() {
     assert!(health.is_live() && !health.is_ready(), "{health:?}");
 
     down.store(false, Ordering::SeqCst);
+    // A receive succeeds again (ready shows between failed receives too).
+    let before = delivered.load(Ordering::SeqCst);
+    health_until(&app, "a delivery received again", |_| {
+        delivered.load(Ordering::SeqCst) > before
+    })
+    .await;
     health_until(&app, "running again", Health::is_ready).await;
     app.shutdown().await.unwrap();
     // Several receives failed in a row: one reconnect.

@@ -328,17 +328,7 @@ pub(crate) async fn finish<S: Subscriber>(subscriber: S, run: &Run, end: End) ->
 
 /// Settles `delivery` as the dispatcher decided, and counts the outcome.
 pub(crate) fn settle(delivery: Delivery, settlement: crate::outcome::Settlement<'_>, run: &Run) {
-    use crate::outcome::Settlement;
-    use crate::telemetry::OutcomeKind;
-    let outcome = match settlement {
-        Settlement::Ack => Some(OutcomeKind::Ack),
-        Settlement::Retry => Some(OutcomeKind::Retry),
-        Settlement::RetryAfter(_) => Some(OutcomeKind::RetryAfter),
-        Settlement::Reject { .. } => Some(OutcomeKind::Reject),
-        // The core releases only by dropping a delivery (see `handle_one`).
-        Settlement::Release => None,
-    };
-    if let Some(outcome) = outcome {
+    if let Some(outcome) = crate::telemetry::OutcomeKind::of(&settlement) {
         run.metrics.outcome(outcome);
     }
     delivery.settle(settlement);

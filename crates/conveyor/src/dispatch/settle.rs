@@ -142,10 +142,9 @@ async fn run_and_settle<H: CallOne>(
             // A retry now must not spin: let the runtime run timers and other tasks.
             tokio::task::yield_now().await;
         }
-        run.metrics.outcome(match delay {
-            Some(_) => OutcomeKind::RetryAfter,
-            None => OutcomeKind::Retry,
-        });
+        if let Some(retried) = OutcomeKind::of(&to_broker(delay)) {
+            run.metrics.outcome(retried);
+        }
         delivery.count_retry();
     }
 }

@@ -12,7 +12,7 @@
 //! fails.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, OnceLock};
 use std::task::Poll;
 
 use tokio::task::JoinSet;
@@ -20,26 +20,25 @@ use tokio::task::JoinSet;
 use super::{End, Received, Retries, Run, finish, handle_one, receive, task_error};
 use crate::error::Error;
 use crate::handler::CallOne;
-use crate::support;
 use crate::transport::Subscriber;
 
 /// What the workers share: the subscriber they take turns at, and how receiving ended.
 struct Shared<S> {
     subscriber: tokio::sync::Mutex<S>,
     /// Set by the worker that saw the subscription end or fail: the others leave.
-    ended: Mutex<Option<End>>,
+    ended: OnceLock<End>,
     /// Wakes a worker waiting for a delivery when the others are to leave.
     leave: tokio::sync::Notify,
 }
 
 impl<S> Shared<S> {
     fn has_ended(&self) -> bool {
-        support::lock(&self.ended).is_some()
+        self.ended.get().is_some()
     }
 
     /// Keeps the first way receiving ended.
     fn end(&self, end: End) {
-        support::lock(&self.ended).get_or_insert(end);
+        let _ = self.ended.set(end);
     }
 }
 
@@ -51,7 +50,7 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
 ) -> Result<(), Error> {
     let shared = Arc::new(Shared {
         subscriber: tokio::sync::Mutex::new(subscriber),
-        ended: Mutex::new(None),
+        ended: OnceLock::new(),
         leave: tokio::sync::Notify::new(),
     });
     // Dropping the set aborts the workers, so an aborted mount leaves none behind.
@@ -97,11 +96,7 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
     if !stopped {
         subscriber.stop_receiving().await;
     }
-    let ended = shared
-        .ended
-        .into_inner()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let end = match (died, ended) {
+    let end = match (died, shared.ended.into_inner()) {
         (Some(error), _) => End::Failed(error),
         (None, Some(end)) => end,
         (None, None) => End::Stopped,
