@@ -152,6 +152,7 @@
 //! ```
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+mod ack_window;
 mod broker;
 mod consistent_hash;
 mod dialer;

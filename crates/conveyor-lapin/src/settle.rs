@@ -19,7 +19,10 @@
 //! The task takes settlements in the order the core made them, all that are queued at a
 //! time (up to [`BATCH`]). The acks and nacks of such a batch are handed to lapin
 //! together and awaited as one, so they leave in as few writes as lapin makes of them and
-//! the task does not wait for each before the next. A republish (sending the copy, its
+//! the task does not wait for each before the next; what is settled while a batch is
+//! being written goes in the next. Acks whose lower tags are all settled on the wire go
+//! as one `basic.ack` with `multiple` ([`crate::ack_window`]): fewer frames for the
+//! broker to parse, which is where the time goes when it shares the machine. A republish (sending the copy, its
 //! confirm, and the ack of the original after it) runs beside the later settlements, at
 //! most [`MAX_CONFIRMING`] at a time: a slow confirm, or a publishing connection that a
 //! resource alarm blocks, holds back nothing but its own message, and the prefetch
@@ -52,6 +55,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Acker, BasicProperties, Channel, Confirmation, PublisherConfirm};
 use tokio::sync::oneshot;
 
+use crate::ack_window::{AckWindow, Place};
 use crate::broker::LapinBroker;
 use crate::error::LapinError;
 use crate::headers::{ATTEMPTS_HEADER, DELIVERY_COUNT_HEADER, oversize_header_frame};
@@ -69,6 +73,8 @@ const MAX_CONFIRMING: usize = 1024;
 /// A received delivery the core has not settled yet.
 pub(crate) struct Pending {
     pub(crate) acker: Acker,
+    /// Where it sits on its channel, to ack it together with others.
+    pub(crate) place: Place,
     /// The message's AMQP properties as received, for a republished copy (the payload
     /// comes back with the settlement).
     pub(crate) properties: BasicProperties,
@@ -160,7 +166,12 @@ impl Settler {
             pending: Mutex::default(),
             ops: ops.clone(),
         });
-        let task = tokio::spawn(run(ops, Settling { queue, routes }));
+        let settling = Settling {
+            queue,
+            routes,
+            window: Arc::default(),
+        };
+        let task = tokio::spawn(run(ops, settling));
         (settler, task)
     }
 
@@ -241,13 +252,18 @@ const BATCH: usize = 256;
 ///
 /// The acks and nacks of a batch are handed to lapin together and awaited as one, so
 /// that they leave in as few writes as lapin can make of them, instead of one ack, one
-/// write and one wake-up after another.
+/// write and one wake-up after another. While one batch of frames is being written, the
+/// next gathers whatever is settled meanwhile: the task never waits on the broker, and
+/// the acks that go next can cover each other with `multiple` (see
+/// [`crate::ack_window`]), which they cannot while those before them are unwritten.
 async fn run<P: Perform>(ops: Arc<SettleQueue<Op<P::Job>>>, perform: P) {
     let mut underway = Underway::default();
     // Each waiting flush, with the number of the first rest begun after it.
     let mut flushes: VecDeque<(u64, oneshot::Sender<()>)> = VecDeque::new();
     let mut batch = Vec::with_capacity(BATCH);
     let mut plain = Vec::new();
+    // The number of the batch of frames being written, if one is.
+    let mut writing: Option<u64> = None;
     loop {
         let room = MAX_CONFIRMING
             .saturating_sub(underway.rests.len())
@@ -256,6 +272,12 @@ async fn run<P: Perform>(ops: Arc<SettleQueue<Op<P::Job>>>, perform: P) {
             biased;
             Some(number) = underway.rests.next(), if !underway.rests.is_empty() => {
                 underway.numbers.remove(&number);
+                if writing == Some(number) {
+                    writing = None;
+                    if !plain.is_empty() {
+                        writing = Some(underway.begin(perform.send(std::mem::take(&mut plain))));
+                    }
+                }
                 while let Some((after, _)) = flushes.front() {
                     if underway.numbers.first().is_some_and(|first| first < after) {
                         break;
@@ -275,7 +297,7 @@ async fn run<P: Perform>(ops: Arc<SettleQueue<Op<P::Job>>>, perform: P) {
                         Op::Flush(done) => {
                             // What came before the flush is under way before it is.
                             if !plain.is_empty() {
-                                underway.begin(perform.send(std::mem::take(&mut plain)));
+                                writing = Some(underway.begin(perform.send(std::mem::take(&mut plain))));
                             }
                             if underway.numbers.is_empty() {
                                 let _ = done.send(());
@@ -285,17 +307,23 @@ async fn run<P: Perform>(ops: Arc<SettleQueue<Op<P::Job>>>, perform: P) {
                         }
                         Op::Settle(job) => match perform.start(job) {
                             Started::Plain(frame) => plain.push(frame),
-                            Started::Rest(rest) => underway.begin(rest),
+                            Started::Rest(rest) => {
+                                underway.begin(rest);
+                            }
                         },
                     }
                 }
-                if !plain.is_empty() {
-                    underway.begin(perform.send(std::mem::take(&mut plain)));
+                if !plain.is_empty() && writing.is_none() {
+                    writing = Some(underway.begin(perform.send(std::mem::take(&mut plain))));
                 }
             },
         }
     }
-    // The settler is gone: the confirms under way still settle their originals.
+    // The settler is gone: what it settled last still goes, and the confirms under way
+    // still settle their originals.
+    if !plain.is_empty() {
+        underway.begin(perform.send(plain));
+    }
     while underway.rests.next().await.is_some() {}
 }
 
@@ -308,11 +336,13 @@ struct Underway {
 }
 
 impl Underway {
-    fn begin(&mut self, rest: BoxFuture<'static, ()>) {
+    /// Runs `rest`; returns its number.
+    fn begin(&mut self, rest: BoxFuture<'static, ()>) -> u64 {
         let number = self.next;
         self.next += 1;
         self.numbers.insert(number);
         self.rests.push(Numbered { rest, number });
+        number
     }
 }
 
@@ -335,28 +365,84 @@ impl Future for Numbered {
 struct Settling {
     queue: Arc<str>,
     routes: Arc<Routes>,
+    /// What may be acked together. Only the task and its futures use it, one at a time.
+    window: Arc<Mutex<AckWindow>>,
 }
 
 /// An ack or nack of one delivery: one frame on the consuming channel.
 pub(crate) struct Frame {
     acker: Acker,
-    /// `None`: ack; `Some(requeue)`: nack.
-    nack: Option<bool>,
+    place: Place,
+    kind: FrameKind,
+}
+
+#[derive(Clone, Copy)]
+enum FrameKind {
+    Ack,
+    /// Acks every delivery of the channel up to this one (`multiple`).
+    AckUpTo,
+    Nack {
+        requeue: bool,
+    },
 }
 
 impl Frame {
-    fn nack(acker: Acker, requeue: bool) -> Self {
+    fn ack(pending: Pending) -> Self {
         Frame {
-            acker,
-            nack: Some(requeue),
+            acker: pending.acker,
+            place: pending.place,
+            kind: FrameKind::Ack,
+        }
+    }
+
+    fn nack(pending: Pending, requeue: bool) -> Self {
+        Frame {
+            acker: pending.acker,
+            place: pending.place,
+            kind: FrameKind::Nack { requeue },
         }
     }
 
     async fn send(&self) -> lapin::Result<bool> {
-        match self.nack {
-            None => self.acker.ack(BasicAckOptions::default()).await,
-            Some(requeue) => nack(&self.acker, requeue).await,
+        match self.kind {
+            FrameKind::Ack => self.acker.ack(BasicAckOptions::default()).await,
+            FrameKind::AckUpTo => self.acker.ack(BasicAckOptions { multiple: true }).await,
+            FrameKind::Nack { requeue } => nack(&self.acker, requeue).await,
         }
+    }
+}
+
+impl Settling {
+    /// The frames to send for `plain`: the acks that every lower tag of the channel
+    /// allows become one `multiple` ack (see [`crate::ack_window`]). Also returns where
+    /// every settlement of `plain` sits, to mark them written once sent.
+    fn coalesce(&self, mut plain: Vec<Frame>) -> (Vec<Frame>, Vec<Place>) {
+        let places: Vec<Place> = plain.iter().map(|frame| frame.place).collect();
+        let window = conveyor::support::lock(&self.window);
+        let Some(epoch) = window.epoch() else {
+            return (plain, places);
+        };
+        let mut acks: Vec<u64> = plain
+            .iter()
+            .filter(|frame| matches!(frame.kind, FrameKind::Ack) && frame.place.epoch == epoch)
+            .map(|frame| frame.place.tag)
+            .collect();
+        acks.sort_unstable();
+        let Some(up_to) = window.coalescible(epoch, &acks) else {
+            return (plain, places);
+        };
+        drop(window);
+        plain.retain_mut(|frame| {
+            let covered = matches!(frame.kind, FrameKind::Ack)
+                && frame.place.epoch == epoch
+                && frame.place.tag <= up_to;
+            if covered && frame.place.tag == up_to {
+                frame.kind = FrameKind::AckUpTo;
+                return true;
+            }
+            !covered
+        });
+        (plain, places)
     }
 }
 
@@ -366,30 +452,42 @@ impl Perform for Settling {
 
     fn send(&self, plain: Vec<Frame>) -> BoxFuture<'static, ()> {
         let queue = self.queue.clone();
+        let window = self.window.clone();
+        let (frames, places) = self.coalesce(plain);
         Box::pin(async move {
-            let sent = join_all(plain.iter().map(Frame::send)).await;
+            let sent = join_all(frames.iter().map(Frame::send)).await;
             for result in sent {
                 report(&queue, result);
+            }
+            let mut window = conveyor::support::lock(&window);
+            for place in places {
+                window.written(place);
             }
         })
     }
 
     fn start(&self, job: Job) -> Started<Frame> {
         let Job {
-            pending: Pending { acker, properties },
+            pending,
             action,
             payload,
         } = job;
+        conveyor::support::lock(&self.window).seen(pending.place);
         let routes = &self.routes;
         match action {
-            Action::Ack => Started::Plain(Frame { acker, nack: None }),
-            Action::Release => Started::Plain(Frame::nack(acker, true)),
+            Action::Ack => Started::Plain(Frame::ack(pending)),
+            Action::Release => Started::Plain(Frame::nack(pending, true)),
             // The channel the message came on is gone, so the broker delivers the
             // original again: a copy would be a duplicate. (The nack is then a no-op.)
-            Action::Retry { .. } | Action::Reject(_) if !acker.usable() => {
-                Started::Plain(Frame::nack(acker, true))
+            Action::Retry { .. } | Action::Reject(_) if !pending.acker.usable() => {
+                Started::Plain(Frame::nack(pending, true))
             }
             Action::Retry { delay, attempt } => {
+                let Pending {
+                    acker,
+                    place,
+                    properties,
+                } = pending;
                 let (destination, properties) = match (delay, &routes.delay_queue) {
                     (Some(delay), Some(delay_queue)) => {
                         let ttl = delay.as_millis().clamp(1, MAX_EXPIRATION_MS).to_string();
@@ -407,10 +505,15 @@ impl Perform for Settling {
                 let fallback = Fallback::Requeue {
                     to: destination.clone(),
                 };
-                Started::Rest(self.republish_then_ack(copy, payload, acker, fallback))
+                Started::Rest(self.republish_then_ack(copy, payload, (acker, place), fallback))
             }
             Action::Reject(reason) => match &routes.dead_letter {
                 Some((exchange, routing_key)) => {
+                    let Pending {
+                        acker,
+                        place,
+                        properties,
+                    } = pending;
                     let copy = Copy {
                         exchange: exchange.clone(),
                         routing_key: routing_key.clone(),
@@ -419,9 +522,9 @@ impl Perform for Settling {
                     let fallback = Fallback::DeadLetter {
                         exchange: exchange.clone(),
                     };
-                    Started::Rest(self.republish_then_ack(copy, payload, acker, fallback))
+                    Started::Rest(self.republish_then_ack(copy, payload, (acker, place), fallback))
                 }
-                None => Started::Plain(Frame::nack(acker, false)),
+                None => Started::Plain(Frame::nack(pending, false)),
             },
         }
     }
@@ -432,16 +535,18 @@ impl Settling {
     /// waits for its confirm, then acks the original (or settles it by `fallback` when
     /// the broker did not take the copy in time). Nothing of it is on the ack path: a
     /// publishing connection that a resource alarm blocks holds back this message only.
+    /// Until it ends, no `multiple` ack covers the original.
     fn republish_then_ack(
         &self,
         copy: Copy,
         payload: Bytes,
-        acker: Acker,
+        (acker, place): (Acker, Place),
         fallback: Fallback,
     ) -> BoxFuture<'static, ()> {
         let (queue, routes) = (self.queue.clone(), self.routes.clone());
         let dead_letter = matches!(fallback, Fallback::DeadLetter { .. });
-        Box::pin(async move {
+        let window = self.window.clone();
+        let republished = async move {
             // While a resource alarm blocks the publishing connection, a copy would only
             // wait in lapin's buffer: if it then timed out, the original would be
             // requeued, fail again and buffer another copy, every confirm timeout, all
@@ -469,6 +574,10 @@ impl Settling {
                 Err(error) => fallback.settle(&acker, &queue, &error).await,
             };
             report(&queue, result);
+        };
+        Box::pin(async move {
+            republished.await;
+            conveyor::support::lock(&window).written(place);
         })
     }
 }
@@ -656,11 +765,19 @@ mod tests {
     }
 
     /// Performs steps by recording their names, in the order they are done, and counts
-    /// the batches of plain frames sent.
+    /// the batches of plain frames sent; each batch is written once it gets a permit of
+    /// the semaphore.
     struct Script(
         mpsc::UnboundedSender<&'static str>,
         Arc<std::sync::atomic::AtomicUsize>,
+        Arc<tokio::sync::Semaphore>,
     );
+
+    fn unlimited() -> Arc<tokio::sync::Semaphore> {
+        Arc::new(tokio::sync::Semaphore::new(
+            tokio::sync::Semaphore::MAX_PERMITS,
+        ))
+    }
 
     impl Perform for Script {
         type Job = Step;
@@ -682,7 +799,11 @@ mod tests {
         fn send(&self, plain: Vec<&'static str>) -> BoxFuture<'static, ()> {
             self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let done = self.0.clone();
+            let written = self.2.clone();
             Box::pin(async move {
+                if let Ok(permit) = written.acquire().await {
+                    permit.forget();
+                }
                 for name in plain {
                     let _ = done.send(name);
                 }
@@ -697,7 +818,7 @@ mod tests {
     ) {
         let ops = Arc::new(SettleQueue::new());
         let (done, performed) = mpsc::unbounded_channel();
-        tokio::spawn(run(ops.clone(), Script(done, Arc::default())));
+        tokio::spawn(run(ops.clone(), Script(done, Arc::default(), unlimited())));
         (ops, performed)
     }
 
@@ -710,11 +831,64 @@ mod tests {
         for name in ["ack 1", "nack 2", "ack 3"] {
             ops.push(Op::Settle(Step::Done(name)));
         }
-        tokio::spawn(run(ops, Script(done, batches.clone())));
+        tokio::spawn(run(ops, Script(done, batches.clone(), unlimited())));
         for name in ["ack 1", "nack 2", "ack 3"] {
             assert_eq!(now(performed.recv()).await, Some(name));
         }
         assert_eq!(batches.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn acks_settled_while_a_batch_is_written_go_together_after_it() {
+        let ops = Arc::new(SettleQueue::new());
+        let (done, mut performed) = mpsc::unbounded_channel();
+        let batches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let written = Arc::new(tokio::sync::Semaphore::new(0));
+        tokio::spawn(run(
+            ops.clone(),
+            Script(done, batches.clone(), written.clone()),
+        ));
+        ops.push(Op::Settle(Step::Done("ack 1")));
+        assert!(
+            stuck(performed.recv()).await,
+            "the first batch is being written"
+        );
+        ops.push(Op::Settle(Step::Done("ack 2")));
+        ops.push(Op::Settle(Step::Done("ack 3")));
+        assert!(
+            stuck(performed.recv()).await,
+            "the first batch is still being written"
+        );
+        assert_eq!(batches.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+        written.add_permits(1);
+        assert_eq!(now(performed.recv()).await, Some("ack 1"));
+        written.add_permits(1);
+        assert_eq!(now(performed.recv()).await, Some("ack 2"));
+        assert_eq!(now(performed.recv()).await, Some("ack 3"));
+        assert_eq!(batches.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn what_is_settled_last_is_still_sent_when_the_settler_is_gone() {
+        let ops = Arc::new(SettleQueue::new());
+        let (done, mut performed) = mpsc::unbounded_channel();
+        let written = Arc::new(tokio::sync::Semaphore::new(0));
+        tokio::spawn(run(
+            ops.clone(),
+            Script(done, Arc::default(), written.clone()),
+        ));
+        ops.push(Op::Settle(Step::Done("ack 1")));
+        assert!(
+            stuck(performed.recv()).await,
+            "the first batch is being written"
+        );
+        ops.push(Op::Settle(Step::Done("ack 2")));
+        ops.close();
+        written.add_permits(2);
+        assert_eq!(now(performed.recv()).await, Some("ack 1"));
+        assert_eq!(now(performed.recv()).await, Some("ack 2"));
+        assert_eq!(now(performed.recv()).await, None, "then the task ends");
     }
 
     /// Queues a flush, and returns what answers it.

@@ -11,6 +11,7 @@ use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::{FieldTable, ShortString};
 use lapin::{Channel, Consumer};
 
+use crate::ack_window::Places;
 use crate::broker::LapinBroker;
 use crate::error::{LapinError, short};
 use crate::headers::{self, ATTEMPTS_HEADER, DELIVERY_COUNT_HEADER};
@@ -50,6 +51,8 @@ pub struct LapinSubscriber {
     connection: lapin::ConnectionStatus,
     /// An error met while taking a batch, reported by the next receive.
     stashed: Option<lapin::Error>,
+    /// The delivery tags' runs, so that settlements can be acked together.
+    places: Places,
     /// False once [`Subscriber::stop_receiving`] has run.
     receiving: bool,
     /// Whether the broker has confirmed the consumer's cancellation.
@@ -236,6 +239,7 @@ impl LapinSubscriber {
             routes,
             connection: broker.inner.connection.status().clone(),
             stashed: None,
+            places: Places::default(),
             receiving: true,
             cancelled: false,
             consumer_timeout: known.as_deref().and_then(Declaration::consumer_timeout),
@@ -245,6 +249,7 @@ impl LapinSubscriber {
     /// The core delivery for a lapin delivery, tracked until it is settled.
     fn convert(&mut self, delivery: lapin::message::Delivery) -> Delivery {
         let lapin::message::Delivery {
+            delivery_tag,
             redelivered,
             properties,
             data,
@@ -267,7 +272,12 @@ impl LapinSubscriber {
         };
 
         let payload = Bytes::from(data);
-        let tag = self.settler.track(Pending { acker, properties });
+        let place = self.places.next(delivery_tag);
+        let tag = self.settler.track(Pending {
+            acker,
+            place,
+            properties,
+        });
         let settler: Arc<dyn Settle> = self.settler.clone();
         let mut out = Delivery::new(payload, self.queue.clone(), settler, tag)
             .with_headers(headers)

@@ -1,17 +1,19 @@
 //! Settling on RabbitMQ: retries republished with their attempt count (so classic queues
 //! count attempts too), retry later through the delay queue, the quorum delivery count,
-//! dead letters that carry the handler's or the policy's reason, and acks that do not
-//! wait behind a republish's confirm.
+//! dead letters that carry the handler's or the policy's reason, acks that do not wait
+//! behind a republish's confirm, and acks that go together as one `multiple` ack.
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use conveyor::{
-    App, Backoff, DeliveryInfo, Json, MountOptions, Outcome, Publisher, QueueSpec,
+    App, Backoff, Batch, DeliveryInfo, Json, Message, MountOptions, Outcome, Publisher, QueueSpec,
     REJECT_REASON_HEADER, State,
 };
 use conveyor_lapin::{ExchangeType, LapinBroker, LapinQueue, RabbitQueueSpec};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use common::proxy::Proxy;
@@ -429,4 +431,151 @@ async fn acks_keep_flowing_while_a_retry_waits_for_its_confirm() {
     assert_eq!(all, expected, "each handled once, 0 twice");
     assert_eq!(ready(&publishing, &queue).await, 0);
     cleanup(&publishing, &[&queue], &[]).await;
+}
+
+/// Holds the first batch until the test opens the gate, then records every batch's size.
+async fn gated_batch(
+    batch: Batch<Json<u32>>,
+    State((gate, sizes)): State<(Arc<watch::Sender<bool>>, Seen<usize>)>,
+) {
+    let _ = gate.subscribe().wait_for(|open| *open).await;
+    sizes.push(batch.into_vec().len());
+}
+
+/// Acks that are settled together, with every lower delivery of the channel settled,
+/// leave as one `basic.ack` with `multiple` instead of one frame each. The first batch
+/// is held until the broker has pushed all 500 messages, so every later batch is full
+/// (50 acks settled at once on this current-thread runtime); the proxy counts the frames.
+#[tokio::test]
+async fn acks_settled_together_leave_as_one_multiple_ack() {
+    let proxy = Proxy::start("127.0.0.1:5672").await;
+    let broker = LapinBroker::builder(proxy.url()).connect().await.unwrap();
+    let publishing = common::broker().await;
+    let queue = unique("multiple-acks");
+    publishing
+        .declare_queue(&queue.as_str().into())
+        .await
+        .unwrap();
+    let messages = (0..500u32).map(|n| Message::json(&n).unwrap()).collect();
+    let publisher = publishing.publisher().await.unwrap();
+    publisher.publish_batch(&queue, messages).await.unwrap();
+
+    let gate = Arc::new(watch::Sender::new(false));
+    let sizes = Seen::<usize>::default();
+    let running = App::new("multiple-acks")
+        .with_state((gate.clone(), sizes.clone()))
+        .mount(
+            broker.queue(queue.as_str()).prefetch(500),
+            gated_batch,
+            |m| m.batch(50),
+        )
+        .start()
+        .await
+        .unwrap();
+    wait_until("every message pushed to the consumer", || {
+        unacked_count(&queue) == 500
+    })
+    .await;
+    gate.send_replace(true);
+    wait_until("every message handled", || {
+        sizes.all().iter().sum::<usize>() == 500
+    })
+    .await;
+    wait_until("every ack on the broker", || unacked_count(&queue) == 0).await;
+    running.shutdown().await.unwrap();
+
+    let (single, multiple) = proxy.acks();
+    assert!(multiple >= 1, "no multiple ack: {single} single");
+    assert!(
+        single + multiple <= 20,
+        "{single} single and {multiple} multiple ack frames for 500 messages in batches of {:?}",
+        sizes.all()
+    );
+    assert_eq!(ready(&publishing, &queue).await, 0);
+    cleanup(&publishing, &[&queue], &[]).await;
+}
+
+/// What becomes of message `n`: 7 in 50 are rejected, 13 in 50 retried once, 21 in 50
+/// held a while in their handler; the rest are acked.
+async fn mixed_outcomes(
+    Json(n): Json<u32>,
+    info: DeliveryInfo,
+    State(seen): State<Seen<(u32, u32)>>,
+) -> Outcome {
+    seen.push((n, info.attempt));
+    match (n % 50, info.attempt) {
+        (7, _) => Outcome::Reject,
+        (13, 1) => Outcome::Retry,
+        (21, 1) => {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            Outcome::Ack
+        }
+        _ => Outcome::Ack,
+    }
+}
+
+/// Acks that go together never take along a delivery settled otherwise: one nacked, one
+/// whose republish (a retry, a dead letter) waits for its confirm, one still in its
+/// handler. Each of 2,000 messages through lanes ends once where its outcome says: had a
+/// `multiple` ack covered a delivery it must not, the broker would close the channel
+/// (a second ack of a tag) and the messages in flight would come again, or a rejected
+/// message would be acked instead of dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_that_go_together_cover_no_delivery_settled_otherwise() {
+    let broker = broker().await;
+    let queue = unique("mixed-settlements");
+    let dlx = unique("mixed-settlements-dlx");
+    let dlq = unique("mixed-settlements-dead");
+    declare_bound_queue(&broker, &dlx, ExchangeType::Fanout, &dlq, "").await;
+    broker
+        .declare_queue(&QueueSpec::new(queue.as_str()).dead_letter_exchange(dlx.as_str()))
+        .await
+        .unwrap();
+    let messages = (0..2000u32)
+        .map(|n| {
+            Message::builder()
+                .partition_key((n % 16).to_string())
+                .json(&n)
+                .unwrap()
+        })
+        .collect();
+    let publisher = broker.publisher().await.unwrap();
+    publisher.publish_batch(&queue, messages).await.unwrap();
+
+    let seen = Seen::<(u32, u32)>::default();
+    let running = App::new("mixed-settlements")
+        .with_state(seen.clone())
+        .mount(
+            broker.queue(queue.as_str()).prefetch(256),
+            mixed_outcomes,
+            |m| m.workers(4).by_key(),
+        )
+        .start()
+        .await
+        .unwrap();
+    let retried = (0..2000u32).filter(|n| n % 50 == 13).count();
+    wait_until("every message handled, the retried ones twice", || {
+        seen.len() >= 2000 + retried
+    })
+    .await;
+    wait_for("the rejected messages in the dead-letter queue", || async {
+        ready(&broker, &dlq).await == 40
+    })
+    .await;
+    wait_until("every ack on the broker", || unacked_count(&queue) == 0).await;
+    running.shutdown().await.unwrap();
+
+    let mut all = seen.all();
+    all.sort_unstable();
+    let mut expected: Vec<(u32, u32)> = (0..2000u32).map(|n| (n, 1)).collect();
+    expected.extend((0..2000u32).filter(|n| n % 50 == 13).map(|n| (n, 2)));
+    expected.sort_unstable();
+    assert_eq!(all.len(), expected.len(), "no message came twice");
+    assert_eq!(all, expected);
+    assert_eq!(ready(&broker, &queue).await, 0);
+    let mut dead: Vec<u32> = take_all(&dlq).await.iter().map(Taken::number).collect();
+    dead.sort_unstable();
+    let rejected: Vec<u32> = (0..2000u32).filter(|n| n % 50 == 7).collect();
+    assert_eq!(dead, rejected);
+    cleanup(&broker, &[&queue, &dlq], &[&dlx]).await;
 }

@@ -16,6 +16,8 @@
 //! - refuse new connections ([`refuse_new_connections`](Proxy::refuse_new_connections)):
 //!   each is reset as soon as it is accepted, before a byte is exchanged.
 //!
+//! It also counts the `basic.ack` frames the client sends ([`acks`](Proxy::acks)).
+//!
 //! (`noxious`, a Rust port of Toxiproxy, was considered: it runs as a server with its own
 //! control API, has not been released since 2021 and brings old versions of `tokio-util`
 //! and `rand` along, and knows nothing of AMQP frames, which holding confirms needs.)
@@ -79,6 +81,14 @@ struct Shared {
     next_link: AtomicU64,
     accepted: AtomicUsize,
     refused: AtomicUsize,
+    acks: Arc<AckCounts>,
+}
+
+/// The `basic.ack` frames clients have sent through the proxy.
+#[derive(Default)]
+struct AckCounts {
+    single: AtomicUsize,
+    multiple: AtomicUsize,
 }
 
 /// Forwards every connection made to [`addr`](Self::addr) to the upstream broker.
@@ -101,6 +111,7 @@ impl Proxy {
             next_link: AtomicU64::new(0),
             accepted: AtomicUsize::new(0),
             refused: AtomicUsize::new(0),
+            acks: Arc::default(),
         });
         let accepting = tokio::spawn(accept(listener, shared.clone()));
         Proxy {
@@ -222,6 +233,16 @@ impl Proxy {
         self.shared.accepted.load(Ordering::SeqCst)
     }
 
+    /// The `basic.ack` frames clients have sent through the proxy since it started: how
+    /// many ack one delivery, and how many ack every delivery up to theirs (`multiple`).
+    pub fn acks(&self) -> (usize, usize) {
+        let acks = &self.shared.acks;
+        (
+            acks.single.load(Ordering::SeqCst),
+            acks.multiple.load(Ordering::SeqCst),
+        )
+    }
+
     /// How many connections the proxy has refused since it started.
     pub fn refused(&self) -> usize {
         self.shared.refused.load(Ordering::SeqCst)
@@ -283,7 +304,7 @@ async fn link(
             client_read,
             server_write,
             faults.clone(),
-            Direction::Requests,
+            Direction::Requests(shared.acks.clone()),
         );
         let replies = pump(server_read, client_write, faults, Direction::Replies);
         tokio::select! {
@@ -300,18 +321,17 @@ async fn link(
     shared.links.lock().unwrap().remove(&id);
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
 enum Direction {
-    /// From the client to the broker.
-    Requests,
+    /// From the client to the broker, whose acks are counted.
+    Requests(Arc<AckCounts>),
     /// From the broker to the client.
     Replies,
 }
 
 impl Direction {
-    fn stalled(self, faults: &Faults) -> bool {
+    fn stalled(&self, faults: &Faults) -> bool {
         match self {
-            Direction::Requests => faults.requests_stalled,
+            Direction::Requests(_) => faults.requests_stalled,
             Direction::Replies => faults.replies == Replies::Stalled,
         }
     }
@@ -331,8 +351,10 @@ async fn pump(
 ) {
     let mut buffer = vec![0u8; 64 * 1024];
     let mut waiting: VecDeque<(Instant, Vec<u8>)> = VecDeque::new();
-    // Replies are cut into whole frames, so that confirms can be held.
+    // Replies are cut into whole frames, so that confirms can be held; requests, so that
+    // acks can be counted (after the 8-byte protocol header the client opens with).
     let mut frames = Frames::default();
+    let mut header_left = PROTOCOL_HEADER;
     let mut held = Held::default();
     let mut reading = true;
     loop {
@@ -361,8 +383,16 @@ async fn pump(
                     continue;
                 }
                 let (_, bytes) = waiting.pop_front().expect("a waiting read");
-                let out = match direction {
-                    Direction::Requests => bytes,
+                let out = match &direction {
+                    Direction::Requests(acks) => {
+                        let skipped = header_left.min(bytes.len());
+                        header_left -= skipped;
+                        frames.push(&bytes[skipped..]);
+                        while let Some(frame) = frames.next_frame() {
+                            acks.count(&frame);
+                        }
+                        bytes
+                    }
                     Direction::Replies => {
                         let holding = now.replies == Replies::ConfirmsHeld;
                         frames.push(&bytes);
@@ -383,7 +413,7 @@ async fn pump(
                 if changed.is_err() {
                     return;
                 }
-                let released = direction == Direction::Replies
+                let released = matches!(direction, Direction::Replies)
                     && faults.borrow().replies == Replies::Flowing;
                 if released && !send(&mut to, &held.release()).await {
                     return;
@@ -405,6 +435,8 @@ const METHOD_FRAME: u8 = 1;
 const BASIC_CLASS: u16 = 60;
 const BASIC_ACK: u16 = 80;
 const BASIC_NACK: u16 = 120;
+/// `AMQP\x00\x00\x09\x01`, which the client sends before its first frame.
+const PROTOCOL_HEADER: usize = 8;
 
 /// The broker's bytes, cut into whole frames.
 #[derive(Default)]
@@ -435,13 +467,33 @@ fn channel_of(frame: &[u8]) -> u16 {
 
 /// Whether `frame`, sent by the broker, is a publisher confirm.
 fn is_confirm(frame: &[u8]) -> bool {
+    is_method(frame, BASIC_ACK) || is_method(frame, BASIC_NACK)
+}
+
+fn is_method(frame: &[u8], method: u16) -> bool {
     frame[0] == METHOD_FRAME
         && frame.len() >= FRAME_HEADER + 4
         && u16::from_be_bytes([frame[7], frame[8]]) == BASIC_CLASS
-        && matches!(
-            u16::from_be_bytes([frame[9], frame[10]]),
-            BASIC_ACK | BASIC_NACK
-        )
+        && u16::from_be_bytes([frame[9], frame[10]]) == method
+}
+
+impl AckCounts {
+    /// Counts `frame`, sent by the client, if it is a `basic.ack`: class and method, the
+    /// delivery tag (8 bytes), then the `multiple` bit.
+    fn count(&self, frame: &[u8]) {
+        if !is_method(frame, BASIC_ACK) {
+            return;
+        }
+        let multiple = frame
+            .get(FRAME_HEADER + 12)
+            .is_some_and(|bits| bits & 1 == 1);
+        let counter = if multiple {
+            &self.multiple
+        } else {
+            &self.single
+        };
+        counter.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 /// The frames [`Replies::ConfirmsHeld`] keeps back, in order.
