@@ -29,6 +29,7 @@ mod subscriber;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -106,12 +107,24 @@ pub struct MemoryBroker {
 #[derive(Default)]
 pub(crate) struct BrokerInner {
     queues: Mutex<HashMap<String, Arc<Queue>>>,
-    /// Notified on every change to any queue, for [`MemoryBroker::wait_idle`].
+    /// Notified on every change to any queue while [`MemoryBroker::wait_idle`] waits.
     changed: Notify,
+    /// How many idle-waits are under way: a broker in steady use with none pays nothing
+    /// to wake nobody.
+    idle_waiters: AtomicUsize,
     history: History,
 }
 
 impl BrokerInner {
+    /// Tells idle-waiters that a queue changed. Called after the change, with the queue's
+    /// lock let go: a waiter counts itself before it looks at the queues under their
+    /// locks, so either it sees the change or this sees it counted.
+    pub(crate) fn notify_changed(&self) {
+        if self.idle_waiters.load(Ordering::SeqCst) > 0 {
+            self.changed.notify_waiters();
+        }
+    }
+
     fn queue(self: &Arc<Self>, name: &str) -> Arc<Queue> {
         let mut queues = support::lock(&self.queues);
         // Looked up first: the name is copied only for a queue met for the first time,
@@ -203,6 +216,15 @@ impl MemoryBroker {
     }
 
     async fn wait_for(&self, delayed: bool) {
+        /// Counts an idle-wait for as long as it lasts, cancelled or not.
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.inner.idle_waiters.fetch_add(1, Ordering::SeqCst);
+        let _waiting = Waiting(&self.inner.idle_waiters);
         // Every step towards idle notifies: a take, a settle, and a delayed message
         // falling due, which its waiting subscriber then takes.
         support::wait_for(&self.inner.changed, || self.is_idle(delayed).then_some(())).await;

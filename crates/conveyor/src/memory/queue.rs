@@ -270,7 +270,7 @@ impl Queue {
 
     fn broker_changed(&self) {
         if let Some(broker) = self.broker.upgrade() {
-            broker.changed.notify_waiters();
+            broker.notify_changed();
         }
     }
 }
@@ -327,16 +327,21 @@ impl State {
         })
     }
 
-    fn release_group(&mut self, key: &Option<PartitionKey>, fifo: bool) {
+    /// Lets go of one delivery of the message's group; returns whether that freed the
+    /// group, making its next message available.
+    fn release_group(&mut self, key: &Option<PartitionKey>, fifo: bool) -> bool {
         let Some(key) = key.as_ref().filter(|_| fifo) else {
-            return;
+            return false;
         };
-        if let Some(count) = self.held_groups.get_mut(key) {
-            *count -= 1;
-            if *count == 0 {
-                self.held_groups.remove(key);
-            }
+        let Some(count) = self.held_groups.get_mut(key) else {
+            return false;
+        };
+        *count = count.saturating_sub(1);
+        let freed = *count == 0;
+        if freed {
+            self.held_groups.remove(key);
         }
+        freed
     }
 }
 
@@ -353,6 +358,9 @@ impl Settle for Queue {
     fn settle(&self, settled: Settled<'_>) {
         let mut rejected = None;
         let mut acked = None;
+        // Whether a message became available (or a delayed one may now fall due first):
+        // only then are subscribers woken.
+        let mut available = true;
         {
             let mut state = self.lock();
             let Some(mut stored) = state.in_flight.remove(settled.tag) else {
@@ -368,7 +376,7 @@ impl Settle for Queue {
             let settlement = settled.settlement;
             match settlement {
                 Settlement::Ack => {
-                    state.release_group(&stored.key, self.fifo);
+                    available = state.release_group(&stored.key, self.fifo);
                     state.stats.acked += 1;
                     acked = Some(stored);
                 }
@@ -397,16 +405,19 @@ impl Settle for Queue {
                 }
             }
         }
-        if let Some(stored) = acked {
-            if let Some(broker) = self.broker.upgrade() {
-                if broker.history.is_recording() {
-                    broker.history.record_acked(&self.name, stored.record());
-                }
-            }
-        }
         if let Some((stored, reason)) = rejected {
             self.dead_letter(stored, reason);
         }
-        self.changed();
+        if available {
+            self.available.notify_waiters();
+        }
+        if let Some(broker) = self.broker.upgrade() {
+            if let Some(stored) = acked
+                && broker.history.is_recording()
+            {
+                broker.history.record_acked(&self.name, stored.record());
+            }
+            broker.notify_changed();
+        }
     }
 }

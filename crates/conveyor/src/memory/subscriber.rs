@@ -30,6 +30,12 @@ impl MemorySubscriber {
         mut take: impl FnMut(&Arc<Queue>) -> Result<T, Option<tokio::time::Instant>>,
     ) -> T {
         loop {
+            // Most receives find a message at once, as does a wait once woken: they skip
+            // registering as a waiter (a lock of the `Notify` to register, another to
+            // deregister). Only a receive that finds nothing registers, then looks again.
+            if let Ok(found) = take(&self.queue) {
+                return found;
+            }
             let notified = self.queue.available.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
