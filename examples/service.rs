@@ -4,8 +4,8 @@
 //! Run with `cargo run --example service -- rabbitmq`. `serve` is the same code on every
 //! broker; only the line in `main` that makes the broker differs. It declares its queues,
 //! publishes three orders, handles them on two lanes keyed by customer (each handler
-//! publishes a receipt through the broker it has as state), and exits once the three
-//! receipts are recorded.
+//! returns a receipt, which the mount publishes before it acks the order), and exits
+//! once the three receipts are recorded.
 
 use std::future::Future;
 
@@ -24,15 +24,12 @@ struct Order {
 #[derive(Clone)]
 struct Db(mpsc::UnboundedSender<u64>);
 
-/// Places an order, then publishes its receipt through the broker the app has as state:
-/// a handler publishes the same way on every broker.
-async fn place<B: Broker>(
-    Json(order): Json<Order>,
-    key: PartitionKey,
-    State(broker): State<B>,
-) -> Result<(), conveyor::Error> {
+/// Places an order and returns its receipt: the mount publishes it (to `receipts`, on
+/// the broker the order came from) before it acks the order, the same way on every
+/// broker.
+async fn place(Json(order): Json<Order>, key: PartitionKey) -> Result<Message, conveyor::Error> {
     println!("{key}: order {} for {}", order.id, order.item);
-    broker.publish("receipts", Message::json(&order.id)?).await
+    Message::json(&order.id)
 }
 
 async fn record(Json(id): Json<u64>, State(db): State<Db>) -> Result<(), std::io::Error> {
@@ -68,9 +65,8 @@ async fn serve<B: Broker>(
     App::new("orders")
         .broker(broker.clone())
         .with_state(db)
-        .with_state(broker.clone())
-        .mount(broker.queue("orders.fifo"), place::<B>, |m| {
-            m.workers(2).by_key()
+        .mount(broker.queue("orders.fifo"), place, |m| {
+            m.workers(2).by_key().publish_to("receipts")
         })
         .mount(broker.queue("receipts"), record, |m| m)
         .run_until(shutdown)

@@ -47,6 +47,7 @@ pub const SCENARIOS: &[&str] = &[
     "draining_hands_back_unstarted_deliveries_while_handlers_run",
     "stopping_and_restarting_mid_stream_loses_nothing",
     "a_panic_in_decode_an_extractor_or_a_handler_leaves_the_service_up",
+    "a_handlers_messages_are_published_before_its_input_is_acked",
 ];
 
 /// What a scenario asks of a queue.

@@ -578,3 +578,186 @@ pub async fn a_panic_in_decode_an_extractor_or_a_handler_leaves_the_service_up<F
     }
     fixture.delete(queue).await;
 }
+
+/// A publisher that refuses the first publish of each message whose id is listed, then
+/// lets them through, counting the refusals.
+#[derive(Clone)]
+struct Refusing<P> {
+    inner: P,
+    refuse: Arc<Mutex<Vec<String>>>,
+    refused: Arc<Mutex<Vec<String>>>,
+}
+
+impl<P: Publisher> Publisher for Refusing<P> {
+    async fn publish(&self, destination: &str, message: Message) -> Result<(), conveyor::Error> {
+        let cause = message
+            .headers()
+            .get_str(conveyor::CAUSATION_ID_HEADER)
+            .unwrap_or_default()
+            .to_string();
+        let refuse = {
+            let mut listed = support::lock(&self.refuse);
+            let at = listed.iter().position(|id| *id == cause);
+            at.map(|at| listed.remove(at)).is_some()
+        };
+        if refuse {
+            support::lock(&self.refused).push(cause);
+            return Err(conveyor::Error::config("refused once by the scenario"));
+        }
+        self.inner.publish(destination, message).await
+    }
+}
+
+/// A job's id, then its attempt (for an input) or its causation id (for an output),
+/// and its partition key.
+type Seen<T> = Arc<Mutex<Vec<(u64, T, Option<String>)>>>;
+
+/// What a forwarding stage saw: each input's id, attempt and partition key.
+#[derive(Clone, Default)]
+struct Forwarded(Seen<u32>);
+
+/// Forwards each job as a message: the mount publishes it before the input is acked.
+async fn forward(
+    Json(job): Json<Job>,
+    info: conveyor::DeliveryInfo,
+    key: Option<conveyor::PartitionKey>,
+    State(seen): State<Forwarded>,
+) -> Result<Message, conveyor::Error> {
+    support::lock(&seen.0).push((job.id, info.attempt, key.map(|key| key.to_string())));
+    Message::json(&job)
+}
+
+/// What arrived downstream: the job, its causation id and its partition key.
+#[derive(Clone, Default)]
+struct Arrived(Seen<Option<String>>);
+
+async fn arrive(
+    Json(job): Json<Job>,
+    headers: Headers,
+    key: Option<conveyor::PartitionKey>,
+    State(seen): State<Arrived>,
+) {
+    let cause = headers
+        .get_str(conveyor::CAUSATION_ID_HEADER)
+        .map(str::to_string);
+    support::lock(&seen.0).push((job.id, cause, key.map(|key| key.to_string())));
+}
+
+/// A handler's returned message goes out through the mount's own broker (or the
+/// publisher given to `publish_via`) before its input is acked, carrying the input's
+/// partition key (where the transport carries keys) and its message id as causation id. A publish the broker refuses fails
+/// the run: the input is retried (attempt 2), never acked before its output is out.
+pub async fn a_handlers_messages_are_published_before_its_input_is_acked<F: Fixture>(fixture: &F) {
+    const JOBS: u64 = 20;
+    let own = fixture.declare(QueueKind::plain()).await;
+    let via = fixture.declare(QueueKind::plain()).await;
+    let out = fixture.declare(QueueKind::plain()).await;
+    for (queue, prefix) in [(&own, "own"), (&via, "via")] {
+        let messages = (0..JOBS)
+            .map(|id| {
+                Message::builder()
+                    .partition_key(key(id, 4))
+                    .message_id(format!("{prefix}-{id}"))
+                    .json(&Job::new(id))
+                    .unwrap_or_else(|error| panic!("cannot encode a job: {error}"))
+            })
+            .collect();
+        if let Err(error) = fixture
+            .publisher()
+            .publish_batch(&queue.name, messages)
+            .await
+        {
+            panic!("cannot publish to `{}`: {error}", queue.name);
+        }
+    }
+    let refusing = Refusing {
+        inner: fixture.publisher(),
+        refuse: Arc::new(Mutex::new(
+            (0..JOBS).step_by(5).map(|id| format!("via-{id}")).collect(),
+        )),
+        refused: Arc::default(),
+    };
+    let (from_own, from_via) = (Forwarded::default(), Forwarded::default());
+    let arrived = Arrived::default();
+    let started = App::new("conformance-outputs")
+        .with_state(arrived.clone())
+        .mount(fixture.source(&out), arrive, |m| m)
+        .start()
+        .await;
+    let downstream = started.unwrap_or_else(|error| panic!("the app does not start: {error}"));
+    // One app per stage: each has its own `State<Forwarded>`.
+    let own_stage = App::new("conformance-forward-own")
+        .with_state(from_own.clone())
+        .mount(fixture.source(&own), forward, |m| {
+            m.workers(3).by_key().publish_to(out.name.as_str())
+        })
+        .start()
+        .await
+        .unwrap_or_else(|error| panic!("the app does not start: {error}"));
+    let via_stage = App::new("conformance-forward-via")
+        .with_state(from_via.clone())
+        .mount(fixture.source(&via), forward, |m| {
+            m.publish_to(out.name.as_str())
+                .publish_via(refusing.clone())
+                .retry()
+        })
+        .start()
+        .await
+        .unwrap_or_else(|error| panic!("the app does not start: {error}"));
+
+    eventually("every output downstream", || async {
+        support::lock(&arrived.0).len() >= 2 * JOBS as usize
+    })
+    .await;
+    stop(own_stage).await;
+    stop(via_stage).await;
+    stop(downstream).await;
+
+    let arrived = support::lock(&arrived.0).clone();
+    for (prefix, forwarded) in [("own", &from_own), ("via", &from_via)] {
+        let forwarded = support::lock(&forwarded.0).clone();
+        let mut ids: Vec<u64> = arrived
+            .iter()
+            .filter(|(_, cause, _)| cause.as_deref().is_some_and(|c| c.starts_with(prefix)))
+            .map(|(id, cause, key_seen)| {
+                assert_eq!(cause.as_deref(), Some(format!("{prefix}-{id}").as_str()));
+                // The input's key, where the transport carries one.
+                let input_key = forwarded
+                    .iter()
+                    .find(|(job, _, _)| job == id)
+                    .and_then(|(_, _, key)| key.clone());
+                assert_eq!(*key_seen, input_key, "job {id} keeps its input's key");
+                *id
+            })
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(
+            ids,
+            (0..JOBS).collect::<Vec<_>>(),
+            "every {prefix} job once"
+        );
+    }
+    // The refused ones ran twice, and only their second run was acked.
+    let refused = support::lock(&refusing.refused).len();
+    assert_eq!(refused, (JOBS as usize).div_ceil(5));
+    let runs = support::lock(&from_via.0).clone();
+    for id in (0..JOBS).step_by(5) {
+        let attempts: Vec<u32> = runs
+            .iter()
+            .filter(|(job, _, _)| *job == id)
+            .map(|(_, attempt, _)| *attempt)
+            .collect();
+        assert_eq!(
+            attempts,
+            vec![1, 2],
+            "job {id}: refused once, then published"
+        );
+    }
+    for queue in [&own, &via] {
+        assert_eq!(fixture.ready(queue).await, 0, "`{}` is drained", queue.name);
+    }
+    for queue in [own, via, out] {
+        fixture.delete(queue).await;
+    }
+}

@@ -123,6 +123,11 @@ impl Source for LapinQueue {
         "rabbitmq"
     }
 
+    /// The broker's own publisher: a handler's outputs go out as its other publishes do.
+    fn publisher(&self) -> Option<conveyor::SharedPublisher> {
+        Some(conveyor::SharedPublisher::new(self.broker.clone()))
+    }
+
     type Subscriber = LapinSubscriber;
 
     fn queue_name(&self) -> &str {

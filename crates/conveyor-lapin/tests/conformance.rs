@@ -60,6 +60,7 @@ mod classic {
         draining_hands_back_unstarted_deliveries_while_handlers_run,
         stopping_and_restarting_mid_stream_loses_nothing,
         a_panic_in_decode_an_extractor_or_a_handler_leaves_the_service_up,
+        a_handlers_messages_are_published_before_its_input_is_acked,
     );
 }
 
@@ -80,5 +81,6 @@ mod quorum {
         draining_hands_back_unstarted_deliveries_while_handlers_run,
         stopping_and_restarting_mid_stream_loses_nothing,
         a_panic_in_decode_an_extractor_or_a_handler_leaves_the_service_up,
+        a_handlers_messages_are_published_before_its_input_is_acked,
     );
 }

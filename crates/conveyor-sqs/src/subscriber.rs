@@ -89,6 +89,11 @@ impl Source for SqsQueue {
         "aws_sqs"
     }
 
+    /// The broker's own publisher: a handler's outputs go out as its other publishes do.
+    fn publisher(&self) -> Option<conveyor::SharedPublisher> {
+        Some(conveyor::SharedPublisher::new(self.broker.clone()))
+    }
+
     type Subscriber = SqsSubscriber;
 
     fn queue_name(&self) -> &str {

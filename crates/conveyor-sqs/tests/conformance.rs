@@ -59,6 +59,7 @@ mod standard {
         draining_hands_back_unstarted_deliveries_while_handlers_run,
         stopping_and_restarting_mid_stream_loses_nothing,
         a_panic_in_decode_an_extractor_or_a_handler_leaves_the_service_up,
+        a_handlers_messages_are_published_before_its_input_is_acked,
     );
 }
 
@@ -79,5 +80,6 @@ mod fifo {
         draining_hands_back_unstarted_deliveries_while_handlers_run,
         stopping_and_restarting_mid_stream_loses_nothing,
         a_panic_in_decode_an_extractor_or_a_handler_leaves_the_service_up,
+        a_handlers_messages_are_published_before_its_input_is_acked,
     );
 }

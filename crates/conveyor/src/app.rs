@@ -78,6 +78,8 @@ struct Mount {
     batch_handler: bool,
     /// The mount has layers (its own or the app's).
     layered: bool,
+    /// Where the handler's outputs go.
+    route: crate::output::Route,
     check: Check,
     start: Start,
 }
@@ -194,6 +196,7 @@ impl<L: Layer + Clone> App<L> {
         let layered = std::any::TypeId::of::<L>() != none || std::any::TypeId::of::<M>() != none;
         let endpoint = Arc::new(handler.into_endpoint().with_layer(layer));
         let checked = endpoint.clone();
+        let route = options.route(source.publisher());
         let mut settings = SubscribeSettings::new(options.max_in_flight());
         settings.batch_size = options.batch_size();
         self.mounts.push(Mount {
@@ -201,6 +204,7 @@ impl<L: Layer + Clone> App<L> {
             system: source.messaging_system(),
             batch_handler: <H::Endpoint as Unlayered>::BATCH,
             layered,
+            route,
             options,
             check: Box::new(move |cx| checked.check(cx)),
             start: Box::new(move |run| {
@@ -258,7 +262,8 @@ impl<L: Layer + Clone> App<L> {
         let (stop, shutdown) = Shutdown::new();
         let mut starts = Vec::with_capacity(self.mounts.len());
         for mount in self.mounts {
-            let cx = Context::new(mount.queue.as_str().into(), state.clone());
+            let cx =
+                Context::new(mount.queue.as_str().into(), state.clone()).with_route(mount.route);
             validate(&mount.queue, &mount.options, mount.batch_handler)?;
             if mount.batch_handler && mount.layered {
                 return Err(Error::config(format!(
@@ -352,6 +357,12 @@ fn validate(queue: &str, options: &MountOptions, batch_handler: bool) -> Result<
             return bad("a batch handler runs one batch at a time; drop workers(..)".into());
         }
         _ => {}
+    }
+    if batch_handler && options.publishes() {
+        return bad(
+            "a batch handler returns outcomes, not messages: drop publish_to(..) and publish_via(..)"
+                .into(),
+        );
     }
     match options.batch_size() {
         Some(_) if !batch_handler => {

@@ -13,6 +13,7 @@ use crate::delivery::Delivery;
 use crate::error::Error;
 use crate::headers::Headers;
 use crate::message::PartitionKey;
+use crate::output::Route;
 use crate::state::StateMap;
 
 /// What a handler can see besides its delivery: the queue it is mounted on and the app's
@@ -21,12 +22,28 @@ use crate::state::StateMap;
 pub struct Context {
     queue: Arc<str>,
     state: Arc<StateMap>,
+    route: Route,
 }
 
 impl Context {
     /// A context for a handler mounted on `queue`.
     pub fn new(queue: Arc<str>, state: Arc<StateMap>) -> Self {
-        Context { queue, state }
+        Context {
+            queue,
+            state,
+            route: Route::default(),
+        }
+    }
+
+    /// The same, with where the handler's outputs go.
+    pub(crate) fn with_route(mut self, route: Route) -> Self {
+        self.route = route;
+        self
+    }
+
+    /// Where the handler's outputs go.
+    pub(crate) fn route(&self) -> &Route {
+        &self.route
     }
 
     /// The queue the handler is mounted on.

@@ -2,8 +2,9 @@
 //!
 //! A handler's first argument is the payload, decoded by its type's [`FromPayload`]
 //! ([`Json<T>`](crate::Json), `Bytes`, `String`, ...). Up to eight more arguments follow,
-//! each a [`FromDelivery`] extractor. It returns anything [`IntoOutcome`]: `()`, an
-//! [`Outcome`](crate::Outcome), or a `Result` of either.
+//! each a [`FromDelivery`] extractor. It returns anything [`IntoReply`]: `()`, an
+//! [`Outcome`](crate::Outcome), messages to publish before the ack (see
+//! [`crate::output`]), or a `Result` of any of these.
 //!
 //! A batch handler takes a [`Batch<P>`] of payloads first, then [`FromContext`]
 //! extractors, and returns anything [`IntoBatchOutcome`]: one outcome for all, or one per
@@ -35,7 +36,8 @@ use crate::dispatch::{self, Run};
 use crate::error::{BoxError, Error};
 use crate::extract::{Context, FromContext, FromDelivery, Rejection};
 use crate::layer::Layer;
-use crate::outcome::{IntoOutcome, Outcome};
+use crate::outcome::Outcome;
+use crate::output::IntoReply;
 use crate::payload::{DecodeError, FromPayload};
 use crate::transport::Subscriber;
 
@@ -134,7 +136,7 @@ pub(crate) trait CallOne: Send + Sync + 'static {
     fn call<'a>(
         &'a self,
         delivery: &'a Delivery,
-        cx: &Context,
+        cx: &'a Context,
     ) -> Result<impl Future<Output = Result<Outcome, BoxError>> + Send + 'a, Refusal>;
     fn check_extractors(cx: &Context) -> Result<(), Error>;
 }
@@ -143,7 +145,7 @@ impl<E: CallOne, L: Layer> CallOne for WithLayer<E, L> {
     fn call<'a>(
         &'a self,
         delivery: &'a Delivery,
-        cx: &Context,
+        cx: &'a Context,
     ) -> Result<impl Future<Output = Result<Outcome, BoxError>> + Send + 'a, Refusal> {
         let run = self.endpoint.call(delivery, cx)?;
         Ok(self.layer.call(delivery, run))
@@ -266,7 +268,7 @@ macro_rules! impl_handler {
         where
             F: Fn(P, $($extractor,)*) -> Fut + Send + Sync + 'static,
             Fut: Future + Send + 'static,
-            Fut::Output: IntoOutcome,
+            Fut::Output: IntoReply,
             P: FromPayload,
             $($extractor: FromDelivery,)*
         {
@@ -274,14 +276,15 @@ macro_rules! impl_handler {
             fn call<'a>(
                 &'a self,
                 delivery: &'a Delivery,
-                cx: &Context,
+                cx: &'a Context,
             ) -> Result<impl Future<Output = Result<Outcome, BoxError>> + Send + 'a, Refusal> {
                 let payload = P::from_payload(delivery.payload())?;
                 $(let $extractor = $extractor::from_delivery(delivery, cx)?;)*
                 let run = (self.f)(payload, $($extractor,)*);
-                // `into_outcome` is user code too (a custom `IntoOutcome`): it runs inside
-                // the run, where panics are caught.
-                Ok(async move { run.await.into_outcome() })
+                // `into_reply` is user code too (a custom `IntoOutcome`): it runs inside
+                // the run, where panics are caught. The messages it returns are published
+                // inside the run too, so layers and the timeout see them as part of it.
+                Ok(<Fut::Output as IntoReply>::run_and_publish(run, delivery, cx))
             }
 
             #[allow(unused_variables)]

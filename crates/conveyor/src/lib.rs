@@ -57,6 +57,7 @@ pub mod memory;
 mod message;
 mod mount;
 mod outcome;
+pub mod output;
 mod payload;
 mod policy;
 mod state;
@@ -87,6 +88,7 @@ pub use message::{
 };
 pub use mount::{DEFAULT_BATCH_SIZE, Dispatch, MountOptions};
 pub use outcome::{IntoOutcome, Outcome, REJECT_REASON_HEADER, Settlement};
+pub use output::{CAUSATION_ID_HEADER, IntoReply, Output, Reply, SharedPublisher};
 pub use payload::{DecodeError, FromPayload, Json};
 pub use policy::{Backoff, FailurePolicy, OnError};
 pub use state::StateMap;

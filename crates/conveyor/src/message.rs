@@ -169,6 +169,17 @@ impl Message {
         self.delay
     }
 
+    /// Takes `key` and `correlation_id` where the message has none of its own: an output
+    /// keeps its input's order and correlation.
+    pub(crate) fn inherit(&mut self, key: Option<&PartitionKey>, correlation_id: Option<&str>) {
+        if self.partition_key.is_none() {
+            self.partition_key = key.cloned();
+        }
+        if self.correlation_id.is_none() {
+            self.correlation_id = correlation_id.map(str::to_string);
+        }
+    }
+
     /// Takes the message apart, for a transport to map onto its wire format.
     pub fn into_parts(self) -> MessageParts {
         MessageParts {

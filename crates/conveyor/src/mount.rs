@@ -1,9 +1,12 @@
 //! A mount site's settings: dispatch mode, batch size, window and failure policy.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::layer::{Identity, Layer, Stack};
+use crate::output::SharedPublisher;
 use crate::policy::{Backoff, FailurePolicy, OnError};
+use crate::transport::Publisher;
 
 /// How a mount runs its deliveries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,6 +59,8 @@ pub struct MountOptions<L = Identity> {
     batch_size: Option<usize>,
     policy: FailurePolicy,
     timeout: Option<Duration>,
+    publish_to: Option<Arc<str>>,
+    publish_via: Option<SharedPublisher>,
     layer: L,
 }
 
@@ -69,6 +74,8 @@ impl Default for MountOptions {
             batch_size: None,
             policy: FailurePolicy::default(),
             timeout: None,
+            publish_to: None,
+            publish_via: None,
             layer: Identity,
         }
     }
@@ -112,6 +119,8 @@ impl<L> MountOptions<L> {
             batch_size: self.batch_size,
             policy: self.policy,
             timeout: self.timeout,
+            publish_to: self.publish_to,
+            publish_via: self.publish_via,
             layer,
         };
         (options, self.layer)
@@ -217,6 +226,49 @@ impl<L> MountOptions<L> {
     pub fn timeout(mut self, limit: Duration) -> Self {
         self.timeout = Some(limit);
         self
+    }
+
+    /// Where the messages the handler returns go (see [`crate::output`]): to
+    /// `destination` (a queue, or what the broker's publisher takes), through the
+    /// publisher of the broker this mount consumes from, unless
+    /// [`publish_via`](Self::publish_via) names another. Each is taken by the broker
+    /// before the delivery is acked. An [`Output::to`](crate::Output::to) goes to its own
+    /// destination instead. Not for a batch handler, which returns outcomes only.
+    ///
+    /// ```
+    /// use conveyor::MountOptions;
+    ///
+    /// let options = MountOptions::default().workers(4).by_key().publish_to("invoices");
+    /// assert_eq!(options.output_destination(), Some("invoices"));
+    /// ```
+    pub fn publish_to(mut self, destination: impl Into<Arc<str>>) -> Self {
+        self.publish_to = Some(destination.into());
+        self
+    }
+
+    /// Publishes the handler's messages through `publisher` (another broker's, say, to
+    /// pass work from one transport to another) instead of the mount's own broker.
+    pub fn publish_via(mut self, publisher: impl Publisher + 'static) -> Self {
+        self.publish_via = Some(SharedPublisher::new(publisher));
+        self
+    }
+
+    /// The [`publish_to`](Self::publish_to) destination, if one was set.
+    pub fn output_destination(&self) -> Option<&str> {
+        self.publish_to.as_deref()
+    }
+
+    /// Whether `publish_to` or `publish_via` was set.
+    pub(crate) fn publishes(&self) -> bool {
+        self.publish_to.is_some() || self.publish_via.is_some()
+    }
+
+    /// Where the handler's outputs go, through `own` unless `publish_via` names another.
+    pub(crate) fn route(&self, own: Option<SharedPublisher>) -> crate::output::Route {
+        crate::output::Route {
+            publisher: self.publish_via.clone().or(own),
+            destination: self.publish_to.clone(),
+        }
     }
 
     /// The handler timeout set with [`timeout`](Self::timeout).

@@ -53,6 +53,16 @@ pub trait Source: Send + 'static {
         "conveyor"
     }
 
+    /// The publisher of the broker this queue belongs to: the messages a handler mounted
+    /// here returns go through it (see [`MountOptions::publish_to`]). The default has
+    /// none; such a mount needs [`MountOptions::publish_via`].
+    ///
+    /// [`MountOptions::publish_to`]: crate::MountOptions::publish_to
+    /// [`MountOptions::publish_via`]: crate::MountOptions::publish_via
+    fn publisher(&self) -> Option<crate::SharedPublisher> {
+        None
+    }
+
     /// Opens a subscription: declares or checks the queue, opens the receive side.
     /// A failure here fails the app's startup with [`Error::Subscribe`].
     fn subscribe(

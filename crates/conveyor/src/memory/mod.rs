@@ -364,6 +364,11 @@ impl Source for MemoryQueue {
         "conveyor_in_process"
     }
 
+    /// The broker's own publisher: a handler's outputs go out as its other publishes do.
+    fn publisher(&self) -> Option<crate::SharedPublisher> {
+        Some(crate::SharedPublisher::new(self.broker.clone()))
+    }
+
     type Subscriber = MemorySubscriber;
 
     fn queue_name(&self) -> &str {

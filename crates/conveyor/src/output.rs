@@ -1,0 +1,435 @@
+//! A handler's result as messages: published, and taken by the broker, before the
+//! delivery that produced them is settled.
+//!
+//! A handler returns a [`Message`] (or an [`Output`], a message with its own
+//! destination), an `Option` of one, a `Vec` of them, or a `Result` of any of these. They
+//! go to the mount's [`publish_to`](crate::MountOptions::publish_to) destination, through
+//! the publisher of the broker the mount consumes from (or the one given to
+//! [`publish_via`](crate::MountOptions::publish_via)), one after another, each confirmed
+//! before the next. Only then is the input acked. If a publish fails, the run fails: the
+//! input follows the mount's failure policy and is never acked.
+//!
+//! That makes a pipeline at least once, end to end. A crash after the outputs were taken
+//! and before the input's ack brings the input back, and its outputs are published again:
+//! the next stage may see a duplicate. Each output carries the input's message id in
+//! [`CAUSATION_ID_HEADER`] (and, unless it sets its own, the input's correlation id and
+//! partition key), so the next stage can tell, and a keyed flow keeps its order across
+//! services.
+//!
+//! ```
+//! use conveyor::{App, Json, MemoryBroker, Message};
+//!
+//! #[derive(serde::Deserialize, serde::Serialize)]
+//! struct Order { id: u64 }
+//!
+//! /// Every order becomes an invoice request, published before the order is acked.
+//! async fn invoice(Json(order): Json<Order>) -> Result<Message, conveyor::Error> {
+//!     Message::json(&order)
+//! }
+//!
+//! let broker = MemoryBroker::new();
+//! let app = App::new("billing")
+//!     .mount(broker.queue("orders"), invoice, |m| m.publish_to("invoices"));
+//! ```
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+
+use crate::delivery::Delivery;
+use crate::error::{BoxError, Error};
+use crate::extract::Context;
+use crate::message::{CORRELATION_ID_HEADER, Message};
+use crate::outcome::{IntoOutcome, Outcome};
+use crate::transport::Publisher;
+
+/// The header an output carries the message id of the delivery that produced it in.
+pub const CAUSATION_ID_HEADER: &str = "causation-id";
+
+/// A message a handler returns, with where it goes: the mount's
+/// [`publish_to`](crate::MountOptions::publish_to) destination, or its own.
+///
+/// ```
+/// use conveyor::{Message, Output};
+///
+/// let audit = Output::to("audit", Message::new("order 7 paid"));
+/// assert_eq!(audit.destination(), Some("audit"));
+/// ```
+#[derive(Clone, Debug)]
+pub struct Output {
+    destination: Option<String>,
+    message: Message,
+}
+
+impl Output {
+    /// `message`, to the mount's destination.
+    pub fn new(message: Message) -> Self {
+        Output {
+            destination: None,
+            message,
+        }
+    }
+
+    /// `message`, to `destination` (a queue, or what the transport's publisher takes).
+    pub fn to(destination: impl Into<String>, message: Message) -> Self {
+        Output {
+            destination: Some(destination.into()),
+            message,
+        }
+    }
+
+    /// Its own destination, if it has one.
+    pub fn destination(&self) -> Option<&str> {
+        self.destination.as_deref()
+    }
+
+    /// The message.
+    pub fn message(&self) -> &Message {
+        &self.message
+    }
+}
+
+impl From<Message> for Output {
+    fn from(message: Message) -> Self {
+        Output::new(message)
+    }
+}
+
+/// What a handler's run decided: its outcome, and the messages to publish before the
+/// delivery is settled. Made by [`IntoReply`]; a handler returns it directly only to
+/// publish messages with an outcome other than ack.
+///
+/// ```
+/// use conveyor::{Message, Outcome, Reply};
+///
+/// // Tell the audit queue, and dead-letter the input.
+/// let reply = Reply::new(Outcome::Reject).publish(conveyor::Output::to("audit", Message::new("refused")));
+/// ```
+#[derive(Debug)]
+pub struct Reply {
+    outcome: Outcome,
+    outputs: Outputs,
+}
+
+/// No output, one, or several: one output needs no `Vec`.
+#[derive(Debug, Default)]
+enum Outputs {
+    #[default]
+    None,
+    One(Output),
+    Many(Vec<Output>),
+}
+
+impl Reply {
+    /// `outcome`, with no message to publish.
+    pub fn new(outcome: Outcome) -> Self {
+        Reply {
+            outcome,
+            outputs: Outputs::None,
+        }
+    }
+
+    /// Adds a message to publish (in the order added) before the delivery is settled.
+    pub fn publish(mut self, output: impl Into<Output>) -> Self {
+        let output = output.into();
+        self.outputs = match self.outputs {
+            Outputs::None => Outputs::One(output),
+            Outputs::One(first) => Outputs::Many(vec![first, output]),
+            Outputs::Many(mut all) => {
+                all.push(output);
+                Outputs::Many(all)
+            }
+        };
+        self
+    }
+
+    fn with_outputs(outputs: impl IntoIterator<Item = impl Into<Output>>) -> Self {
+        outputs
+            .into_iter()
+            .fold(Reply::new(Outcome::Ack), Reply::publish)
+    }
+}
+
+/// What a handler returns: anything [`IntoOutcome`] (`()`, an [`Outcome`], a `Result`
+/// of one), or messages to publish, then ack: a [`Message`], an [`Output`], an `Option`
+/// or a `Vec` of either, a [`Reply`], or a `Result` of any of these (the error goes to
+/// the failure policy, and nothing is published).
+pub trait IntoReply: Sized {
+    /// The outcome and the messages, or the handler's error.
+    fn into_reply(self) -> Result<Reply, BoxError>;
+
+    /// Runs `run` (the handler's call), publishes the messages it returns for
+    /// `delivery`, then gives the outcome. For a type that never holds messages this is
+    /// the run alone: a handler that returns one pays nothing for publishing.
+    #[doc(hidden)]
+    fn run_and_publish<'a>(
+        run: impl Future<Output = Self> + Send + 'a,
+        delivery: &'a Delivery,
+        cx: &'a Context,
+    ) -> impl Future<Output = Result<Outcome, BoxError>> + Send + 'a {
+        async move {
+            let reply = run.await.into_reply();
+            publish(reply?, delivery, cx).await
+        }
+    }
+}
+
+impl<T: IntoOutcome> IntoReply for T {
+    fn into_reply(self) -> Result<Reply, BoxError> {
+        self.into_outcome().map(Reply::new)
+    }
+
+    // Not an `async fn`: that would keep the delivery and context, unused, in the state
+    // of every handler's run.
+    #[allow(clippy::manual_async_fn)]
+    fn run_and_publish<'a>(
+        run: impl Future<Output = Self> + Send + 'a,
+        _: &'a Delivery,
+        _: &'a Context,
+    ) -> impl Future<Output = Result<Outcome, BoxError>> + Send + 'a {
+        async move { run.await.into_outcome() }
+    }
+}
+
+impl IntoReply for Reply {
+    fn into_reply(self) -> Result<Reply, BoxError> {
+        Ok(self)
+    }
+}
+
+impl IntoReply for Message {
+    fn into_reply(self) -> Result<Reply, BoxError> {
+        Ok(Reply::new(Outcome::Ack).publish(self))
+    }
+}
+
+impl IntoReply for Output {
+    fn into_reply(self) -> Result<Reply, BoxError> {
+        Ok(Reply::new(Outcome::Ack).publish(self))
+    }
+}
+
+impl<M: Into<Output>> IntoReply for Option<M> {
+    fn into_reply(self) -> Result<Reply, BoxError> {
+        Ok(Reply::with_outputs(self))
+    }
+}
+
+impl<M: Into<Output>> IntoReply for Vec<M> {
+    fn into_reply(self) -> Result<Reply, BoxError> {
+        Ok(Reply::with_outputs(self))
+    }
+}
+
+/// `Result`s of the publishing types (`Result<T: IntoOutcome, E>` is [`IntoOutcome`]).
+macro_rules! result_into_reply {
+    ($($ty:ty $(, $m:ident)?);*) => {$(
+        impl<$($m: Into<Output>,)? E: Into<BoxError>> IntoReply for Result<$ty, E> {
+            fn into_reply(self) -> Result<Reply, BoxError> {
+                self.map_err(Into::into)?.into_reply()
+            }
+        }
+    )*};
+}
+
+result_into_reply!(Reply; Message; Output; Option<M>, M; Vec<M>, M);
+
+/// A [`Publisher`] of any transport behind one type, as a mount keeps the one its outputs
+/// go through. It publishes as the publisher it wraps does.
+///
+/// ```
+/// use conveyor::{MemoryBroker, Publisher, SharedPublisher};
+///
+/// # async fn demo() -> Result<(), conveyor::Error> {
+/// let publisher = SharedPublisher::new(MemoryBroker::new());
+/// publisher.publish_json("orders", &7u64).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct SharedPublisher(Arc<dyn ErasedPublisher>);
+
+impl SharedPublisher {
+    /// Wraps `publisher`.
+    pub fn new(publisher: impl Publisher + 'static) -> Self {
+        SharedPublisher(Arc::new(publisher))
+    }
+}
+
+impl fmt::Debug for SharedPublisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SharedPublisher")
+    }
+}
+
+/// [`Publisher`] with boxed futures, so that it can be a trait object.
+trait ErasedPublisher: Send + Sync {
+    fn publish_boxed<'a>(
+        &'a self,
+        destination: &'a str,
+        message: Message,
+    ) -> BoxFuture<'a, Result<(), Error>>;
+
+    fn publish_batch_boxed<'a>(
+        &'a self,
+        destination: &'a str,
+        messages: Vec<Message>,
+    ) -> BoxFuture<'a, Result<(), Error>>;
+}
+
+impl<P: Publisher> ErasedPublisher for P {
+    fn publish_boxed<'a>(
+        &'a self,
+        destination: &'a str,
+        message: Message,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.publish(destination, message))
+    }
+
+    fn publish_batch_boxed<'a>(
+        &'a self,
+        destination: &'a str,
+        messages: Vec<Message>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.publish_batch(destination, messages))
+    }
+}
+
+impl Publisher for SharedPublisher {
+    async fn publish(&self, destination: &str, message: Message) -> Result<(), Error> {
+        self.0.publish_boxed(destination, message).await
+    }
+
+    async fn publish_batch(&self, destination: &str, messages: Vec<Message>) -> Result<(), Error> {
+        self.0.publish_batch_boxed(destination, messages).await
+    }
+}
+
+/// Where a mount's outputs go: set at the mount site, resolved when the app starts.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Route {
+    /// The mount's `publish_via`, else its broker's publisher.
+    pub(crate) publisher: Option<SharedPublisher>,
+    /// The mount's `publish_to`.
+    pub(crate) destination: Option<Arc<str>>,
+}
+
+/// Why a handler's outputs were not published.
+#[derive(Debug, thiserror::Error)]
+enum OutputError {
+    #[error(
+        "the handler returned a message with no destination: set `MountOptions::publish_to` or return an `Output::to`"
+    )]
+    NoDestination,
+    #[error(
+        "the handler returned messages, but this mount's source has no publisher: set `MountOptions::publish_via`"
+    )]
+    NoPublisher,
+    #[error("publishing the handler's output to `{destination}`")]
+    Publish {
+        destination: String,
+        #[source]
+        source: Error,
+    },
+}
+
+/// Publishes `reply`'s messages in order, for `delivery`, each taken by the broker before
+/// the next (messages in a row to one destination go as one batch); gives the outcome
+/// once all are.
+pub(crate) async fn publish(
+    reply: Reply,
+    delivery: &Delivery,
+    cx: &Context,
+) -> Result<Outcome, BoxError> {
+    let Reply { outcome, outputs } = reply;
+    let route = cx.route();
+    match outputs {
+        Outputs::None => {}
+        Outputs::One(output) => {
+            let (destination, message) = prepare(output, delivery, route)?;
+            let publisher = route.publisher()?;
+            publisher
+                .publish(&destination, message)
+                .await
+                .map_err(|source| OutputError::publish(&destination, source))?;
+        }
+        Outputs::Many(outputs) => {
+            let publisher = route.publisher()?;
+            let mut run: Vec<Message> = Vec::new();
+            let mut run_to: Option<String> = None;
+            for output in outputs {
+                let (destination, message) = prepare(output, delivery, route)?;
+                if let Some(to) = run_to.take_if(|to| *to != destination) {
+                    send_batch(publisher, &to, std::mem::take(&mut run)).await?;
+                }
+                run_to = Some(destination);
+                run.push(message);
+            }
+            if let Some(to) = run_to {
+                send_batch(publisher, &to, run).await?;
+            }
+        }
+    }
+    Ok(outcome)
+}
+
+impl Route {
+    fn publisher(&self) -> Result<&SharedPublisher, OutputError> {
+        self.publisher.as_ref().ok_or(OutputError::NoPublisher)
+    }
+}
+
+impl OutputError {
+    fn publish(destination: &str, source: Error) -> Self {
+        OutputError::Publish {
+            destination: destination.to_string(),
+            source,
+        }
+    }
+}
+
+async fn send_batch(
+    publisher: &SharedPublisher,
+    destination: &str,
+    messages: Vec<Message>,
+) -> Result<(), OutputError> {
+    publisher
+        .publish_batch(destination, messages)
+        .await
+        .map_err(|source| OutputError::publish(destination, source))
+}
+
+/// Where `output` goes, and the message with what it inherits from `delivery`: its
+/// partition key and correlation id unless it has its own, and its message id as the
+/// causation id.
+fn prepare(
+    output: Output,
+    delivery: &Delivery,
+    route: &Route,
+) -> Result<(String, Message), OutputError> {
+    let Output {
+        destination,
+        mut message,
+    } = output;
+    let destination = match destination {
+        Some(destination) => destination,
+        None => route
+            .destination
+            .as_deref()
+            .ok_or(OutputError::NoDestination)?
+            .to_string(),
+    };
+    message.inherit(
+        delivery.partition_key(),
+        delivery.headers().get_str(CORRELATION_ID_HEADER),
+    );
+    if let Some(cause) = delivery.message_id() {
+        if !message.headers().contains(CAUSATION_ID_HEADER) {
+            message
+                .headers_mut()
+                .insert(CAUSATION_ID_HEADER, cause.to_string());
+        }
+    }
+    Ok((destination, message))
+}
