@@ -215,3 +215,14 @@ fn the_service_example_runs_the_same_on_every_broker() {
         }
     }
 }
+
+/// Request/reply runs the same on every broker: three prices asked at once, each answered.
+#[test]
+fn the_request_reply_example_gets_each_answer_on_every_broker() {
+    for broker in ["memory", "rabbitmq", "sqs"] {
+        let stdout = run_with("request_reply", &[broker]);
+        for line in ["tea costs 314", "coffee costs 616", "cake costs 404"] {
+            assert!(stdout.contains(line), "{broker}: {stdout}");
+        }
+    }
+}

@@ -48,6 +48,7 @@ pub const SCENARIOS: &[&str] = &[
     "stopping_and_restarting_mid_stream_loses_nothing",
     "a_panic_in_decode_an_extractor_or_a_handler_leaves_the_service_up",
     "a_handlers_messages_are_published_before_its_input_is_acked",
+    "requests_get_their_own_replies_and_a_late_one_reaches_none",
 ];
 
 /// What a scenario asks of a queue.
@@ -116,6 +117,13 @@ pub trait Fixture: Send + Sync + 'static {
     /// twenty messages) but still no loss.
     fn may_duplicate(&self) -> bool {
         false
+    }
+
+    /// How many requests the request/reply scenario keeps waiting at once (of its
+    /// thousand). The default sends them all at once; an emulator that serves calls one
+    /// after another may need fewer.
+    fn concurrent_requests(&self) -> usize {
+        1000
     }
 }
 

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use conveyor::support;
 use conveyor::{
-    App, Backoff, Batch, Bytes, Context, DecodeError, Delivery, FromDelivery, FromPayload, Headers,
-    Json, Message, MountOptions, Publisher, Rejection, RunningApp, State,
+    App, Backoff, Batch, Broker, Bytes, Context, DecodeError, Delivery, FromDelivery, FromPayload,
+    Headers, Json, Message, MountOptions, Publisher, Rejection, RunningApp, State,
 };
 
 use crate::journal::{Job, Journal, Run, handle};
@@ -759,5 +759,88 @@ pub async fn a_handlers_messages_are_published_before_its_input_is_acked<F: Fixt
     }
     for queue in [own, via, out] {
         fixture.delete(queue).await;
+    }
+}
+
+/// The job whose reply comes only once the scenario opens the gate.
+const LATE: u64 = 1_000_000;
+
+/// Holds the answer to [`LATE`] until it is opened.
+#[derive(Clone)]
+struct ReplyGate(Arc<tokio::sync::watch::Sender<bool>>);
+
+/// The responder: the reply to `n` is `2n`.
+async fn answer(
+    Json(n): Json<u64>,
+    State(gate): State<ReplyGate>,
+) -> Result<Message, conveyor::Error> {
+    if n == LATE {
+        let _ = gate.0.subscribe().wait_for(|open| *open).await;
+    }
+    Message::json(&(n * 2))
+}
+
+/// Sends requests for `numbers`, as many at once as the fixture allows, and checks that
+/// each gets its own reply.
+async fn request_all<F: Fixture>(fixture: &F, queue: &TestQueue, numbers: std::ops::Range<u64>) {
+    use futures_util::StreamExt;
+    let broker = fixture.broker();
+    let requests = numbers.map(|n| async move {
+        // Keyed, for FIFO queues, which need a group.
+        let request = Message::builder()
+            .partition_key(key(n, 16))
+            .json(&n)
+            .unwrap_or_else(|error| panic!("{error}"));
+        let reply = broker
+            .request(&queue.name, request, Duration::from_secs(120))
+            .await
+            .unwrap_or_else(|error| panic!("request {n}: {error}"));
+        let doubled: u64 = serde_json::from_slice(reply.payload())
+            .unwrap_or_else(|error| panic!("reply to {n}: {error}"));
+        assert_eq!(doubled, 2 * n, "request {n} got another's reply");
+    });
+    futures_util::stream::iter(requests)
+        .buffer_unordered(fixture.concurrent_requests())
+        .collect::<Vec<()>>()
+        .await;
+}
+
+/// A thousand requests at once on one requester (or as many at once as the fixture
+/// allows) each get their own reply, through the handler that answers by returning a
+/// message. A request whose responder does not answer
+/// in time fails with a timeout, and its reply, when it comes, reaches no other request.
+pub async fn requests_get_their_own_replies_and_a_late_one_reaches_none<F: Fixture>(fixture: &F) {
+    let queue = fixture.declare(QueueKind::plain()).await;
+    let gate = ReplyGate(Arc::new(tokio::sync::watch::Sender::new(false)));
+    let responder = App::new("conformance-responder")
+        .with_state(gate.clone())
+        .mount(fixture.source(&queue), answer, |m| m.workers(16))
+        .start()
+        .await
+        .unwrap_or_else(|error| panic!("the responder does not start: {error}"));
+
+    request_all(fixture, &queue, 0..1000).await;
+
+    let late = Message::builder()
+        .partition_key("late")
+        .json(&LATE)
+        .unwrap_or_else(|error| panic!("{error}"));
+    let timed_out = fixture
+        .broker()
+        .request(&queue.name, late, Duration::from_millis(300))
+        .await;
+    assert!(
+        matches!(timed_out, Err(conveyor::Error::Timeout { .. })),
+        "{timed_out:?}"
+    );
+    // The late reply goes out while these wait: none of them may take it.
+    gate.0.send_replace(true);
+    request_all(fixture, &queue, 0..50).await;
+
+    stop(responder).await;
+    fixture.delete(queue).await;
+    // What the requests made (an SQS reply queue) goes with the broker.
+    if let Err(error) = fixture.broker().close().await {
+        panic!("the broker does not close: {error}");
     }
 }

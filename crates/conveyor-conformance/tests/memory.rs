@@ -53,6 +53,7 @@ mod standard {
         stopping_and_restarting_mid_stream_loses_nothing,
         a_panic_in_decode_an_extractor_or_a_handler_leaves_the_service_up,
         a_handlers_messages_are_published_before_its_input_is_acked,
+        requests_get_their_own_replies_and_a_late_one_reaches_none,
     );
 }
 
@@ -74,5 +75,6 @@ mod fifo {
         stopping_and_restarting_mid_stream_loses_nothing,
         a_panic_in_decode_an_extractor_or_a_handler_leaves_the_service_up,
         a_handlers_messages_are_published_before_its_input_is_acked,
+        requests_get_their_own_replies_and_a_late_one_reaches_none,
     );
 }

@@ -30,6 +30,7 @@ use crate::error::{LapinError, is_not_found, short};
 use crate::headers;
 use crate::publisher::LapinPublisher;
 use crate::queue::LapinQueue;
+use crate::request::Requester;
 use crate::spec::{Declaration, check, delay_queue_of};
 use crate::tls::{TlsSettings, is_tls_failure};
 use crate::topology::{Binding, ExchangeSpec};
@@ -210,6 +211,7 @@ impl LapinBrokerBuilder {
                 topology: Mutex::new(None),
                 publisher: std::sync::Mutex::new(None),
                 opening_publisher: Mutex::new(()),
+                requester: Mutex::new(None),
                 declared: std::sync::Mutex::default(),
                 delay_queues: std::sync::Mutex::default(),
             }),
@@ -412,6 +414,9 @@ pub(crate) struct BrokerInner {
     publisher: std::sync::Mutex<Option<Arc<LapinPublisher>>>,
     /// Held while a publisher is being opened, so that tasks publishing at once open one.
     opening_publisher: Mutex<()>,
+    /// The channel requests go out and replies come back on, opened by the first
+    /// request (and again when it has closed).
+    requester: Mutex<Option<Arc<Requester>>>,
     /// The declarations this broker made, by queue name: a subscription to one of these
     /// queues knows its dead-letter target and whether to declare it again on recovery.
     declared: std::sync::Mutex<HashMap<String, Arc<Declaration>>>,
@@ -695,6 +700,17 @@ impl LapinBroker {
         Ok(publisher)
     }
 
+    /// The requester, opened by the first request (and again once its channel closed).
+    async fn requester(&self) -> Result<Arc<Requester>, LapinError> {
+        let mut requester = self.inner.requester.lock().await;
+        if let Some(open) = requester.as_ref().filter(|r| r.is_open()) {
+            return Ok(open.clone());
+        }
+        let opened = Arc::new(Requester::open(self).await?);
+        *requester = Some(opened.clone());
+        Ok(opened)
+    }
+
     /// Opens a channel for `purpose` (named in errors) on the consuming connection.
     pub(crate) async fn open_channel(&self, purpose: &str) -> Result<Channel, LapinError> {
         on(&self.inner.connection, purpose).await
@@ -910,6 +926,28 @@ impl Publisher for LapinBroker {
 /// after every mount has settled its deliveries.
 impl conveyor::Broker for LapinBroker {
     type Queue = LapinQueue;
+
+    /// Through RabbitMQ's direct reply-to: requests go out, and replies come back, on one
+    /// channel of the publishing connection, opened by the first request; no queue is
+    /// declared. The request is persistent and mandatory (a missing queue fails it at
+    /// once); the reply is transient and not mandatory.
+    async fn request(
+        &self,
+        destination: &str,
+        message: Message,
+        timeout: std::time::Duration,
+    ) -> Result<Message, conveyor::Error> {
+        let requester = self
+            .requester()
+            .await
+            .map_err(|e| no_channel(e, destination, 1))?;
+        requester
+            .replies
+            .request(destination, timeout, |correlation_id| {
+                requester.send(destination, message, correlation_id)
+            })
+            .await
+    }
 
     /// The consuming connection and the publishing one.
     fn connections(&self) -> Vec<conveyor::ConnectionHealth> {

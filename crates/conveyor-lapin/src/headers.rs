@@ -41,6 +41,9 @@ pub(crate) fn received(properties: &BasicProperties) -> Headers {
     if let Some(v) = properties.correlation_id() {
         headers.insert(conveyor::CORRELATION_ID_HEADER, v.as_str().to_string());
     }
+    if let Some(v) = properties.reply_to() {
+        headers.insert(conveyor::REPLY_TO_HEADER, v.as_str().to_string());
+    }
     if let Some(v) = properties.priority() {
         headers.insert("priority", v.to_string());
     }

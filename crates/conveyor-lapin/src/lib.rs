@@ -160,6 +160,7 @@ mod error;
 mod headers;
 mod publisher;
 mod queue;
+mod request;
 mod settle;
 mod spec;
 mod subscriber;

@@ -117,7 +117,12 @@ impl std::fmt::Debug for LapinPublisher {
 
 impl LapinPublisher {
     pub(crate) async fn open(broker: LapinBroker) -> Result<Self, LapinError> {
-        let channel = broker.open_publishing_channel("publisher").await?;
+        Self::open_for(broker, "publisher").await
+    }
+
+    /// A publisher on a channel opened for `purpose` (named in errors).
+    pub(crate) async fn open_for(broker: LapinBroker, purpose: &str) -> Result<Self, LapinError> {
+        let channel = broker.open_publishing_channel(purpose).await?;
         Ok(LapinPublisher {
             channel,
             connection: broker.publishing_settings(),
@@ -348,6 +353,9 @@ fn prepare(
     if let Some(v) = parts.correlation_id {
         properties = properties.with_correlation_id(short("correlation id", &v)?);
     }
+    if let Some(v) = parts.reply_to {
+        properties = properties.with_reply_to(short("reply-to", &v)?);
+    }
     if let Some(v) = options.priority {
         properties = properties.with_priority(v);
     }
@@ -368,9 +376,17 @@ fn prepare(
 }
 
 impl Publisher for LapinPublisher {
-    /// Publishes to the queue `destination` through the default exchange.
+    /// Publishes to the queue `destination` through the default exchange. A reply to a
+    /// request (to a direct reply-to address) is transient and not mandatory: a
+    /// requester that has gone takes nothing, and its reply is dropped instead of
+    /// failing the responder's run.
     async fn publish(&self, destination: &str, message: Message) -> Result<(), conveyor::Error> {
-        self.publish_to("", destination, message, self.defaults)
+        let options = if crate::request::is_reply_address(destination) {
+            self.defaults.mandatory(false).persistent(false)
+        } else {
+            self.defaults
+        };
+        self.publish_to("", destination, message, options)
             .await
             .map_err(|e| e.into_publish(destination))
     }

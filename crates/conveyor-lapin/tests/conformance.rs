@@ -61,6 +61,7 @@ mod classic {
         stopping_and_restarting_mid_stream_loses_nothing,
         a_panic_in_decode_an_extractor_or_a_handler_leaves_the_service_up,
         a_handlers_messages_are_published_before_its_input_is_acked,
+        requests_get_their_own_replies_and_a_late_one_reaches_none,
     );
 }
 
@@ -82,5 +83,6 @@ mod quorum {
         stopping_and_restarting_mid_stream_loses_nothing,
         a_panic_in_decode_an_extractor_or_a_handler_leaves_the_service_up,
         a_handlers_messages_are_published_before_its_input_is_acked,
+        requests_get_their_own_replies_and_a_late_one_reaches_none,
     );
 }

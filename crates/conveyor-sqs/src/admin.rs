@@ -147,8 +147,27 @@ impl conveyor::Broker for SqsBroker {
 
     /// SQS speaks HTTP: there is no connection to close, so an app that owns this broker
     /// (`App::broker`) has nothing to wait for.
+    /// Deletes the reply queue its requests made, if any: SQS keeps no connection.
     async fn close(&self) -> Result<(), Error> {
-        Ok(())
+        self.close_requester().await.map_err(transport)
+    }
+
+    /// Through a reply queue of this broker's own, made by the first request (see the
+    /// module `request` for what it costs); the request goes with `SendMessage` as any
+    /// publish does.
+    async fn request(
+        &self,
+        destination: &str,
+        message: conveyor::Message,
+        timeout: std::time::Duration,
+    ) -> Result<conveyor::Message, Error> {
+        let requester = self.requester().await.map_err(transport)?;
+        requester
+            .replies
+            .request(destination, timeout, |correlation_id| {
+                requester.send(self, destination, message, correlation_id)
+            })
+            .await
     }
 }
 

@@ -15,6 +15,7 @@ use conveyor::Error;
 
 use crate::error::SqsError;
 use crate::queue::{DeadLetterTarget, QueueInfo};
+use crate::request::Requester;
 use crate::subscriber::SqsQueue;
 
 /// How the transport polls, hides and settles messages.
@@ -72,6 +73,9 @@ struct Inner {
     client: Client,
     settings: Settings,
     queues: Mutex<HashMap<String, Arc<QueueInfo>>>,
+    /// The reply queue of [`Broker::request`](conveyor::Broker::request), made by the
+    /// first request.
+    requester: tokio::sync::Mutex<Option<Arc<Requester>>>,
 }
 
 /// Builds an [`SqsBroker`]; whatever is not set comes from the standard AWS chain.
@@ -232,6 +236,7 @@ impl SqsBroker {
                 client,
                 settings,
                 queues: Mutex::new(HashMap::new()),
+                requester: tokio::sync::Mutex::new(None),
             }),
         }
     }
@@ -239,6 +244,26 @@ impl SqsBroker {
     /// The SDK client, for calls Conveyor does not make.
     pub fn client(&self) -> &Client {
         &self.inner.client
+    }
+
+    /// The requester, with its reply queue, made by the first request.
+    pub(crate) async fn requester(&self) -> Result<Arc<Requester>, SqsError> {
+        let mut requester = self.inner.requester.lock().await;
+        if let Some(open) = requester.as_ref() {
+            return Ok(open.clone());
+        }
+        let opened = Arc::new(Requester::open(self).await?);
+        *requester = Some(opened.clone());
+        Ok(opened)
+    }
+
+    /// Deletes the reply queue, if a request made one.
+    pub(crate) async fn close_requester(&self) -> Result<(), SqsError> {
+        let requester = self.inner.requester.lock().await.take();
+        match requester {
+            Some(requester) => requester.close(self).await,
+            None => Ok(()),
+        }
     }
 
     pub(crate) fn settings(&self) -> &Settings {

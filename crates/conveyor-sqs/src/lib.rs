@@ -104,6 +104,7 @@ mod keeper;
 mod publisher;
 mod pump;
 mod queue;
+mod request;
 mod settle;
 mod spec;
 mod subscriber;

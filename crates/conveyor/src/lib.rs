@@ -60,6 +60,7 @@ mod outcome;
 pub mod output;
 mod payload;
 mod policy;
+pub mod request;
 mod state;
 pub mod support;
 pub mod telemetry;
@@ -84,7 +85,7 @@ pub use layer::{Identity, Layer, Stack};
 pub use memory::{MemoryBroker, MemoryQueue, MemorySubscriber};
 pub use message::{
     CONTENT_TYPE_HEADER, CORRELATION_ID_HEADER, MESSAGE_ID_HEADER, Message, MessageBuilder,
-    MessageParts, PartitionKey,
+    MessageParts, PartitionKey, REPLY_TO_HEADER,
 };
 pub use mount::{DEFAULT_BATCH_SIZE, Dispatch, MountOptions};
 pub use outcome::{IntoOutcome, Outcome, REJECT_REASON_HEADER, Settlement};

@@ -107,6 +107,7 @@ pub struct Message {
     content_type: Option<Cow<'static, str>>,
     message_id: Option<String>,
     correlation_id: Option<String>,
+    reply_to: Option<String>,
     delay: Option<Duration>,
 }
 
@@ -164,9 +165,62 @@ impl Message {
         self.correlation_id.as_deref()
     }
 
+    /// Where a reply goes, if one was asked for (a requester sets it: see
+    /// [`Broker::request`](crate::Broker::request)).
+    pub fn reply_to(&self) -> Option<&str> {
+        self.reply_to.as_deref()
+    }
+
     /// The delivery delay, if one was set.
     pub fn delay(&self) -> Option<Duration> {
         self.delay
+    }
+
+    /// A received message rebuilt from its payload and headers, the properties taken
+    /// back out of the headers they travel in ([`MessageParts::property_headers`]): how a
+    /// transport hands a requester its reply.
+    ///
+    /// ```
+    /// use conveyor::{Headers, Message, CORRELATION_ID_HEADER};
+    ///
+    /// let mut headers = Headers::new();
+    /// headers.insert(CORRELATION_ID_HEADER, "c-1");
+    /// headers.insert("x-tenant", "acme");
+    /// let reply = Message::received("42".into(), headers);
+    /// assert_eq!(reply.correlation_id(), Some("c-1"));
+    /// assert_eq!(reply.headers().get_str("x-tenant"), Some("acme"));
+    /// assert!(!reply.headers().contains(CORRELATION_ID_HEADER));
+    /// ```
+    pub fn received(payload: Bytes, mut headers: Headers) -> Message {
+        let mut take = |name: &str| {
+            headers
+                .remove(name)
+                .and_then(|value| String::from_utf8(value.to_vec()).ok())
+        };
+        let content_type = take(CONTENT_TYPE_HEADER).map(Cow::Owned);
+        let message_id = take(MESSAGE_ID_HEADER);
+        let correlation_id = take(CORRELATION_ID_HEADER);
+        let reply_to = take(REPLY_TO_HEADER);
+        Message {
+            payload,
+            headers,
+            partition_key: None,
+            content_type,
+            message_id,
+            correlation_id,
+            reply_to,
+            delay: None,
+        }
+    }
+
+    /// Sets the correlation id.
+    pub fn set_correlation_id(&mut self, id: impl Into<String>) {
+        self.correlation_id = Some(id.into());
+    }
+
+    /// Sets where a reply goes.
+    pub fn set_reply_to(&mut self, destination: impl Into<String>) {
+        self.reply_to = Some(destination.into());
     }
 
     /// Takes `key` and `correlation_id` where the message has none of its own: an output
@@ -189,6 +243,7 @@ impl Message {
             content_type: self.content_type,
             message_id: self.message_id,
             correlation_id: self.correlation_id,
+            reply_to: self.reply_to,
             delay: self.delay,
         }
     }
@@ -248,6 +303,12 @@ impl MessageBuilder {
         self
     }
 
+    /// Sets where a reply goes (the transport's reply address; a requester sets it).
+    pub fn reply_to(mut self, destination: impl Into<String>) -> Self {
+        self.message.reply_to = Some(destination.into());
+        self
+    }
+
     /// Delays delivery: the message becomes visible to consumers only after `delay`.
     pub fn delay(mut self, delay: Duration) -> Self {
         self.message.delay = Some(delay);
@@ -280,11 +341,14 @@ pub const CONTENT_TYPE_HEADER: &str = "content-type";
 pub const MESSAGE_ID_HEADER: &str = "message-id";
 /// The header a delivery carries its message's correlation id in, on every transport.
 pub const CORRELATION_ID_HEADER: &str = "correlation-id";
+/// The header a delivery carries where its reply goes in, on every transport (AMQP's
+/// `reply-to` property on RabbitMQ).
+pub const REPLY_TO_HEADER: &str = "reply-to";
 
 impl MessageParts {
     /// The message's properties that travel as headers, each with the header a delivery
     /// gets it back in ([`CONTENT_TYPE_HEADER`], [`MESSAGE_ID_HEADER`],
-    /// [`CORRELATION_ID_HEADER`]): one mapping for every transport, so a handler finds
+    /// [`CORRELATION_ID_HEADER`], [`REPLY_TO_HEADER`]): one mapping for every transport, so a handler finds
     /// them under the same names whatever the broker.
     ///
     /// ```
@@ -298,6 +362,7 @@ impl MessageParts {
             (CONTENT_TYPE_HEADER, self.content_type.as_deref()),
             (MESSAGE_ID_HEADER, self.message_id.as_deref()),
             (CORRELATION_ID_HEADER, self.correlation_id.as_deref()),
+            (REPLY_TO_HEADER, self.reply_to.as_deref()),
         ]
         .into_iter()
         .filter_map(|(name, value)| Some((name, value?)))
@@ -320,6 +385,8 @@ pub struct MessageParts {
     pub message_id: Option<String>,
     /// The correlation id.
     pub correlation_id: Option<String>,
+    /// Where a reply goes.
+    pub reply_to: Option<String>,
     /// The delivery delay.
     pub delay: Option<Duration>,
 }

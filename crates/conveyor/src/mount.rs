@@ -263,10 +263,11 @@ impl<L> MountOptions<L> {
         self.publish_to.is_some() || self.publish_via.is_some()
     }
 
-    /// Where the handler's outputs go, through `own` unless `publish_via` names another.
+    /// Where the handler's outputs go, given the publisher of the mount's own broker.
     pub(crate) fn route(&self, own: Option<SharedPublisher>) -> crate::output::Route {
         crate::output::Route {
-            publisher: self.publish_via.clone().or(own),
+            own,
+            via: self.publish_via.clone(),
             destination: self.publish_to.clone(),
         }
     }

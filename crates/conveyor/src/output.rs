@@ -3,7 +3,9 @@
 //!
 //! A handler returns a [`Message`] (or an [`Output`], a message with its own
 //! destination), an `Option` of one, a `Vec` of them, or a `Result` of any of these. They
-//! go to the mount's [`publish_to`](crate::MountOptions::publish_to) destination, through
+//! go to the mount's [`publish_to`](crate::MountOptions::publish_to) destination (or,
+//! when the delivery is a request, to its reply address under its correlation id: see
+//! [`crate::request`]), through
 //! the publisher of the broker the mount consumes from (or the one given to
 //! [`publish_via`](crate::MountOptions::publish_via)), one after another, each confirmed
 //! before the next. Only then is the input acked. If a publish fails, the run fails: the
@@ -41,7 +43,7 @@ use futures_util::future::BoxFuture;
 use crate::delivery::Delivery;
 use crate::error::{BoxError, Error};
 use crate::extract::Context;
-use crate::message::{CORRELATION_ID_HEADER, Message};
+use crate::message::{CORRELATION_ID_HEADER, Message, REPLY_TO_HEADER};
 use crate::outcome::{IntoOutcome, Outcome};
 use crate::transport::Publisher;
 
@@ -309,8 +311,10 @@ impl Publisher for SharedPublisher {
 /// Where a mount's outputs go: set at the mount site, resolved when the app starts.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Route {
-    /// The mount's `publish_via`, else its broker's publisher.
-    pub(crate) publisher: Option<SharedPublisher>,
+    /// The publisher of the broker the mount consumes from: replies go back through it.
+    pub(crate) own: Option<SharedPublisher>,
+    /// The mount's `publish_via`, for every other output.
+    pub(crate) via: Option<SharedPublisher>,
     /// The mount's `publish_to`.
     pub(crate) destination: Option<Arc<str>>,
 }
@@ -347,27 +351,27 @@ pub(crate) async fn publish(
     match outputs {
         Outputs::None => {}
         Outputs::One(output) => {
-            let (destination, message) = prepare(output, delivery, route)?;
-            let publisher = route.publisher()?;
+            let (destination, message, reply) = prepare(output, delivery, route)?;
+            let publisher = route.publisher(reply)?;
             publisher
                 .publish(&destination, message)
                 .await
                 .map_err(|source| OutputError::publish(&destination, source))?;
         }
         Outputs::Many(outputs) => {
-            let publisher = route.publisher()?;
+            // Consecutive messages to one destination go as one batch.
             let mut run: Vec<Message> = Vec::new();
-            let mut run_to: Option<String> = None;
+            let mut run_to: Option<(String, bool)> = None;
             for output in outputs {
-                let (destination, message) = prepare(output, delivery, route)?;
-                if let Some(to) = run_to.take_if(|to| *to != destination) {
-                    send_batch(publisher, &to, std::mem::take(&mut run)).await?;
+                let (destination, message, reply) = prepare(output, delivery, route)?;
+                if let Some((to, reply)) = run_to.take_if(|(to, _)| *to != destination) {
+                    send_batch(route.publisher(reply)?, &to, std::mem::take(&mut run)).await?;
                 }
-                run_to = Some(destination);
+                run_to = Some((destination, reply));
                 run.push(message);
             }
-            if let Some(to) = run_to {
-                send_batch(publisher, &to, run).await?;
+            if let Some((to, reply)) = run_to {
+                send_batch(route.publisher(reply)?, &to, run).await?;
             }
         }
     }
@@ -375,8 +379,19 @@ pub(crate) async fn publish(
 }
 
 impl Route {
-    fn publisher(&self) -> Result<&SharedPublisher, OutputError> {
-        self.publisher.as_ref().ok_or(OutputError::NoPublisher)
+    /// The publisher for a message to `destination`, for `delivery`: a reply goes back
+    /// through the broker the request came from, anything else through `publish_via`'s
+    /// if there is one.
+    fn publisher(&self, reply: bool) -> Result<&SharedPublisher, OutputError> {
+        let (first, second) = if reply {
+            (&self.own, &self.via)
+        } else {
+            (&self.via, &self.own)
+        };
+        first
+            .as_ref()
+            .or(second.as_ref())
+            .ok_or(OutputError::NoPublisher)
     }
 }
 
@@ -400,30 +415,38 @@ async fn send_batch(
         .map_err(|source| OutputError::publish(destination, source))
 }
 
-/// Where `output` goes, and the message with what it inherits from `delivery`: its
-/// partition key and correlation id unless it has its own, and its message id as the
-/// causation id.
+/// Where `output` goes, the message with what it inherits from `delivery` (its partition
+/// key and correlation id unless it has its own, and its message id as the causation
+/// id), and whether it is a reply.
 fn prepare(
     output: Output,
     delivery: &Delivery,
     route: &Route,
-) -> Result<(String, Message), OutputError> {
+) -> Result<(String, Message, bool), OutputError> {
     let Output {
         destination,
         mut message,
     } = output;
-    let destination = match destination {
-        Some(destination) => destination,
-        None => route
+    let correlation_id = delivery.headers().get_str(CORRELATION_ID_HEADER);
+    let reply_to = delivery.headers().get_str(REPLY_TO_HEADER);
+    let reply = destination.is_none() && reply_to.is_some();
+    let destination = match (destination, reply_to) {
+        (Some(destination), _) => destination,
+        // A reply: to the requester, under the request's correlation id, which is how
+        // the requester knows it.
+        (None, Some(reply_to)) => {
+            if let Some(id) = correlation_id {
+                message.set_correlation_id(id);
+            }
+            reply_to.to_string()
+        }
+        (None, None) => route
             .destination
             .as_deref()
             .ok_or(OutputError::NoDestination)?
             .to_string(),
     };
-    message.inherit(
-        delivery.partition_key(),
-        delivery.headers().get_str(CORRELATION_ID_HEADER),
-    );
+    message.inherit(delivery.partition_key(), correlation_id);
     if let Some(cause) = delivery.message_id() {
         if !message.headers().contains(CAUSATION_ID_HEADER) {
             message
@@ -431,5 +454,5 @@ fn prepare(
                 .insert(CAUSATION_ID_HEADER, cause.to_string());
         }
     }
-    Ok((destination, message))
+    Ok((destination, message, reply))
 }

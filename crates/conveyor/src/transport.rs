@@ -247,6 +247,45 @@ pub trait Broker: Publisher + Clone + Send + Sync + 'static {
         max: usize,
     ) -> impl Future<Output = Result<Vec<DeadLetter>, Error>> + Send;
 
+    /// Sends `message` to `destination` as a request and waits up to `timeout` for the
+    /// reply: the message a handler mounted there returns (see [`crate::request`]). The
+    /// request carries the transport's reply address and a correlation id of its own
+    /// (replacing any the message had). Many requests may wait at once; each gets its
+    /// own reply, or [`Error::Timeout`]. A request the broker refuses fails at once.
+    /// Every transport of Conveyor has it; the default, for a broker of your own that has
+    /// no way back to the requester, fails with [`Error::Config`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use conveyor::{App, Broker, Json, MemoryBroker, Message};
+    ///
+    /// async fn price(Json(item): Json<String>) -> Result<Message, conveyor::Error> {
+    ///     Message::json(&(item.len() as u64 * 100))
+    /// }
+    ///
+    /// # async fn demo() -> Result<(), conveyor::Error> {
+    /// let broker = MemoryBroker::new();
+    /// let app = App::new("prices").mount(broker.queue("prices"), price, |m| m).start().await?;
+    /// let reply = broker
+    ///     .request("prices", Message::json(&"tea")?, Duration::from_secs(5))
+    ///     .await?;
+    /// assert_eq!(serde_json::from_slice::<u64>(reply.payload()).unwrap(), 300);
+    /// app.shutdown().await
+    /// # }
+    /// ```
+    fn request(
+        &self,
+        destination: &str,
+        message: Message,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Message, Error>> + Send {
+        let _ = (message, timeout);
+        let refused = Error::config(format!(
+            "this broker cannot send requests (to `{destination}`): it has no reply address"
+        ));
+        async move { Err(refused) }
+    }
+
     /// Closes the broker's connections. Called once, at the end of the app's shutdown.
     fn close(&self) -> impl Future<Output = Result<(), Error>> + Send;
 

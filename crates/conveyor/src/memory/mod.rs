@@ -43,6 +43,7 @@ pub use subscriber::MemorySubscriber;
 use crate::admin::{DeadLetter, QueueDepth, QueueSpec};
 use crate::error::Error;
 use crate::message::{CONTENT_TYPE_HEADER, Message, PartitionKey};
+use crate::request::Replies;
 use crate::support;
 use crate::transport::{Broker, Publisher, Source, SubscribeSettings};
 use history::History;
@@ -113,7 +114,13 @@ pub(crate) struct BrokerInner {
     /// to wake nobody.
     idle_waiters: AtomicUsize,
     history: History,
+    /// The requests of [`Broker::request`] waiting for their replies.
+    replies: Replies,
 }
+
+/// The reply address of in-process requests: a reply published here goes straight to the
+/// request waiting for it, never to a queue.
+pub const REPLY_ADDRESS: &str = "conveyor.in-process.reply";
 
 impl BrokerInner {
     /// Tells idle-waiters that a queue changed. Called after the change, with the queue's
@@ -267,6 +274,11 @@ impl MemoryBroker {
 impl Publisher for MemoryBroker {
     /// Adds the message to the queue `destination`, creating it if needed.
     async fn publish(&self, destination: &str, mut message: Message) -> Result<(), Error> {
+        if destination == REPLY_ADDRESS {
+            let correlation_id = message.correlation_id().unwrap_or_default().to_string();
+            self.inner.replies.deliver(&correlation_id, message);
+            return Ok(());
+        }
         let span = crate::trace::publish_span("conveyor_in_process", destination);
         crate::trace::inject_context(&span, message.headers_mut());
         let _in_span = span.enter();
@@ -290,6 +302,24 @@ impl Publisher for MemoryBroker {
 
 impl Broker for MemoryBroker {
     type Queue = MemoryQueue;
+
+    /// Publishes the request with [`REPLY_ADDRESS`] as its reply address: the
+    /// responder's reply is handed straight to this request.
+    async fn request(
+        &self,
+        destination: &str,
+        mut message: Message,
+        timeout: Duration,
+    ) -> Result<Message, Error> {
+        self.inner
+            .replies
+            .request(destination, timeout, |correlation_id| {
+                message.set_correlation_id(correlation_id);
+                message.set_reply_to(REPLY_ADDRESS);
+                self.publish(destination, message)
+            })
+            .await
+    }
 
     fn queue(&self, name: &str) -> MemoryQueue {
         MemoryBroker::queue(self, name)

@@ -1,0 +1,101 @@
+//! Request/reply on RabbitMQ, through direct reply-to: a requester consumes the
+//! pseudo-queue `amq.rabbitmq.reply-to` (no queue is declared, per request or at all) on
+//! the channel it publishes its requests on, and RabbitMQ routes each reply, published to
+//! the address the request carries, straight to that channel.
+
+use std::sync::Arc;
+
+use conveyor::request::Replies;
+use conveyor::{Message, Publisher};
+use futures_util::StreamExt;
+use lapin::options::BasicConsumeOptions;
+use lapin::types::FieldTable;
+
+use crate::broker::LapinBroker;
+use crate::error::LapinError;
+use crate::headers;
+use crate::publisher::LapinPublisher;
+
+/// The reply address a requester gives (RabbitMQ hands the responder a longer one, which
+/// names the requester's channel).
+pub(crate) const DIRECT_REPLY_TO: &str = "amq.rabbitmq.reply-to";
+
+/// Whether `destination` is a direct reply-to address: a reply published there goes to
+/// a requester's channel, or nowhere if it has gone.
+pub(crate) fn is_reply_address(destination: &str) -> bool {
+    destination.starts_with(DIRECT_REPLY_TO)
+}
+
+/// A broker's requests: a confirm-mode channel on the publishing connection that
+/// publishes them and consumes their replies.
+pub(crate) struct Requester {
+    publisher: LapinPublisher,
+    pub(crate) replies: Arc<Replies>,
+    /// Hands each reply to its request, until the channel ends.
+    reading: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Requester {
+    fn drop(&mut self) {
+        self.reading.abort();
+    }
+}
+
+impl Requester {
+    pub(crate) async fn open(broker: &LapinBroker) -> Result<Requester, LapinError> {
+        let publisher = LapinPublisher::open_for(broker.clone(), "requests").await?;
+        let mut consumer = publisher
+            .channel
+            .basic_consume(
+                DIRECT_REPLY_TO.into(),
+                format!("conveyor.replies.{}", std::process::id()).into(),
+                // Direct reply-to takes no acks.
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..BasicConsumeOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|source| LapinError::Consume {
+                queue: DIRECT_REPLY_TO.to_string(),
+                source,
+            })?;
+        let replies = Arc::new(Replies::new());
+        let reading = tokio::spawn({
+            let replies = replies.clone();
+            async move {
+                while let Some(Ok(delivery)) = consumer.next().await {
+                    let reply = Message::received(
+                        delivery.data.into(),
+                        headers::received(&delivery.properties),
+                    );
+                    let correlation_id = reply.correlation_id().unwrap_or_default().to_string();
+                    replies.deliver(&correlation_id, reply);
+                }
+            }
+        });
+        Ok(Requester {
+            publisher,
+            replies,
+            reading,
+        })
+    }
+
+    /// Whether it can still carry requests and their replies.
+    pub(crate) fn is_open(&self) -> bool {
+        self.publisher.is_open() && !self.reading.is_finished()
+    }
+
+    /// Publishes `message` to the queue `destination` with its reply address.
+    pub(crate) async fn send(
+        &self,
+        destination: &str,
+        mut message: Message,
+        correlation_id: String,
+    ) -> Result<(), conveyor::Error> {
+        message.set_correlation_id(correlation_id);
+        message.set_reply_to(DIRECT_REPLY_TO);
+        self.publisher.publish(destination, message).await
+    }
+}

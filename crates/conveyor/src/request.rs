@@ -1,0 +1,194 @@
+//! Request/reply: a requester publishes a message that carries where to reply and a
+//! correlation id of its own, then waits for the reply with that id, up to a timeout.
+//!
+//! The responder is an ordinary handler: a message it returns for a delivery that carries
+//! a reply address ([`REPLY_TO_HEADER`](crate::REPLY_TO_HEADER)) goes there, under the
+//! request's correlation id (see [`crate::output`]). Each transport chooses the reply
+//! address and how replies come back (RabbitMQ's direct reply-to, an SQS reply queue per
+//! requester, a direct hand-over in process); they share [`Replies`], which matches
+//! replies to the requests waiting for them.
+//!
+//! A reply that comes after its request gave up, or that answers no request of this
+//! requester, is dropped with a debug log: it never reaches another request.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use crate::error::Error;
+use crate::message::Message;
+use crate::support;
+
+/// The requests of one requester waiting for their replies, by correlation id.
+///
+/// ```
+/// use std::time::Duration;
+/// use conveyor::Message;
+/// use conveyor::request::Replies;
+///
+/// # async fn demo() -> Result<(), conveyor::Error> {
+/// let replies = Replies::new();
+/// let reply = replies
+///     .request("prices", Duration::from_secs(1), |correlation_id| {
+///         // A transport publishes the request here; this one answers at once.
+///         let answered = replies.deliver(&correlation_id, Message::new("42"));
+///         assert!(answered);
+///         async { Ok(()) }
+///     })
+///     .await?;
+/// assert_eq!(&reply.payload()[..], b"42");
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Replies {
+    /// Makes this requester's correlation ids unlike any other's.
+    prefix: String,
+    next: AtomicU64,
+    waiting: Mutex<HashMap<String, oneshot::Sender<Message>>>,
+}
+
+impl Default for Replies {
+    fn default() -> Self {
+        Replies::new()
+    }
+}
+
+impl Replies {
+    /// A requester with nothing waiting, whose correlation ids no other process (by its
+    /// id and clock) or requester of this process makes.
+    pub fn new() -> Self {
+        static REQUESTERS: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.as_nanos());
+        Replies {
+            prefix: format!(
+                "{:x}-{nanos:x}-{:x}",
+                std::process::id(),
+                REQUESTERS.fetch_add(1, Ordering::Relaxed)
+            ),
+            next: AtomicU64::new(0),
+            waiting: Mutex::default(),
+        }
+    }
+
+    /// How many requests wait for their replies now.
+    pub fn waiting(&self) -> usize {
+        support::lock(&self.waiting).len()
+    }
+
+    /// Sends a request with `send`, given the request's correlation id (the message it
+    /// publishes must carry it, and the reply address), then waits up to `timeout` for
+    /// the reply. A request given up (timed out, or its future dropped) no longer waits:
+    /// its reply, if it comes, is dropped.
+    pub async fn request<F, Fut>(
+        &self,
+        destination: &str,
+        timeout: Duration,
+        send: F,
+    ) -> Result<Message, Error>
+    where
+        F: FnOnce(String) -> Fut,
+        Fut: Future<Output = Result<(), Error>>,
+    {
+        let number = self.next.fetch_add(1, Ordering::Relaxed);
+        let correlation_id = format!("{}-{number:x}", self.prefix);
+        let (answer, answered) = oneshot::channel();
+        support::lock(&self.waiting).insert(correlation_id.clone(), answer);
+        let _waiting = Waiting {
+            replies: self,
+            correlation_id: &correlation_id,
+        };
+        let exchange = async {
+            send(correlation_id.clone()).await?;
+            // The sender is only dropped with the entry, which this request removes.
+            answered.await.map_err(|_| Error::Timeout {
+                what: format!("a reply to the request sent to `{destination}`"),
+                after: timeout,
+            })
+        };
+        tokio::time::timeout(timeout, exchange)
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::Timeout {
+                    what: format!("a reply to the request sent to `{destination}`"),
+                    after: timeout,
+                })
+            })
+    }
+
+    /// Hands `reply` to the request with `correlation_id`. Returns false, with a debug
+    /// log, when no request of this requester waits for it (it gave up, or the id is
+    /// another's).
+    pub fn deliver(&self, correlation_id: &str, reply: Message) -> bool {
+        let answer = support::lock(&self.waiting).remove(correlation_id);
+        let delivered = answer.is_some_and(|answer| answer.send(reply).is_ok());
+        if !delivered {
+            tracing::debug!(
+                correlation_id,
+                "dropping a reply that no request waits for (it came too late, or is another's)"
+            );
+        }
+        delivered
+    }
+}
+
+/// Removes a request from the waiting ones when it ends, however it ends.
+struct Waiting<'a> {
+    replies: &'a Replies,
+    correlation_id: &'a str,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        support::lock(&self.replies.waiting).remove(self.correlation_id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reply_after_its_request_timed_out_is_dropped_and_reaches_no_other() {
+        let replies = Replies::new();
+        let mut first = String::new();
+        let timed_out = replies
+            .request("q", Duration::from_secs(1), |id| {
+                first = id;
+                async { Ok(()) }
+            })
+            .await;
+        assert!(matches!(timed_out, Err(Error::Timeout { .. })));
+        assert_eq!(replies.waiting(), 0);
+
+        let second = replies.request("q", Duration::from_secs(1), |id| {
+            // The first request's late reply comes while the second waits.
+            assert!(!replies.deliver(&first, Message::new("late")));
+            assert!(replies.deliver(&id, Message::new("mine")));
+            async { Ok(()) }
+        });
+        assert_eq!(&second.await.unwrap().payload()[..], b"mine");
+    }
+
+    #[tokio::test]
+    async fn a_request_that_cannot_be_sent_fails_at_once_and_waits_for_nothing() {
+        let replies = Replies::new();
+        let refused = replies
+            .request("q", Duration::from_secs(3600), |_| async {
+                Err(Error::config("no such queue"))
+            })
+            .await;
+        assert!(matches!(refused, Err(Error::Config(_))), "{refused:?}");
+        assert_eq!(replies.waiting(), 0);
+    }
+
+    #[test]
+    fn two_requesters_make_different_correlation_ids() {
+        assert_ne!(Replies::new().prefix, Replies::new().prefix);
+    }
+}
