@@ -226,3 +226,29 @@ fn the_request_reply_example_gets_each_answer_on_every_broker() {
         }
     }
 }
+
+/// SNS fan-out on the emulator: every order billed, only the physical ones shipped, each
+/// customer's in order.
+#[test]
+fn the_sns_example_bills_every_order_and_ships_the_physical_ones() {
+    let stdout = run("sns_fan_out");
+    for line in [
+        "billing: alice order 1",
+        "billing: bob order 2",
+        "billing: alice order 3",
+        "shipping: alice order 1",
+        "shipping: alice order 3",
+    ] {
+        assert!(stdout.contains(line), "{stdout}");
+    }
+    assert!(!stdout.contains("shipping: bob"), "{stdout}");
+    let alice = |queue: &str| {
+        let first = stdout.find(&format!("{queue}: alice order 1"));
+        let third = stdout.find(&format!("{queue}: alice order 3"));
+        first < third
+    };
+    assert!(
+        alice("billing") && alice("shipping"),
+        "alice in order: {stdout}"
+    );
+}

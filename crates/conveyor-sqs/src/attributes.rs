@@ -215,19 +215,39 @@ fn attribute_bytes(attribute: &MessageAttributeValue) -> Option<&[u8]> {
     }
 }
 
-/// What a received SQS message becomes: payload, headers and partition key.
+/// What a received SQS message becomes: payload, headers and partition key. A message an
+/// SNS topic delivered without raw delivery comes wrapped in SNS's JSON envelope: it is
+/// unwrapped, so that body and headers come out as with raw delivery.
 pub(crate) fn decode(message: &SqsMessage) -> (Bytes, Headers, Option<PartitionKey>) {
     let mut headers = Headers::new();
     let mut base64 = false;
-    for (name, value) in message.message_attributes().into_iter().flatten() {
+    let mut add = |name: &str, bytes: Bytes| {
         if name == BODY_ENCODING_ATTRIBUTE {
-            base64 = value.string_value() == Some("base64");
-            continue;
+            base64 = &bytes[..] == b"base64";
+        } else {
+            headers.insert(name.to_string(), bytes);
         }
-        let bytes = attribute_bytes(value).map_or_else(Bytes::new, Bytes::copy_from_slice);
-        headers.insert(name.clone(), bytes);
-    }
-    let body = message.body().unwrap_or_default();
+    };
+    let received = message.body().unwrap_or_default();
+    let envelope = match message.message_attributes() {
+        Some(attributes) if !attributes.is_empty() => None,
+        _ => SnsEnvelope::of(received),
+    };
+    let body = match &envelope {
+        Some(envelope) => {
+            for (name, value) in envelope.attributes() {
+                add(name, value);
+            }
+            envelope.message.as_str()
+        }
+        None => {
+            for (name, value) in message.message_attributes().into_iter().flatten() {
+                let bytes = attribute_bytes(value).map_or_else(Bytes::new, Bytes::copy_from_slice);
+                add(name, bytes);
+            }
+            received
+        }
+    };
     let payload = if base64 {
         match aws_smithy_types::base64::decode(body) {
             Ok(decoded) => Bytes::from(decoded),
@@ -247,6 +267,54 @@ pub(crate) fn decode(message: &SqsMessage) -> (Bytes, Headers, Option<PartitionK
         headers.insert(PARTITION_KEY_HEADER, key.as_str().to_string());
     }
     (payload, headers, key)
+}
+
+/// The JSON envelope SNS wraps a message in when it delivers it to a queue without raw
+/// delivery.
+#[derive(serde::Deserialize)]
+struct SnsEnvelope {
+    #[serde(rename = "Type")]
+    kind: String,
+    #[serde(rename = "TopicArn")]
+    topic_arn: String,
+    #[serde(rename = "Message")]
+    message: String,
+    #[serde(rename = "MessageAttributes", default)]
+    attributes: HashMap<String, SnsAttribute>,
+}
+
+#[derive(serde::Deserialize)]
+struct SnsAttribute {
+    #[serde(rename = "Type")]
+    kind: String,
+    #[serde(rename = "Value")]
+    value: String,
+}
+
+impl SnsEnvelope {
+    /// The envelope `body` is, if it is one: a notification from a topic.
+    fn of(body: &str) -> Option<SnsEnvelope> {
+        // Most bodies are not: a cheap look before parsing.
+        if !body.trim_start().starts_with('{') || !body.contains("\"TopicArn\"") {
+            return None;
+        }
+        let envelope: SnsEnvelope = serde_json::from_str(body).ok()?;
+        (envelope.kind == "Notification" && envelope.topic_arn.starts_with("arn:"))
+            .then_some(envelope)
+    }
+
+    /// Its message attributes as header bytes (a `Binary` one base64-decoded).
+    fn attributes(&self) -> impl Iterator<Item = (&str, Bytes)> {
+        self.attributes.iter().map(|(name, attribute)| {
+            let bytes = match attribute.kind.as_str() {
+                "Binary" => aws_smithy_types::base64::decode(&attribute.value)
+                    .map(Bytes::from)
+                    .unwrap_or_else(|_| Bytes::copy_from_slice(attribute.value.as_bytes())),
+                _ => Bytes::copy_from_slice(attribute.value.as_bytes()),
+            };
+            (name.as_str(), bytes)
+        })
+    }
 }
 
 /// The characters SQS accepts in a body or string attribute.
@@ -317,6 +385,31 @@ mod tests {
         match encode("q", fifo, &message.into_parts()) {
             Ok(_) => panic!("the message should be refused"),
             Err(error) => error.to_string(),
+        }
+    }
+
+    #[test]
+    fn only_an_sns_notification_is_unwrapped() {
+        let envelope = r#"{"Type":"Notification","TopicArn":"arn:aws:sns:us-east-1:1:t","Message":"hi","MessageAttributes":{"a":{"Type":"String","Value":"v"},"b":{"Type":"Binary","Value":"AQI="}}}"#;
+        let unwrapped = SnsEnvelope::of(envelope).expect("a notification");
+        assert_eq!(unwrapped.message, "hi");
+        let mut attributes: Vec<(&str, Bytes)> = unwrapped.attributes().collect();
+        attributes.sort();
+        assert_eq!(
+            attributes,
+            vec![
+                ("a", Bytes::from_static(b"v")),
+                ("b", Bytes::from_static(&[1, 2]))
+            ]
+        );
+        // A payload of the user's that looks alike, but is no notification from a topic.
+        for body in [
+            r#"{"Type":"Notification","Message":"hi"}"#,
+            r#"{"Type":"Order","TopicArn":"arn:aws:sns:us-east-1:1:t","Message":"hi"}"#,
+            r#"{"TopicArn":"not an arn","Type":"Notification","Message":"hi"}"#,
+            "plain text",
+        ] {
+            assert!(SnsEnvelope::of(body).is_none(), "{body}");
         }
     }
 

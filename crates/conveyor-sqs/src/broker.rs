@@ -76,6 +76,9 @@ struct Inner {
     /// The reply queue of [`Broker::request`](conveyor::Broker::request), made by the
     /// first request.
     requester: tokio::sync::Mutex<Option<Arc<Requester>>>,
+    /// The configuration chain the client came from (not for `from_client`), for other
+    /// AWS clients of the same account (SNS).
+    sdk: Option<aws_config::SdkConfig>,
 }
 
 /// Builds an [`SqsBroker`]; whatever is not set comes from the standard AWS chain.
@@ -195,7 +198,11 @@ impl SqsBrokerBuilder {
             config = config.interceptor(crate::call_metrics::TimeCalls);
         }
         let config = config.build();
-        Ok(SqsBroker::from_parts(Client::from_conf(config), settings))
+        let mut broker = SqsBroker::from_parts(Client::from_conf(config), settings);
+        if let Some(inner) = Arc::get_mut(&mut broker.inner) {
+            inner.sdk = Some(sdk);
+        }
+        Ok(broker)
     }
 }
 
@@ -237,6 +244,7 @@ impl SqsBroker {
                 settings,
                 queues: Mutex::new(HashMap::new()),
                 requester: tokio::sync::Mutex::new(None),
+                sdk: None,
             }),
         }
     }
@@ -244,6 +252,12 @@ impl SqsBroker {
     /// The SDK client, for calls Conveyor does not make.
     pub fn client(&self) -> &Client {
         &self.inner.client
+    }
+
+    /// The configuration chain the broker was built from, if it was.
+    #[cfg_attr(not(feature = "sns"), allow(dead_code))]
+    pub(crate) fn sdk_config(&self) -> Option<&aws_config::SdkConfig> {
+        self.inner.sdk.as_ref()
     }
 
     /// The requester, with its reply queue, made by the first request.

@@ -31,6 +31,17 @@ pub enum SqsError {
         #[source]
         source: BoxError,
     },
+    /// An SNS call failed (the `sns` feature); `call` names the API operation.
+    #[error("SNS {call} on `{}` failed", shown(topic))]
+    SnsCall {
+        /// The API operation (`Publish`, `Subscribe`, ...).
+        call: &'static str,
+        /// The topic name or ARN.
+        topic: String,
+        /// The SDK's error (an `SdkError`), which carries no credentials.
+        #[source]
+        source: BoxError,
+    },
     /// The queue does not exist.
     #[error("SQS queue `{}` does not exist", shown(queue))]
     NoSuchQueue {
@@ -109,6 +120,20 @@ impl SqsError {
         SqsError::Call {
             call,
             queue: queue.to_string(),
+            source: Box::new(error),
+        }
+    }
+
+    /// A failed SNS call on `topic`.
+    #[cfg(feature = "sns")]
+    pub(crate) fn sns_call<E, R>(call: &'static str, topic: &str, error: SdkError<E, R>) -> Self
+    where
+        E: std::error::Error + Send + Sync + 'static,
+        R: fmt::Debug + Send + Sync + 'static,
+    {
+        SqsError::SnsCall {
+            call,
+            topic: topic.to_string(),
             source: Box::new(error),
         }
     }

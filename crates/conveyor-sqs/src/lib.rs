@@ -106,6 +106,8 @@ mod pump;
 mod queue;
 mod request;
 mod settle;
+#[cfg(feature = "sns")]
+mod sns;
 mod spec;
 mod subscriber;
 #[cfg(test)]
@@ -114,5 +116,7 @@ mod testing;
 pub use attributes::{BODY_ENCODING_ATTRIBUTE, PARTITION_KEY_HEADER};
 pub use broker::{SqsBroker, SqsBrokerBuilder};
 pub use error::SqsError;
+#[cfg(feature = "sns")]
+pub use sns::{SnsPublisher, TopicSubscription};
 pub use spec::SqsQueueSpec;
 pub use subscriber::{SqsQueue, SqsSubscriber};
