@@ -252,3 +252,28 @@ fn the_sns_example_bills_every_order_and_ships_the_physical_ones() {
         "alice in order: {stdout}"
     );
 }
+
+/// The outbox over SQLite: one process saves three orders and exits without publishing
+/// (a crash after the commit); another relays them: every one published, alice's in
+/// order.
+#[test]
+fn the_outbox_example_publishes_after_a_crash_what_was_committed_before_it() {
+    let db = std::env::temp_dir().join(format!("conveyor-outbox-test-{}.db", std::process::id()));
+    let _ = std::fs::remove_file(&db);
+    let path = db.to_string_lossy().into_owned();
+    let written = run_with("outbox", &["write", &path]);
+    assert!(written.contains("saved order 3"), "{written}");
+    assert!(!written.contains("published"), "{written}");
+    let relayed = run_with("outbox", &["relay", &path]);
+    let _ = std::fs::remove_file(&db);
+    for line in [
+        "alice: order 1 (tea) published",
+        "bob: order 2 (cake) published",
+        "alice: order 3 (scone) published",
+    ] {
+        assert!(relayed.contains(line), "{relayed}");
+    }
+    let first = relayed.find("alice: order 1");
+    let third = relayed.find("alice: order 3");
+    assert!(first < third, "alice in order: {relayed}");
+}

@@ -56,6 +56,7 @@ pub mod layer;
 pub mod memory;
 mod message;
 mod mount;
+pub mod outbox;
 mod outcome;
 pub mod output;
 mod payload;

@@ -1,0 +1,374 @@
+//! A transactional outbox: publish exactly when your database commits.
+//!
+//! [`Outbox`] is a [`Publisher`] that does not publish: it adds each message to an
+//! [`OutboxStore`], a table in your database written through the transaction your
+//! handler or request is in. The messages exist once that transaction commits, and not
+//! if it rolls back. An [`OutboxRelay`], running beside your app with a store of its
+//! own, takes what was committed, publishes it through a real publisher in the order it
+//! was added, and marks it sent.
+//!
+//! At least once: a crash after a publish and before its mark publishes that message
+//! again; a crash between the commit and the relay loses nothing, since the relay finds
+//! the rows when it starts. A message whose publish fails stops the pass there, so that
+//! nothing added after it (of its partition key, or any other) overtakes it.
+//!
+//! The store is a small trait, so that the core takes no database crate; `examples/
+//! outbox.rs` has one over SQLite. [`encode`] and [`decode`] turn a message into bytes
+//! and back, for a store that keeps it in one column.
+//!
+//! ```
+//! use std::sync::{Arc, Mutex};
+//! use conveyor::outbox::{Outbox, OutboxEntry, OutboxRelay, OutboxStore};
+//! use conveyor::{Error, MemoryBroker, Message, Publisher};
+//!
+//! /// A store in memory: what a table would hold.
+//! #[derive(Clone, Default)]
+//! struct Table(Arc<Mutex<Vec<(OutboxEntry, bool)>>>);
+//!
+//! impl OutboxStore for Table {
+//!     async fn add(&self, destination: &str, message: Message) -> Result<(), Error> {
+//!         let mut rows = self.0.lock().unwrap();
+//!         let id = rows.len() as u64;
+//!         rows.push((OutboxEntry { id, destination: destination.into(), message }, false));
+//!         Ok(())
+//!     }
+//!     async fn pending(&self, max: usize) -> Result<Vec<OutboxEntry>, Error> {
+//!         let rows = self.0.lock().unwrap();
+//!         Ok(rows.iter().filter(|(_, sent)| !sent).take(max).map(|(e, _)| e.clone()).collect())
+//!     }
+//!     async fn mark_sent(&self, ids: &[u64]) -> Result<(), Error> {
+//!         for (entry, sent) in self.0.lock().unwrap().iter_mut() {
+//!             *sent |= ids.contains(&entry.id);
+//!         }
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # async fn demo() -> Result<(), Error> {
+//! let table = Table::default();
+//! // In the transaction that saves the order:
+//! Outbox::new(table.clone()).publish_json("orders", &7u64).await?;
+//! // Beside the app:
+//! let broker = MemoryBroker::new();
+//! let relayed = OutboxRelay::new(table, broker.clone()).relay_once().await?;
+//! assert_eq!(relayed, 1);
+//! # Ok(()) }
+//! ```
+
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::error::Error;
+use crate::headers::Headers;
+use crate::message::Message;
+use crate::transport::Publisher;
+
+/// A message in an outbox: the id the store gave it (increasing in the order added),
+/// where it goes, and the message.
+#[derive(Clone, Debug)]
+pub struct OutboxEntry {
+    /// The store's id for it; the relay publishes in the order of these.
+    pub id: u64,
+    /// The destination it was published to.
+    pub destination: String,
+    /// The message.
+    pub message: Message,
+}
+
+/// Where an outbox keeps messages until the relay has published them: a table in your
+/// database. The writing side ([`add`](Self::add)) runs in your transaction; the relay's
+/// ([`pending`](Self::pending), [`mark_sent`](Self::mark_sent)) on a store of its own.
+pub trait OutboxStore: Send + Sync {
+    /// Adds `message` for `destination`, in the transaction this store writes through.
+    fn add(
+        &self,
+        destination: &str,
+        message: Message,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Up to `max` committed messages not marked sent, in the order they were added.
+    fn pending(&self, max: usize) -> impl Future<Output = Result<Vec<OutboxEntry>, Error>> + Send;
+
+    /// Marks the messages with these ids sent.
+    fn mark_sent(&self, ids: &[u64]) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+/// A [`Publisher`] that adds each message to an [`OutboxStore`] instead of publishing it:
+/// give it the store of the transaction the rest of your writes are in.
+#[derive(Clone, Debug)]
+pub struct Outbox<S> {
+    store: S,
+}
+
+impl<S: OutboxStore> Outbox<S> {
+    /// An outbox writing to `store`.
+    pub fn new(store: S) -> Self {
+        Outbox { store }
+    }
+
+    /// The store, back.
+    pub fn into_inner(self) -> S {
+        self.store
+    }
+}
+
+impl<S: OutboxStore> Publisher for Outbox<S> {
+    /// Adds the message to the store: it is published once the transaction commits and
+    /// the relay runs.
+    async fn publish(&self, destination: &str, message: Message) -> Result<(), Error> {
+        self.store.add(destination, message).await
+    }
+}
+
+/// Publishes what an [`OutboxStore`] holds, in order, and marks it sent.
+#[derive(Debug)]
+pub struct OutboxRelay<S, P> {
+    store: S,
+    publisher: P,
+    batch: usize,
+    interval: Duration,
+}
+
+impl<S: OutboxStore, P: Publisher> OutboxRelay<S, P> {
+    /// A relay from `store` to `publisher`: 100 messages a pass, a pass every 100 ms
+    /// while there is nothing to do.
+    pub fn new(store: S, publisher: P) -> Self {
+        OutboxRelay {
+            store,
+            publisher,
+            batch: 100,
+            interval: Duration::from_millis(100),
+        }
+    }
+
+    /// How many messages one pass takes (at least 1).
+    pub fn batch(mut self, messages: usize) -> Self {
+        self.batch = messages.max(1);
+        self
+    }
+
+    /// How long [`run_until`](Self::run_until) waits after a pass that found nothing,
+    /// or failed.
+    pub fn interval(mut self, interval: Duration) -> Self {
+        self.interval = interval;
+        self
+    }
+
+    /// One pass: publishes pending messages in order, each taken by the broker before
+    /// the next, marking them sent as it goes; returns how many it published. A publish
+    /// that fails ends the pass with its error, after marking those before it: the
+    /// next pass starts with it.
+    pub async fn relay_once(&self) -> Result<usize, Error> {
+        let pending = self.store.pending(self.batch).await?;
+        let mut sent = Vec::with_capacity(pending.len());
+        let mut failed = None;
+        for entry in pending {
+            match self
+                .publisher
+                .publish(&entry.destination, entry.message)
+                .await
+            {
+                Ok(()) => sent.push(entry.id),
+                Err(error) => {
+                    failed = Some(error);
+                    break;
+                }
+            }
+        }
+        if !sent.is_empty() {
+            self.store.mark_sent(&sent).await?;
+        }
+        match failed {
+            Some(error) => Err(error),
+            None => Ok(sent.len()),
+        }
+    }
+
+    /// Relays until `signal` completes: passes one after another while they find
+    /// messages, and every [`interval`](Self::interval) otherwise. A failed pass is
+    /// logged and tried again after the interval.
+    pub async fn run_until(&self, signal: impl Future<Output = ()>) {
+        let mut signal = std::pin::pin!(signal);
+        loop {
+            let wait = match self.relay_once().await {
+                Ok(0) => true,
+                Ok(_) => false,
+                Err(error) => {
+                    tracing::warn!(error = %crate::Report(&error), "relaying the outbox failed; trying again");
+                    true
+                }
+            };
+            if wait {
+                tokio::select! {
+                    () = &mut signal => return,
+                    () = tokio::time::sleep(self.interval) => {}
+                }
+            } else if futures_util::FutureExt::now_or_never(&mut signal).is_some() {
+                return;
+            }
+        }
+    }
+}
+
+/// The version of [`encode`]'s format.
+const FORMAT: u8 = 1;
+
+/// `message` as bytes, for a store that keeps it in one column: its payload, headers,
+/// partition key, properties and delay. [`decode`] gives it back.
+pub fn encode(message: &Message) -> Vec<u8> {
+    let mut out = Vec::with_capacity(message.payload().len().saturating_add(64));
+    out.push(FORMAT);
+    let text = |out: &mut Vec<u8>, value: Option<&str>| match value {
+        None => out.push(0),
+        Some(value) => {
+            out.push(1);
+            put(out, value.as_bytes());
+        }
+    };
+    text(&mut out, message.partition_key().map(|key| key.as_str()));
+    text(&mut out, message.content_type());
+    text(&mut out, message.message_id());
+    text(&mut out, message.correlation_id());
+    text(&mut out, message.reply_to());
+    let delay = message.delay().map_or(u64::MAX, |delay| {
+        u64::try_from(delay.as_millis()).unwrap_or(u64::MAX - 1)
+    });
+    out.extend_from_slice(&delay.to_be_bytes());
+    out.extend_from_slice(&(message.headers().len() as u64).to_be_bytes());
+    for (name, value) in message.headers().iter() {
+        put(&mut out, name.as_bytes());
+        put(&mut out, value);
+    }
+    put(&mut out, message.payload());
+    out
+}
+
+fn put(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&(bytes.len() as u64).to_be_bytes());
+    out.extend_from_slice(bytes);
+}
+
+/// The message [`encode`] made `bytes` of; [`Error::Config`] if they are not such.
+pub fn decode(bytes: &[u8]) -> Result<Message, Error> {
+    let bad = || Error::config("an outbox record that is not one encode made");
+    let mut reader = Reader(bytes);
+    if reader.take(1).ok_or_else(bad)? != [FORMAT] {
+        return Err(bad());
+    }
+    let mut builder = Message::builder();
+    if let Some(key) = reader.text().ok_or_else(bad)? {
+        builder = builder.partition_key(key);
+    }
+    if let Some(content_type) = reader.text().ok_or_else(bad)? {
+        builder = builder.content_type(content_type);
+    }
+    if let Some(id) = reader.text().ok_or_else(bad)? {
+        builder = builder.message_id(id);
+    }
+    if let Some(id) = reader.text().ok_or_else(bad)? {
+        builder = builder.correlation_id(id);
+    }
+    if let Some(to) = reader.text().ok_or_else(bad)? {
+        builder = builder.reply_to(to);
+    }
+    let delay = reader.number().ok_or_else(bad)?;
+    if delay != u64::MAX {
+        builder = builder.delay(Duration::from_millis(delay));
+    }
+    let mut headers = Headers::new();
+    for _ in 0..reader.number().ok_or_else(bad)? {
+        let name =
+            String::from_utf8(reader.bytes().ok_or_else(bad)?.to_vec()).map_err(|_| bad())?;
+        let value = Bytes::copy_from_slice(reader.bytes().ok_or_else(bad)?);
+        headers.insert(name, value);
+    }
+    let payload = Bytes::copy_from_slice(reader.bytes().ok_or_else(bad)?);
+    if !reader.0.is_empty() {
+        return Err(bad());
+    }
+    let mut message = builder.payload(payload);
+    *message.headers_mut() = headers;
+    Ok(message)
+}
+
+/// Reads what [`encode`] wrote; `None` where the bytes run out or make no sense.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Some(head)
+    }
+
+    fn number(&mut self) -> Option<u64> {
+        let bytes: [u8; 8] = self.take(8)?.try_into().ok()?;
+        Some(u64::from_be_bytes(bytes))
+    }
+
+    fn bytes(&mut self) -> Option<&'a [u8]> {
+        let len = usize::try_from(self.number()?).ok()?;
+        self.take(len)
+    }
+
+    /// `Some(None)` for an absent text, `None` for bytes that are not one.
+    fn text(&mut self) -> Option<Option<String>> {
+        match self.take(1)? {
+            [0] => Some(None),
+            [1] => String::from_utf8(self.bytes()?.to_vec()).ok().map(Some),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_comes_back_from_its_bytes_whole() {
+        let message = Message::builder()
+            .partition_key("alice")
+            .header("x-binary", Bytes::from_static(&[0, 255]))
+            .header("x-text", "a")
+            .content_type("text/plain")
+            .message_id("m-1")
+            .correlation_id("c-1")
+            .reply_to("replies")
+            .delay(Duration::from_millis(1500))
+            .payload(Bytes::from_static(&[1, 2, 3]));
+        let back = decode(&encode(&message)).unwrap();
+        assert_eq!(back.payload(), message.payload());
+        assert_eq!(back.partition_key(), message.partition_key());
+        assert_eq!(back.content_type(), Some("text/plain"));
+        assert_eq!(back.message_id(), Some("m-1"));
+        assert_eq!(back.correlation_id(), Some("c-1"));
+        assert_eq!(back.reply_to(), Some("replies"));
+        assert_eq!(back.delay(), Some(Duration::from_millis(1500)));
+        assert_eq!(
+            back.headers().get("x-binary").map(|v| &v[..]),
+            Some(&[0, 255][..])
+        );
+        assert_eq!(back.headers().get_str("x-text"), Some("a"));
+
+        let bare = decode(&encode(&Message::new("x"))).unwrap();
+        assert_eq!(bare.delay(), None);
+        assert!(bare.headers().is_empty() && bare.partition_key().is_none());
+    }
+
+    #[test]
+    fn bytes_that_are_no_record_are_refused() {
+        let good = encode(&Message::new("hello"));
+        for bad in [&[][..], &[9][..], &good[..good.len() - 1]] {
+            assert!(matches!(decode(bad), Err(Error::Config(_))));
+        }
+        let mut longer = good.clone();
+        longer.push(0);
+        assert!(decode(&longer).is_err());
+    }
+}

@@ -1,0 +1,219 @@
+//! The outbox: messages added in a transaction exist only once it commits; the relay
+//! publishes them after a crash as before one, each at least once, in order per key.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use conveyor::outbox::{Outbox, OutboxEntry, OutboxRelay, OutboxStore, decode, encode};
+use conveyor::{Error, MemoryBroker, Message, Publisher};
+
+/// A row of the outbox table: id, destination, encoded message, sent.
+type Row = (u64, String, Vec<u8>, bool);
+
+/// A database with an outbox table.
+#[derive(Clone, Default)]
+struct Database {
+    table: Arc<Mutex<Vec<Row>>>,
+    /// How many `mark_sent` calls fail before one succeeds (a crash after publishing).
+    failing_marks: Arc<AtomicUsize>,
+}
+
+/// A transaction on the database: its writes are seen once it commits.
+#[derive(Default)]
+struct Transaction {
+    database: Database,
+    written: Mutex<Vec<(String, Vec<u8>)>>,
+}
+
+impl Database {
+    fn begin(&self) -> Transaction {
+        Transaction {
+            database: self.clone(),
+            written: Mutex::default(),
+        }
+    }
+}
+
+impl Transaction {
+    fn commit(self) {
+        let mut table = self.database.table.lock().unwrap();
+        for (destination, bytes) in self.written.into_inner().unwrap() {
+            let id = table.len() as u64;
+            table.push((id, destination, bytes, false));
+        }
+    }
+}
+
+impl OutboxStore for Transaction {
+    async fn add(&self, destination: &str, message: Message) -> Result<(), Error> {
+        let row = (destination.to_string(), encode(&message));
+        self.written.lock().unwrap().push(row);
+        Ok(())
+    }
+
+    async fn pending(&self, _: usize) -> Result<Vec<OutboxEntry>, Error> {
+        unreachable!("the relay reads the database, not a transaction")
+    }
+
+    async fn mark_sent(&self, _: &[u64]) -> Result<(), Error> {
+        unreachable!("the relay reads the database, not a transaction")
+    }
+}
+
+impl OutboxStore for Database {
+    async fn add(&self, _: &str, _: Message) -> Result<(), Error> {
+        unreachable!("messages are added in transactions")
+    }
+
+    async fn pending(&self, max: usize) -> Result<Vec<OutboxEntry>, Error> {
+        let table = self.table.lock().unwrap();
+        table
+            .iter()
+            .filter(|(_, _, _, sent)| !sent)
+            .take(max)
+            .map(|(id, destination, bytes, _)| {
+                Ok(OutboxEntry {
+                    id: *id,
+                    destination: destination.clone(),
+                    message: decode(bytes)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn mark_sent(&self, ids: &[u64]) -> Result<(), Error> {
+        let failed = self
+            .failing_marks
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if failed {
+            return Err(Error::config("the process died before marking them"));
+        }
+        for row in self.table.lock().unwrap().iter_mut() {
+            row.3 |= ids.contains(&row.0);
+        }
+        Ok(())
+    }
+}
+
+fn order(key: &str, step: u32) -> Message {
+    Message::builder()
+        .partition_key(key)
+        .json(&step)
+        .expect("a step encodes")
+}
+
+#[tokio::test]
+async fn a_crash_between_commit_and_publish_loses_nothing_and_a_rollback_sends_nothing() {
+    let database = Database::default();
+    let committed = database.begin();
+    {
+        let outbox = Outbox::new(committed);
+        for step in 0..3 {
+            outbox
+                .publish("orders", order("alice", step))
+                .await
+                .unwrap();
+        }
+        outbox.into_inner().commit();
+    }
+    let rolled_back = database.begin();
+    Outbox::new(rolled_back)
+        .publish("orders", order("bob", 0))
+        .await
+        .unwrap();
+    // The transaction is dropped: rolled back. Then the process dies before any relay
+    // ran: the committed messages wait in the table for the next one.
+    let broker = MemoryBroker::new();
+    broker.record_history(true);
+    let relay = OutboxRelay::new(database.clone(), broker.clone());
+    assert_eq!(relay.relay_once().await.unwrap(), 3);
+    assert_eq!(relay.relay_once().await.unwrap(), 0, "nothing twice");
+    let steps: Vec<(String, u32)> = broker
+        .published("orders")
+        .iter()
+        .map(|m| {
+            (
+                m.partition_key.as_deref().unwrap_or("").to_string(),
+                m.json().unwrap(),
+            )
+        })
+        .collect();
+    let alice = |step| ("alice".to_string(), step);
+    assert_eq!(steps, vec![alice(0), alice(1), alice(2)]);
+}
+
+/// In front of the broker: refuses every `every`-th publish.
+#[derive(Clone)]
+struct Flaky {
+    broker: MemoryBroker,
+    every: usize,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Publisher for Flaky {
+    async fn publish(&self, destination: &str, message: Message) -> Result<(), Error> {
+        let call = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        if call % self.every == 0 {
+            return Err(Error::config("the broker is away"));
+        }
+        self.broker.publish(destination, message).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_relay_publishes_each_message_at_least_once_in_order_per_key() {
+    let database = Database::default();
+    for step in 0..10u32 {
+        let transaction = database.begin();
+        let outbox = Outbox::new(transaction);
+        for key in ["alice", "bob", "carol", "dave"] {
+            outbox.publish("orders", order(key, step)).await.unwrap();
+        }
+        outbox.into_inner().commit();
+    }
+    // Two passes publish and then die before marking what they published.
+    database.failing_marks.store(2, Ordering::SeqCst);
+    let broker = MemoryBroker::new();
+    broker.record_history(true);
+    let flaky = Flaky {
+        broker: broker.clone(),
+        every: 7,
+        calls: Arc::default(),
+    };
+    let relay = OutboxRelay::new(database.clone(), flaky)
+        .batch(6)
+        .interval(Duration::from_millis(10));
+    let all_marked = async {
+        while database.table.lock().unwrap().iter().any(|row| !row.3) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    relay.run_until(all_marked).await;
+
+    let mut by_key: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for message in broker.published("orders") {
+        let key = message.partition_key.as_deref().unwrap_or("").to_string();
+        by_key.entry(key).or_default().push(message.json().unwrap());
+    }
+    let mut replays = 0;
+    for (key, steps) in &by_key {
+        let mut next = 0;
+        for &step in steps {
+            if step == next {
+                next += 1;
+            } else {
+                assert!(step < next, "{key} skipped ahead to {step}: {steps:?}");
+                replays += 1;
+            }
+        }
+        assert_eq!(next, 10, "{key}: every step: {steps:?}");
+    }
+    assert_eq!(by_key.len(), 4);
+    assert!(
+        replays > 0,
+        "the passes that died before marking published again"
+    );
+}
