@@ -20,11 +20,25 @@ fn key(id: u64, keys: u64) -> String {
 
 /// Publishes `jobs`, job `id` under the key `key(id, keys)`.
 async fn publish<F: Fixture>(fixture: &F, queue: &TestQueue, jobs: Vec<Job>, keys: u64) {
+    publish_as(fixture, queue, jobs, keys, None).await;
+}
+
+/// [`publish`], job `id` with the message id `{ids}-{id}` when `ids` is given.
+async fn publish_as<F: Fixture>(
+    fixture: &F,
+    queue: &TestQueue,
+    jobs: Vec<Job>,
+    keys: u64,
+    ids: Option<&str>,
+) {
     let messages = jobs
         .into_iter()
         .map(|job| {
-            let key = key(job.id, keys);
-            match Message::builder().partition_key(key).json(&job) {
+            let mut builder = Message::builder().partition_key(key(job.id, keys));
+            if let Some(prefix) = ids {
+                builder = builder.message_id(format!("{prefix}-{}", job.id));
+            }
+            match builder.json(&job) {
                 Ok(message) => message,
                 Err(error) => panic!("cannot encode a job: {error}"),
             }
@@ -653,22 +667,8 @@ pub async fn a_handlers_messages_are_published_before_its_input_is_acked<F: Fixt
     let via = fixture.declare(QueueKind::plain()).await;
     let out = fixture.declare(QueueKind::plain()).await;
     for (queue, prefix) in [(&own, "own"), (&via, "via")] {
-        let messages = (0..JOBS)
-            .map(|id| {
-                Message::builder()
-                    .partition_key(key(id, 4))
-                    .message_id(format!("{prefix}-{id}"))
-                    .json(&Job::new(id))
-                    .unwrap_or_else(|error| panic!("cannot encode a job: {error}"))
-            })
-            .collect();
-        if let Err(error) = fixture
-            .publisher()
-            .publish_batch(&queue.name, messages)
-            .await
-        {
-            panic!("cannot publish to `{}`: {error}", queue.name);
-        }
+        let jobs = (0..JOBS).map(Job::new).collect();
+        publish_as(fixture, queue, jobs, 4, Some(prefix)).await;
     }
     let refusing = Refusing {
         inner: fixture.publisher(),
