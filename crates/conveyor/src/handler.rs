@@ -48,7 +48,7 @@ use crate::transport::Subscriber;
 /// is a marker that tells the two shapes apart; you never name it.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be mounted as a handler",
-    note = "a handler is an async fn whose first argument implements `FromPayload` (`Json<T>`, `Bytes`, `String`) and whose further arguments implement `FromDelivery` (`PartitionKey`, `Headers`, `DeliveryInfo`, `State<T>`), returning `()`, an `Outcome` or a `Result`",
+    note = "a handler is an async fn whose first argument implements `FromPayload` (`Json<T>`, `Bytes`, `String`) and whose further arguments implement `FromDelivery` (`PartitionKey`, `Headers`, `DeliveryInfo`, `State<T>`), returning `()`, an `Outcome`, messages to publish (`Message`, `Output`, an `Option` or `Vec` of them) or a `Result`",
     note = "a batch handler takes `Batch<P>` first, then `FromContext` arguments (`State<T>`), and returns `()`, an `Outcome`, a `Vec<Outcome>` or a `Result` of one"
 )]
 pub trait Handler<Args>: Clone + Send + Sync + 'static {
