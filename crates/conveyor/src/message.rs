@@ -329,11 +329,14 @@ impl MessageBuilder {
             source: e.into(),
         })?;
         if self.message.content_type.is_none() {
-            self.message.content_type = Some(Cow::Borrowed("application/json"));
+            self.message.content_type = Some(Cow::Borrowed(JSON_CONTENT_TYPE));
         }
         Ok(self.payload(payload))
     }
 }
+
+/// The content type [`MessageBuilder::json`] sets.
+pub(crate) const JSON_CONTENT_TYPE: &str = "application/json";
 
 /// The header a delivery carries its message's content type in, on every transport.
 pub const CONTENT_TYPE_HEADER: &str = "content-type";

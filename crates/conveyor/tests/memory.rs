@@ -250,3 +250,52 @@ async fn a_delayed_publish_becomes_visible_after_its_delay() {
     assert_eq!(start.elapsed(), Duration::from_secs(30));
     delivery.settle(Settlement::Ack);
 }
+
+/// What each delivery's headers held, after its handler added one of its own.
+#[derive(Clone, Default)]
+struct SeenHeaders(Arc<Mutex<Vec<Vec<(String, String)>>>>);
+
+async fn tag_headers(
+    Json(n): Json<u64>,
+    mut headers: conveyor::Headers,
+    State(seen): State<SeenHeaders>,
+) {
+    headers.insert("x-handled", n.to_string());
+    let mut all: Vec<(String, String)> = headers
+        .iter()
+        .map(|(name, value)| {
+            (
+                name.to_string(),
+                String::from_utf8_lossy(value).into_owned(),
+            )
+        })
+        .collect();
+    all.sort();
+    seen.0.lock().unwrap().push(all);
+}
+
+/// JSON messages with no header of their own share one stored header list: each still
+/// arrives with its content type, and a handler's change to its copy reaches no other.
+#[tokio::test]
+async fn json_messages_without_headers_each_carry_their_content_type_and_their_own_changes() {
+    let broker = MemoryBroker::new();
+    let seen = SeenHeaders::default();
+    let app = App::new("headers").with_state(seen.clone()).mount(
+        broker.queue("plain"),
+        tag_headers,
+        |m| m,
+    );
+    let app = TestApp::start(app, &broker).await.unwrap();
+    for n in [1u64, 2] {
+        app.publish_json("plain", &n).await.unwrap();
+    }
+    app.settled().await.unwrap();
+    app.stop().await.unwrap();
+    let expected = |n: &str| {
+        vec![
+            ("content-type".to_string(), "application/json".to_string()),
+            ("x-handled".to_string(), n.to_string()),
+        ]
+    };
+    assert_eq!(*seen.0.lock().unwrap(), vec![expected("1"), expected("2")]);
+}
