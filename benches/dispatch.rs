@@ -34,7 +34,7 @@ use tokio::sync::Notify;
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc;
 
-const USAGE: &str = "usage: dispatch [--mode sequential|bytes|workers|lanes|any-worker|batch|end-to-end] \
+const USAGE: &str = "usage: dispatch [--mode sequential|bytes|keyed|workers|lanes|any-worker|batch|end-to-end] \
 [--messages N] [--warmup N] [--runtime current|multi] [--repeat N] [--trace N] [--observe]";
 
 /// A small payload whose decoded form allocates nothing.
@@ -52,6 +52,9 @@ enum Mode {
     Sequential,
     /// Sequential dispatch, raw `Bytes`, no codec.
     Bytes,
+    /// Sequential dispatch, `Json<Order>`, the 64 partition keys the keyed modes read:
+    /// what lanes and any-worker are compared with.
+    Keyed,
     /// `workers(4)`, `Json<Order>`.
     Workers,
     /// `workers(4).by_key()`, `Json<Order>`, 64 partition keys.
@@ -68,9 +71,10 @@ enum Mode {
 }
 
 impl Mode {
-    const ALL: [Mode; 7] = [
+    const ALL: [Mode; 8] = [
         Mode::Sequential,
         Mode::Bytes,
+        Mode::Keyed,
         Mode::Workers,
         Mode::Lanes,
         Mode::AnyWorker,
@@ -82,6 +86,7 @@ impl Mode {
         match self {
             Mode::Sequential => "sequential",
             Mode::Bytes => "bytes",
+            Mode::Keyed => "keyed",
             Mode::Workers => "workers",
             Mode::Lanes => "lanes",
             Mode::AnyWorker => "any-worker",
@@ -266,7 +271,7 @@ fn run(mode: Mode, flavor: Flavor, warmup: u64, messages: u64, traces: u32) -> M
                 price_cents: 1999,
             };
             let mut message = Message::builder();
-            if matches!(mode, Mode::Lanes | Mode::AnyWorker) {
+            if matches!(mode, Mode::Keyed | Mode::Lanes | Mode::AnyWorker) {
                 message = message.partition_key(keys[(id % 64) as usize].clone());
             }
             let message = message.json(&payload).expect("an Order always encodes");
@@ -285,6 +290,7 @@ fn run(mode: Mode, flavor: Flavor, warmup: u64, messages: u64, traces: u32) -> M
         let app = match mode {
             Mode::Sequential => app.mount(queue, order, |m| m),
             Mode::Bytes => app.mount(queue, raw, |m| m),
+            Mode::Keyed => app.mount(queue, order, |m| m),
             Mode::Workers => app.mount(queue, order, |m| m.workers(4)),
             Mode::Lanes => app.mount(queue, order, |m| m.workers(4).by_key()),
             Mode::AnyWorker => app.mount(queue, order, |m| m.workers(4).by_key().any_worker()),

@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-20000}
 warmup=10000
-modes=(sequential bytes workers lanes any-worker batch end-to-end)
+modes=(sequential bytes keyed workers lanes any-worker batch end-to-end)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
