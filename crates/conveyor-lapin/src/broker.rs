@@ -706,6 +706,9 @@ impl LapinBroker {
         if let Some(open) = requester.as_ref().filter(|r| r.is_open()) {
             return Ok(open.clone());
         }
+        if let Some(closed) = requester.take() {
+            closed.close().await;
+        }
         let opened = Arc::new(Requester::open(self).await?);
         *requester = Some(opened.clone());
         Ok(opened)

@@ -375,18 +375,25 @@ fn prepare(
     })
 }
 
+impl LapinPublisher {
+    /// The options for a publish to `destination`: the defaults, but a reply to a
+    /// request (a direct reply-to address) is transient and not mandatory.
+    fn options_for(&self, destination: &str) -> PublishOptions {
+        if crate::request::is_reply_address(destination) {
+            self.defaults.mandatory(false).persistent(false)
+        } else {
+            self.defaults
+        }
+    }
+}
+
 impl Publisher for LapinPublisher {
     /// Publishes to the queue `destination` through the default exchange. A reply to a
     /// request (to a direct reply-to address) is transient and not mandatory: a
     /// requester that has gone takes nothing, and its reply is dropped instead of
     /// failing the responder's run.
     async fn publish(&self, destination: &str, message: Message) -> Result<(), conveyor::Error> {
-        let options = if crate::request::is_reply_address(destination) {
-            self.defaults.mandatory(false).persistent(false)
-        } else {
-            self.defaults
-        };
-        self.publish_to("", destination, message, options)
+        self.publish_to("", destination, message, self.options_for(destination))
             .await
             .map_err(|e| e.into_publish(destination))
     }
@@ -397,7 +404,7 @@ impl Publisher for LapinPublisher {
         destination: &str,
         messages: Vec<Message>,
     ) -> Result<(), conveyor::Error> {
-        self.publish_all_to("", destination, messages, self.defaults)
+        self.publish_all_to("", destination, messages, self.options_for(destination))
             .await
             .map_err(|e| e.into_publish(destination))
     }

@@ -64,14 +64,26 @@ impl Requester {
         let replies = Arc::new(Replies::new());
         let reading = tokio::spawn({
             let replies = replies.clone();
+            let channel = publisher.channel.clone();
             async move {
-                while let Some(Ok(delivery)) = consumer.next().await {
-                    let reply = Message::received(
-                        delivery.data.into(),
-                        headers::received(&delivery.properties),
-                    );
-                    let correlation_id = reply.correlation_id().unwrap_or_default().to_string();
-                    replies.deliver(&correlation_id, reply);
+                loop {
+                    match consumer.next().await {
+                        Some(Ok(delivery)) => {
+                            let headers = headers::received(&delivery.properties);
+                            let reply = Message::received(delivery.data.into(), headers);
+                            let correlation_id =
+                                reply.correlation_id().unwrap_or_default().to_string();
+                            replies.deliver(&correlation_id, reply);
+                        }
+                        // Lapin recovers the channel (and this consumer) with the
+                        // connection; requests waiting meanwhile time out.
+                        Some(Err(error)) => {
+                            if channel.wait_for_recovery(error).await.is_err() {
+                                return;
+                            }
+                        }
+                        None => return,
+                    }
                 }
             }
         });
@@ -80,6 +92,15 @@ impl Requester {
             replies,
             reading,
         })
+    }
+
+    /// Closes its channel (a replaced requester's, which may be closed already).
+    pub(crate) async fn close(&self) {
+        let _ = self
+            .publisher
+            .channel
+            .close(200, "requester replaced".into())
+            .await;
     }
 
     /// Whether it can still carry requests and their replies.

@@ -11,13 +11,15 @@
 //! idle (one per wait time, 20 s by default: about 4,300 a day).
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use aws_sdk_sqs::Client;
+use aws_sdk_sqs::types::DeleteMessageBatchRequestEntry;
 use conveyor::request::Replies;
 use conveyor::{Message, Publisher};
 
 use crate::attributes;
 use crate::broker::SqsBroker;
-use crate::calls::Calls;
 use crate::error::SqsError;
 use crate::queue::QueueInfo;
 
@@ -50,7 +52,14 @@ impl Requester {
             .map_err(|e| SqsError::call("CreateQueue", &name, e))?;
         let queue = broker.resolve(&name).await?;
         let replies = Arc::new(Replies::new());
-        let reading = tokio::spawn(read(broker.clone(), queue.clone(), replies.clone()));
+        // The task holds the client, not the broker: the broker holds this requester,
+        // whose drop stops the task.
+        let reading = tokio::spawn(read(
+            broker.client().clone(),
+            broker.settings().wait_time,
+            queue.clone(),
+            replies.clone(),
+        ));
         Ok(Requester {
             queue,
             replies,
@@ -87,11 +96,9 @@ impl Requester {
 
 /// Receives replies until the requester closes: each goes to its request (or, late, is
 /// dropped), and what a receive brought is deleted in one call.
-async fn read(broker: SqsBroker, queue: Arc<QueueInfo>, replies: Arc<Replies>) {
-    let wait = broker.settings().wait_time;
+async fn read(client: Client, wait: Duration, queue: Arc<QueueInfo>, replies: Arc<Replies>) {
     loop {
-        let received = broker
-            .client()
+        let received = client
             .receive_message()
             .queue_url(&queue.url)
             .max_number_of_messages(10)
@@ -104,7 +111,7 @@ async fn read(broker: SqsBroker, queue: Arc<QueueInfo>, replies: Arc<Replies>) {
             Err(error) => {
                 let error = SqsError::call("ReceiveMessage", &queue.name, error);
                 tracing::warn!(error = %conveyor::Report(&error), "receiving replies failed; trying again");
-                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
         };
@@ -119,9 +126,28 @@ async fn read(broker: SqsBroker, queue: Arc<QueueInfo>, replies: Arc<Replies>) {
         // Undeleted replies come again after the visibility timeout, and find no
         // request waiting.
         if !receipts.is_empty()
-            && let Err(error) = broker.delete(&queue, &receipts).await
+            && let Err(error) = delete(&client, &queue, receipts).await
         {
             tracing::debug!(error = %conveyor::Report(&error), "deleting replies failed");
         }
     }
+}
+
+/// Deletes what one receive brought (ten at most), in one call.
+async fn delete(client: &Client, queue: &QueueInfo, receipts: Vec<String>) -> Result<(), SqsError> {
+    let entries = receipts.into_iter().enumerate().filter_map(|(i, receipt)| {
+        DeleteMessageBatchRequestEntry::builder()
+            .id(i.to_string())
+            .receipt_handle(receipt)
+            .build()
+            .ok()
+    });
+    client
+        .delete_message_batch()
+        .queue_url(&queue.url)
+        .set_entries(Some(entries.collect()))
+        .send()
+        .await
+        .map(|_| ())
+        .map_err(|e| SqsError::call("DeleteMessageBatch", &queue.name, e))
 }

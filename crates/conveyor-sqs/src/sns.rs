@@ -228,7 +228,9 @@ impl SqsBroker {
     /// Subscribes `queue` (a name or URL; it must exist) to `topic` (a name or ARN),
     /// as `subscription` says, after adding to the queue's policy a statement that lets
     /// the topic send to it (kept with any the policy had). Subscribing again with the
-    /// same settings changes nothing. Returns the subscription's ARN.
+    /// same settings changes nothing. Returns the subscription's ARN. The policy is read,
+    /// changed and written back: subscribe one queue to several topics one after
+    /// another, not at once, or a statement may be lost.
     pub async fn subscribe_to_topic(
         &self,
         sns: &SnsPublisher,
@@ -296,19 +298,18 @@ impl SqsBroker {
             .and_then(|a| a.get(&QueueAttributeName::Policy))
             .and_then(|text| serde_json::from_str(text).ok())
             .unwrap_or_else(|| serde_json::json!({ "Version": "2012-10-17", "Statement": [] }));
-        let sid = format!(
-            "conveyor-sns-{}",
-            topic_arn.rsplit(':').next().unwrap_or("topic")
-        );
-        let statements = match policy.get_mut("Statement") {
+        // Named after the whole ARN (region and account included), letters and digits.
+        let sid = format!("ConveyorSns{:016x}", fnv1a(topic_arn.as_bytes()));
+        // The grammar allows one statement as an object, or none: make it a list, keeping
+        // what is there.
+        let statements = match policy.get_mut("Statement").map(serde_json::Value::take) {
             Some(serde_json::Value::Array(statements)) => statements,
-            _ => {
-                policy["Statement"] = serde_json::json!([]);
-                match policy.get_mut("Statement") {
-                    Some(serde_json::Value::Array(statements)) => statements,
-                    _ => return Ok(()),
-                }
-            }
+            Some(serde_json::Value::Null) | None => Vec::new(),
+            Some(one) => vec![one],
+        };
+        policy["Statement"] = serde_json::Value::Array(statements);
+        let Some(serde_json::Value::Array(statements)) = policy.get_mut("Statement") else {
+            return Ok(());
         };
         if statements
             .iter()
@@ -333,4 +334,11 @@ impl SqsBroker {
             .map_err(|e| SqsError::call("SetQueueAttributes", queue, e))?;
         Ok(())
     }
+}
+
+/// 64-bit FNV-1a, for a statement id that names a topic ARN in letters and digits.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }

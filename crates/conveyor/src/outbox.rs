@@ -10,7 +10,13 @@
 //! At least once: a crash after a publish and before its mark publishes that message
 //! again; a crash between the commit and the relay loses nothing, since the relay finds
 //! the rows when it starts. A message whose publish fails stops the pass there, so that
-//! nothing added after it (of its partition key, or any other) overtakes it.
+//! nothing after it (of its partition key, or any other) overtakes it.
+//!
+//! The order is the store's ids. A store whose ids are given as rows are added (an
+//! auto-increment) can see two transactions commit out of id order: the relay may then
+//! publish the later id first, if it runs between the two commits. To keep a key's order
+//! across concurrent writers, write one key's messages from one transaction at a time (a
+//! row lock on what the key stands for does it), or give ids at commit.
 //!
 //! The store is a small trait, so that the core takes no database crate; `examples/
 //! outbox.rs` has one over SQLite. [`encode`] and [`decode`] turn a message into bytes

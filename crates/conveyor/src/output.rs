@@ -4,8 +4,9 @@
 //! A handler returns a [`Message`] (or an [`Output`], a message with its own
 //! destination), an `Option` of one, a `Vec` of them, or a `Result` of any of these. They
 //! go to the mount's [`publish_to`](crate::MountOptions::publish_to) destination (or,
-//! when the delivery is a request, to its reply address under its correlation id: see
-//! [`crate::request`]), through
+//! on a mount without one, when the delivery is a request, to its reply address under
+//! its correlation id: see [`crate::request`]; a reply that cannot be sent is dropped
+//! with a warning, and the requester times out), through
 //! the publisher of the broker the mount consumes from (or the one given to
 //! [`publish_via`](crate::MountOptions::publish_via)), one after another, each confirmed
 //! before the next. Only then is the input acked. If a publish fails, the run fails: the
@@ -353,10 +354,11 @@ pub(crate) async fn publish(
         Outputs::One(output) => {
             let (destination, message, reply) = prepare(output, delivery, route)?;
             let publisher = route.publisher(reply)?;
-            publisher
+            let sent = publisher
                 .publish(&destination, message)
                 .await
-                .map_err(|source| OutputError::publish(&destination, source))?;
+                .map_err(|source| OutputError::publish(&destination, source));
+            settle_send(sent, reply)?;
         }
         Outputs::Many(outputs) => {
             // Consecutive messages to one destination go as one batch.
@@ -365,13 +367,15 @@ pub(crate) async fn publish(
             for output in outputs {
                 let (destination, message, reply) = prepare(output, delivery, route)?;
                 if let Some((to, reply)) = run_to.take_if(|(to, _)| *to != destination) {
-                    send_batch(route.publisher(reply)?, &to, std::mem::take(&mut run)).await?;
+                    let sent =
+                        send_batch(route.publisher(reply)?, &to, std::mem::take(&mut run)).await;
+                    settle_send(sent, reply)?;
                 }
                 run_to = Some((destination, reply));
                 run.push(message);
             }
             if let Some((to, reply)) = run_to {
-                send_batch(route.publisher(reply)?, &to, run).await?;
+                settle_send(send_batch(route.publisher(reply)?, &to, run).await, reply)?;
             }
         }
     }
@@ -404,6 +408,19 @@ impl OutputError {
     }
 }
 
+/// What a failed send means for the run: an output's failure fails it; a reply's is
+/// dropped with a warning (the requester may be gone, and its timeout stands for the
+/// reply), so that a handled request is not run again for it.
+fn settle_send(sent: Result<(), OutputError>, reply: bool) -> Result<(), OutputError> {
+    match sent {
+        Err(error) if reply => {
+            tracing::warn!(error = %crate::Report(&error), "dropping a reply that could not be sent");
+            Ok(())
+        }
+        sent => sent,
+    }
+}
+
 async fn send_batch(
     publisher: &SharedPublisher,
     destination: &str,
@@ -429,22 +446,20 @@ fn prepare(
     } = output;
     let correlation_id = delivery.headers().get_str(CORRELATION_ID_HEADER);
     let reply_to = delivery.headers().get_str(REPLY_TO_HEADER);
-    let reply = destination.is_none() && reply_to.is_some();
-    let destination = match (destination, reply_to) {
-        (Some(destination), _) => destination,
+    // The output's own destination, else the mount's: a reply address that a producer
+    // set cannot divert a pipeline's outputs. A mount with neither answers requests.
+    let (destination, reply) = match (destination, route.destination.as_deref(), reply_to) {
+        (Some(destination), _, _) => (destination, false),
+        (None, Some(destination), _) => (destination.to_string(), false),
         // A reply: to the requester, under the request's correlation id, which is how
         // the requester knows it.
-        (None, Some(reply_to)) => {
+        (None, None, Some(reply_to)) => {
             if let Some(id) = correlation_id {
                 message.set_correlation_id(id);
             }
-            reply_to.to_string()
+            (reply_to.to_string(), true)
         }
-        (None, None) => route
-            .destination
-            .as_deref()
-            .ok_or(OutputError::NoDestination)?
-            .to_string(),
+        (None, None, None) => return Err(OutputError::NoDestination),
     };
     message.inherit(delivery.partition_key(), correlation_id);
     if let Some(cause) = delivery.message_id() {
@@ -455,4 +470,16 @@ fn prepare(
         }
     }
     Ok((destination, message, reply))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reply_that_cannot_be_sent_is_dropped_and_an_output_fails_the_run() {
+        let failed = || Err(OutputError::publish("q", Error::config("away")));
+        assert!(settle_send(failed(), true).is_ok());
+        assert!(settle_send(failed(), false).is_err());
+    }
 }

@@ -1,9 +1,10 @@
 //! Request/reply: a requester publishes a message that carries where to reply and a
 //! correlation id of its own, then waits for the reply with that id, up to a timeout.
 //!
-//! The responder is an ordinary handler: a message it returns for a delivery that carries
-//! a reply address ([`REPLY_TO_HEADER`](crate::REPLY_TO_HEADER)) goes there, under the
-//! request's correlation id (see [`crate::output`]). Each transport chooses the reply
+//! The responder is an ordinary handler, mounted without
+//! [`publish_to`](crate::MountOptions::publish_to): a message it returns for a delivery
+//! that carries a reply address ([`REPLY_TO_HEADER`](crate::REPLY_TO_HEADER)) goes there,
+//! under the request's correlation id (see [`crate::output`]). Each transport chooses the reply
 //! address and how replies come back (RabbitMQ's direct reply-to, an SQS reply queue per
 //! requester, a direct hand-over in process); they share [`Replies`], which matches
 //! replies to the requests waiting for them.

@@ -251,9 +251,12 @@ async fn a_delayed_publish_becomes_visible_after_its_delay() {
     delivery.settle(Settlement::Ack);
 }
 
+/// A delivery's headers, as (name, value) text, sorted.
+type HeaderList = Vec<(String, String)>;
+
 /// What each delivery's headers held, after its handler added one of its own.
 #[derive(Clone, Default)]
-struct SeenHeaders(Arc<Mutex<Vec<Vec<(String, String)>>>>);
+struct SeenHeaders(Arc<Mutex<Vec<HeaderList>>>);
 
 async fn tag_headers(
     Json(n): Json<u64>,
@@ -261,7 +264,7 @@ async fn tag_headers(
     State(seen): State<SeenHeaders>,
 ) {
     headers.insert("x-handled", n.to_string());
-    let mut all: Vec<(String, String)> = headers
+    let mut all: HeaderList = headers
         .iter()
         .map(|(name, value)| {
             (

@@ -215,3 +215,20 @@ async fn a_batch_mount_that_would_publish_fails_to_start() {
         .unwrap_err();
     assert!(error.to_string().contains("publish_to"), "{error}");
 }
+
+#[tokio::test]
+async fn a_reply_address_the_producer_set_does_not_divert_a_mounts_outputs() {
+    let broker = MemoryBroker::new();
+    let app =
+        App::new("outputs").mount(broker.queue("numbers"), double, |m| m.publish_to("doubled"));
+    let app = TestApp::start(app, &broker).await.unwrap();
+    let input = Message::builder()
+        .reply_to("elsewhere")
+        .json(&4u64)
+        .unwrap();
+    app.publish("numbers", input).await.unwrap();
+    app.settled().await.unwrap();
+    assert_eq!(app.published("doubled").len(), 1);
+    assert!(app.published("elsewhere").is_empty());
+    app.stop().await.unwrap();
+}
