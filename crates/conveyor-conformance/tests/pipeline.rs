@@ -5,14 +5,14 @@
 //! Needs RabbitMQ on 127.0.0.1:5672 (and `rabbitmqctl`) and the SQS emulator on
 //! 127.0.0.1:4566 (`scripts/services/`).
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use conveyor::{App, Broker, Error, Json, MemoryBroker, Message, Publisher, QueueSpec, State};
-use conveyor_lapin::LapinBroker;
-use conveyor_sqs::SqsBroker;
 use serde::{Deserialize, Serialize};
 
 const KEYS: u64 = 8;
@@ -62,10 +62,7 @@ async fn last(Json(step): Json<Step>, State(arrived): State<Arrived>) {
 }
 
 fn unique(name: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("t-pipeline-{name}-{}-{nanos:x}", std::process::id())
+    common::unique("pipeline", name)
 }
 
 /// Closes, from the server's side, every connection whose client properties mention
@@ -104,29 +101,14 @@ async fn until(what: &str, mut condition: impl FnMut() -> bool) {
     );
 }
 
-async fn rabbitmq(name: &str) -> LapinBroker {
-    LapinBroker::builder("amqp://guest:guest@127.0.0.1:5672/%2f")
-        .connection_name(name)
-        .connect()
-        .await
-        .expect("RabbitMQ on 127.0.0.1:5672 (run scripts/services/rabbitmq.sh)")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipeline_across_transports_keeps_each_key_in_order_through_a_cut_connection() {
     let memory = MemoryBroker::new();
     // Stage 1 publishes on its own connection: the cut is the middle stage's alone.
-    let into_rabbitmq = rabbitmq("conveyor-pipeline-first").await;
+    let into_rabbitmq = common::rabbitmq("conveyor-pipeline-first").await;
     let middle_name = unique("middle");
-    let middle_broker = rabbitmq(&middle_name).await;
-    let sqs = SqsBroker::builder()
-        .endpoint("http://127.0.0.1:4566")
-        .region("us-east-1")
-        .static_credentials("test", "test")
-        .wait_time(Duration::from_secs(1))
-        .build()
-        .await
-        .expect("the SQS emulator on 127.0.0.1:4566 (run scripts/services/sqs.sh)");
+    let middle_broker = common::rabbitmq(&middle_name).await;
+    let sqs = common::sqs().await;
     let (orders, shipping, billing) = (
         unique("orders"),
         unique("shipping"),

@@ -5,10 +5,11 @@
 //! Needs RabbitMQ on 127.0.0.1:5672 and the SQS emulator on 127.0.0.1:4566
 //! (`scripts/services/`).
 
+mod common;
+
 use std::time::Duration;
 
 use conveyor::{App, Broker, Json, MemoryBroker, Publisher, QueueSpec, State};
-use conveyor_lapin::LapinBroker;
 use conveyor_sqs::SqsBroker;
 use opentelemetry::trace::{SpanKind, TracerProvider as _};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
@@ -42,10 +43,7 @@ async fn in_process(Json(n): Json<u64>, State(route): State<Route>) {
 }
 
 fn unique(name: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("t-trace-{name}-{}-{nanos:x}", std::process::id())
+    common::unique("trace", name)
 }
 
 /// The one span named `name`.
@@ -79,19 +77,8 @@ async fn one_trace_runs_from_rabbitmq_through_sqs_to_the_in_process_transport() 
         );
     tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
 
-    let rabbitmq = LapinBroker::builder("amqp://guest:guest@127.0.0.1:5672/%2f")
-        .connection_name("conveyor-trace-test")
-        .connect()
-        .await
-        .expect("RabbitMQ on 127.0.0.1:5672 (run scripts/services/rabbitmq.sh)");
-    let sqs = SqsBroker::builder()
-        .endpoint("http://127.0.0.1:4566")
-        .region("us-east-1")
-        .static_credentials("test", "test")
-        .wait_time(Duration::from_secs(1))
-        .build()
-        .await
-        .expect("the SQS emulator on 127.0.0.1:4566 (run scripts/services/sqs.sh)");
+    let rabbitmq = common::rabbitmq("conveyor-trace-test").await;
+    let sqs = common::sqs().await;
     let memory = MemoryBroker::new();
     let (rabbitmq_queue, sqs_queue, memory_queue) =
         (unique("rabbitmq"), unique("sqs"), unique("memory"));
