@@ -76,21 +76,7 @@ impl Calls for SqsBroker {
     }
 
     async fn delete(&self, queue: &QueueInfo, receipts: &[String]) -> Result<Failed, SqsError> {
-        let request = receipts.iter().enumerate().filter_map(|(i, receipt)| {
-            DeleteMessageBatchRequestEntry::builder()
-                .id(i.to_string())
-                .receipt_handle(receipt)
-                .build()
-                .ok()
-        });
-        self.client()
-            .delete_message_batch()
-            .queue_url(&queue.url)
-            .set_entries(Some(request.collect()))
-            .send()
-            .await
-            .map(|output| failures(output.failed()))
-            .map_err(|e| SqsError::call("DeleteMessageBatch", &queue.name, e))
+        delete_batch(self.client(), queue, receipts).await
     }
 
     async fn send(
@@ -114,4 +100,28 @@ impl Calls for SqsBroker {
     ) -> Result<Arc<QueueInfo>, SqsError> {
         self.resolve_dead_letter(target).await
     }
+}
+
+/// One `DeleteMessageBatch` of up to ten receipts, through `client` (for a task that
+/// holds the client and not the broker).
+pub(crate) async fn delete_batch(
+    client: &aws_sdk_sqs::Client,
+    queue: &QueueInfo,
+    receipts: &[String],
+) -> Result<Failed, SqsError> {
+    let request = receipts.iter().enumerate().filter_map(|(i, receipt)| {
+        DeleteMessageBatchRequestEntry::builder()
+            .id(i.to_string())
+            .receipt_handle(receipt)
+            .build()
+            .ok()
+    });
+    client
+        .delete_message_batch()
+        .queue_url(&queue.url)
+        .set_entries(Some(request.collect()))
+        .send()
+        .await
+        .map(|output| failures(output.failed()))
+        .map_err(|e| SqsError::call("DeleteMessageBatch", &queue.name, e))
 }

@@ -14,12 +14,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_sqs::Client;
-use aws_sdk_sqs::types::DeleteMessageBatchRequestEntry;
 use conveyor::request::Replies;
 use conveyor::{Message, Publisher};
 
 use crate::attributes;
 use crate::broker::SqsBroker;
+use crate::calls::delete_batch;
 use crate::error::SqsError;
 use crate::queue::QueueInfo;
 
@@ -126,28 +126,9 @@ async fn read(client: Client, wait: Duration, queue: Arc<QueueInfo>, replies: Ar
         // Undeleted replies come again after the visibility timeout, and find no
         // request waiting.
         if !receipts.is_empty()
-            && let Err(error) = delete(&client, &queue, receipts).await
+            && let Err(error) = delete_batch(&client, &queue, &receipts).await
         {
             tracing::debug!(error = %conveyor::Report(&error), "deleting replies failed");
         }
     }
-}
-
-/// Deletes what one receive brought (ten at most), in one call.
-async fn delete(client: &Client, queue: &QueueInfo, receipts: Vec<String>) -> Result<(), SqsError> {
-    let entries = receipts.into_iter().enumerate().filter_map(|(i, receipt)| {
-        DeleteMessageBatchRequestEntry::builder()
-            .id(i.to_string())
-            .receipt_handle(receipt)
-            .build()
-            .ok()
-    });
-    client
-        .delete_message_batch()
-        .queue_url(&queue.url)
-        .set_entries(Some(entries.collect()))
-        .send()
-        .await
-        .map(|_| ())
-        .map_err(|e| SqsError::call("DeleteMessageBatch", &queue.name, e))
 }
