@@ -342,22 +342,19 @@ struct Worker {
 /// One worker: takes the oldest ready delivery, runs it to its end (retries in place
 /// included), then gives its key back. At shutdown, or once the mount has released the
 /// board (it is ending), it takes no new one.
-async fn work<H: CallOne>(handler: Arc<H>, worker: Worker, mut run: Run) {
+async fn work<H: CallOne>(handler: Arc<H>, worker: Worker, run: Run) {
     let Worker {
         index,
         board,
         stats,
     } = worker;
     loop {
-        // The board before the shutdown's future (see `receive`); a shutdown is looked at
-        // once a turn is taken.
-        let next = tokio::select! {
-            biased;
-            next = board.next() => next,
-            () = run.shutdown.requested() => return,
+        // No wait on the shutdown here: the mount's loop sees it and releases the board,
+        // which ends this wait (see `run_lane` in `lanes`). A shutdown is looked at once a
+        // turn is taken.
+        let Some(mut turn) = board.next().await else {
+            return;
         };
-        // The board was released: the mount is ending.
-        let Some(mut turn) = next else { return };
         // Shutdown came as the turn was taken: it goes back unstarted, then its key's rest.
         if run.shutdown.is_requested() {
             let key = turn.key;

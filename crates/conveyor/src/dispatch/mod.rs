@@ -19,7 +19,9 @@ mod sequential;
 mod settle;
 mod workers;
 
+use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use tokio::sync::watch;
@@ -76,29 +78,72 @@ pub(crate) enum Phase {
 }
 
 /// Tells running mounts that the app is shutting down.
-#[derive(Clone, Debug)]
-pub(crate) struct Shutdown(watch::Receiver<Phase>);
+pub(crate) struct Shutdown {
+    phase: watch::Receiver<Phase>,
+    /// The wait for draining, made on first need and kept between receives: a receive
+    /// that finds the queue empty polls it alongside the subscriber, and making a fresh
+    /// one each time (registering with the watch again) cost about 400 instructions per
+    /// delivery to a mount that keeps up with its queue.
+    draining: Option<Pin<Box<dyn Future<Output = ()> + Send + Sync>>>,
+    /// Draining was seen: the wait above has finished and is not polled again.
+    drained: bool,
+}
+
+impl Clone for Shutdown {
+    fn clone(&self) -> Self {
+        Shutdown {
+            phase: self.phase.clone(),
+            draining: None,
+            drained: self.drained,
+        }
+    }
+}
+
+impl fmt::Debug for Shutdown {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Shutdown")
+            .field(&*self.phase.borrow())
+            .finish()
+    }
+}
 
 impl Shutdown {
     pub(crate) fn new() -> (watch::Sender<Phase>, Shutdown) {
         let (tx, rx) = watch::channel(Phase::Running);
-        (tx, Shutdown(rx))
+        let shutdown = Shutdown {
+            phase: rx,
+            draining: None,
+            drained: false,
+        };
+        (tx, shutdown)
     }
 
     /// Resolves once shutdown has been requested (or the app is gone).
     pub(crate) async fn requested(&mut self) {
-        let _ = self.0.wait_for(|phase| *phase >= Phase::Draining).await;
+        if self.drained {
+            return;
+        }
+        let phase = &self.phase;
+        let draining = self.draining.get_or_insert_with(|| {
+            let mut phase = phase.clone();
+            Box::pin(async move {
+                let _ = phase.wait_for(|phase| *phase >= Phase::Draining).await;
+            })
+        });
+        draining.as_mut().await;
+        self.drained = true;
+        self.draining = None;
     }
 
     /// Resolves once the shutdown timeout has passed (or the app is gone). Costs nothing
     /// until first polled, so racing it against a handler that finishes at once is free.
     pub(crate) async fn cancelled(&self) {
-        let mut phase = self.0.clone();
+        let mut phase = self.phase.clone();
         let _ = phase.wait_for(|phase| *phase == Phase::Cancelling).await;
     }
 
     pub(crate) fn is_requested(&self) -> bool {
-        *self.0.borrow() >= Phase::Draining
+        *self.phase.borrow() >= Phase::Draining
     }
 }
 
