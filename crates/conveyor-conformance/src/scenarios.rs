@@ -844,3 +844,112 @@ pub async fn requests_get_their_own_replies_and_a_late_one_reaches_none<F: Fixtu
         panic!("the broker does not close: {error}");
     }
 }
+
+/// A reading, as the codec scenario sends it in MessagePack and CBOR.
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
+struct Reading {
+    sensor: u32,
+    label: String,
+    celsius: f64,
+}
+
+/// A reading as a handler decoded it, with the content type it arrived with.
+type Received = (Reading, Option<String>);
+
+#[derive(Clone, Default)]
+struct Readings(Arc<Mutex<Vec<Received>>>);
+
+impl Readings {
+    fn record(&self, reading: Reading, headers: &Headers) {
+        let content_type = headers
+            .get_str(conveyor::CONTENT_TYPE_HEADER)
+            .map(str::to_string);
+        support::lock(&self.0).push((reading, content_type));
+    }
+}
+
+async fn read_msgpack(
+    conveyor::MsgPack(reading): conveyor::MsgPack<Reading>,
+    headers: Headers,
+    State(seen): State<Readings>,
+) {
+    seen.record(reading, &headers);
+}
+
+async fn read_cbor(
+    conveyor::Cbor(reading): conveyor::Cbor<Reading>,
+    headers: Headers,
+    State(seen): State<Readings>,
+) {
+    seen.record(reading, &headers);
+}
+
+/// A MessagePack and a CBOR payload (binary bodies: bytes no text encoding allows) arrive
+/// byte for byte with their content types, and each handler decodes its own; a payload
+/// labelled with another format is rejected, with a reason naming both, before decoding.
+pub async fn msgpack_and_cbor_payloads_round_trip_and_a_mislabelled_one_is_rejected<F: Fixture>(
+    fixture: &F,
+) {
+    let packed = fixture.declare(QueueKind::with_dead_letter_queue()).await;
+    let cbor = fixture.declare(QueueKind::plain()).await;
+    let reading = |sensor| Reading {
+        sensor,
+        label: "café ☕".into(),
+        celsius: -12.25,
+    };
+    let encoded = |result: Result<Message, conveyor::Error>| {
+        result.unwrap_or_else(|error| panic!("cannot encode a reading: {error}"))
+    };
+    let builder = || Message::builder().partition_key("k0");
+    let sends = [
+        (&packed, encoded(builder().msgpack(&reading(1)))),
+        (&cbor, encoded(builder().cbor(&reading(2)))),
+        // MessagePack labelled JSON: the MessagePack handler must not take it.
+        (
+            &packed,
+            encoded(
+                builder()
+                    .content_type("application/json")
+                    .msgpack(&reading(3)),
+            ),
+        ),
+    ];
+    for (queue, message) in sends {
+        if let Err(error) = fixture.publisher().publish(&queue.name, message).await {
+            panic!("cannot publish to `{}`: {error}", queue.name);
+        }
+    }
+    let seen = Readings::default();
+    let app = App::new("conformance")
+        .with_state(seen.clone())
+        .mount(fixture.source(&packed), read_msgpack, |m| m)
+        .mount(fixture.source(&cbor), read_cbor, |m| m)
+        .start()
+        .await
+        .unwrap_or_else(|error| panic!("the app does not start: {error}"));
+    let dead = dead_lettered(fixture, &packed, 1).await;
+    eventually("both readings to arrive", || async {
+        support::lock(&seen.0).len() >= 2
+    })
+    .await;
+    stop(app).await;
+
+    let mut got = support::lock(&seen.0).clone();
+    got.sort_by_key(|(reading, _)| reading.sensor);
+    assert_eq!(
+        got,
+        [
+            (reading(1), Some("application/msgpack".to_string())),
+            (reading(2), Some("application/cbor".to_string())),
+        ]
+    );
+    assert_eq!(dead.len(), 1);
+    let reason = dead[0].reason.as_deref().unwrap_or_default();
+    assert!(
+        reason
+            .contains("content type is `application/json`, and msgpack reads application/msgpack"),
+        "{reason}"
+    );
+    fixture.delete(packed).await;
+    fixture.delete(cbor).await;
+}

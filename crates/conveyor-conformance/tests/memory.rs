@@ -54,6 +54,7 @@ mod standard {
         a_panic_in_decode_an_extractor_or_a_handler_leaves_the_service_up,
         a_handlers_messages_are_published_before_its_input_is_acked,
         requests_get_their_own_replies_and_a_late_one_reaches_none,
+        msgpack_and_cbor_payloads_round_trip_and_a_mislabelled_one_is_rejected,
     );
 }
 
@@ -76,5 +77,6 @@ mod fifo {
         a_panic_in_decode_an_extractor_or_a_handler_leaves_the_service_up,
         a_handlers_messages_are_published_before_its_input_is_acked,
         requests_get_their_own_replies_and_a_late_one_reaches_none,
+        msgpack_and_cbor_payloads_round_trip_and_a_mislabelled_one_is_rejected,
     );
 }

@@ -62,6 +62,7 @@ mod classic {
         a_panic_in_decode_an_extractor_or_a_handler_leaves_the_service_up,
         a_handlers_messages_are_published_before_its_input_is_acked,
         requests_get_their_own_replies_and_a_late_one_reaches_none,
+        msgpack_and_cbor_payloads_round_trip_and_a_mislabelled_one_is_rejected,
     );
 }
 
@@ -84,5 +85,6 @@ mod quorum {
         a_panic_in_decode_an_extractor_or_a_handler_leaves_the_service_up,
         a_handlers_messages_are_published_before_its_input_is_acked,
         requests_get_their_own_replies_and_a_late_one_reaches_none,
+        msgpack_and_cbor_payloads_round_trip_and_a_mislabelled_one_is_rejected,
     );
 }

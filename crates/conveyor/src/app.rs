@@ -262,8 +262,9 @@ impl<L: Layer + Clone> App<L> {
         let (stop, shutdown) = Shutdown::new();
         let mut starts = Vec::with_capacity(self.mounts.len());
         for mount in self.mounts {
-            let cx =
-                Context::new(mount.queue.as_str().into(), state.clone()).with_route(mount.route);
+            let cx = Context::new(mount.queue.as_str().into(), state.clone())
+                .with_route(mount.route)
+                .with_any_content_type(mount.options.takes_any_content_type());
             validate(&mount.queue, &mount.options, mount.batch_handler)?;
             if mount.batch_handler && mount.layered {
                 return Err(Error::config(format!(

@@ -23,6 +23,9 @@ pub struct Context {
     queue: Arc<str>,
     state: Arc<StateMap>,
     route: Route,
+    /// The mount decodes every payload whatever its content type
+    /// ([`MountOptions::any_content_type`](crate::MountOptions::any_content_type)).
+    any_content_type: bool,
 }
 
 impl Context {
@@ -32,7 +35,19 @@ impl Context {
             queue,
             state,
             route: Route::default(),
+            any_content_type: false,
         }
+    }
+
+    /// The same, decoding every payload whatever its content type.
+    pub(crate) fn with_any_content_type(mut self, any: bool) -> Self {
+        self.any_content_type = any;
+        self
+    }
+
+    /// Whether the mount decodes every payload whatever its content type.
+    pub(crate) fn any_content_type(&self) -> bool {
+        self.any_content_type
     }
 
     /// The same, with where the handler's outputs go.

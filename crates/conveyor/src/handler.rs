@@ -278,7 +278,7 @@ macro_rules! impl_handler {
                 delivery: &'a Delivery,
                 cx: &'a Context,
             ) -> Result<impl Future<Output = Result<Outcome, BoxError>> + Send + 'a, Refusal> {
-                let payload = P::from_payload(delivery.payload())?;
+                let payload = crate::payload::decode::<P>(delivery, cx)?;
                 $(let $extractor = $extractor::from_delivery(delivery, cx)?;)*
                 let run = (self.f)(payload, $($extractor,)*);
                 // `into_reply` is user code too (a custom `IntoOutcome`): it runs inside

@@ -44,6 +44,7 @@
 mod admin;
 mod app;
 mod batch;
+pub mod codec;
 mod delivery;
 pub mod dispatch;
 mod error;
@@ -73,6 +74,10 @@ pub use admin::{DeadLetter, DeadLetterPolicy, QueueDepth, QueueSpec};
 pub use app::{App, DEFAULT_SHUTDOWN_TIMEOUT, RunningApp, shutdown_signal};
 pub use batch::{Batch, IntoBatchOutcome};
 pub use bytes::Bytes;
+#[cfg(feature = "cbor")]
+pub use codec::Cbor;
+#[cfg(feature = "msgpack")]
+pub use codec::MsgPack;
 pub use delivery::{Delivery, Settle, Settled};
 pub use error::{BoxError, Error, Report, Result};
 pub use extract::{Context, DeliveryInfo, FromContext, FromDelivery, Rejection, State};
@@ -91,7 +96,7 @@ pub use message::{
 pub use mount::{DEFAULT_BATCH_SIZE, Dispatch, MountOptions};
 pub use outcome::{IntoOutcome, Outcome, REJECT_REASON_HEADER, Settlement};
 pub use output::{CAUSATION_ID_HEADER, IntoReply, Output, Reply, SharedPublisher};
-pub use payload::{DecodeError, FromPayload, Json};
+pub use payload::{DecodeError, FromPayload, Json, PayloadFormat};
 pub use policy::{Backoff, FailurePolicy, OnError};
 pub use state::StateMap;
 pub use transport::{Broker, Publisher, Source, SubscribeSettings, Subscriber};

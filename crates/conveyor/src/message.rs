@@ -125,6 +125,20 @@ impl Message {
         MessageBuilder::default().json(value)
     }
 
+    /// A message whose payload is `value` as MessagePack (structs as maps), with content
+    /// type `application/msgpack` (feature `msgpack`; see [`crate::codec`]).
+    #[cfg(feature = "msgpack")]
+    pub fn msgpack<T: Serialize + ?Sized>(value: &T) -> Result<Self, Error> {
+        MessageBuilder::default().msgpack(value)
+    }
+
+    /// A message whose payload is `value` as CBOR, with content type `application/cbor`
+    /// (feature `cbor`; see [`crate::codec`]).
+    #[cfg(feature = "cbor")]
+    pub fn cbor<T: Serialize + ?Sized>(value: &T) -> Result<Self, Error> {
+        MessageBuilder::default().cbor(value)
+    }
+
     /// A builder: set headers and properties, then give the payload.
     pub fn builder() -> MessageBuilder {
         MessageBuilder::default()
@@ -323,15 +337,37 @@ impl MessageBuilder {
 
     /// The message, with `value` as JSON for its payload and content type
     /// `application/json` (unless one was set).
-    pub fn json<T: Serialize + ?Sized>(mut self, value: &T) -> Result<Message, Error> {
+    pub fn json<T: Serialize + ?Sized>(self, value: &T) -> Result<Message, Error> {
         let payload = serde_json::to_vec(value).map_err(|e| Error::Encode {
             format: "json",
             source: e.into(),
         })?;
+        Ok(self.encoded(payload, JSON_CONTENT_TYPE))
+    }
+
+    /// The message, with `value` as MessagePack (structs as maps) for its payload and
+    /// content type `application/msgpack` (unless one was set). Feature `msgpack`.
+    #[cfg(feature = "msgpack")]
+    pub fn msgpack<T: Serialize + ?Sized>(self, value: &T) -> Result<Message, Error> {
+        let payload = crate::codec::to_msgpack(value)?;
+        Ok(self.encoded(payload, crate::codec::MSGPACK_CONTENT_TYPE))
+    }
+
+    /// The message, with `value` as CBOR for its payload and content type
+    /// `application/cbor` (unless one was set). Feature `cbor`.
+    #[cfg(feature = "cbor")]
+    pub fn cbor<T: Serialize + ?Sized>(self, value: &T) -> Result<Message, Error> {
+        let payload = crate::codec::to_cbor(value)?;
+        Ok(self.encoded(payload, crate::codec::CBOR_CONTENT_TYPE))
+    }
+
+    /// The message with an encoded payload, labelled `content_type` unless a content
+    /// type was set.
+    fn encoded(mut self, payload: Vec<u8>, content_type: &'static str) -> Message {
         if self.message.content_type.is_none() {
-            self.message.content_type = Some(Cow::Borrowed(JSON_CONTENT_TYPE));
+            self.message.content_type = Some(Cow::Borrowed(content_type));
         }
-        Ok(self.payload(payload))
+        self.payload(payload)
     }
 }
 

@@ -61,6 +61,7 @@ pub struct MountOptions<L = Identity> {
     timeout: Option<Duration>,
     publish_to: Option<Arc<str>>,
     publish_via: Option<SharedPublisher>,
+    any_content_type: bool,
     layer: L,
 }
 
@@ -76,6 +77,7 @@ impl Default for MountOptions {
             timeout: None,
             publish_to: None,
             publish_via: None,
+            any_content_type: false,
             layer: Identity,
         }
     }
@@ -121,6 +123,7 @@ impl<L> MountOptions<L> {
             timeout: self.timeout,
             publish_to: self.publish_to,
             publish_via: self.publish_via,
+            any_content_type: self.any_content_type,
             layer,
         };
         (options, self.layer)
@@ -251,6 +254,29 @@ impl<L> MountOptions<L> {
     pub fn publish_via(mut self, publisher: impl Publisher + 'static) -> Self {
         self.publish_via = Some(SharedPublisher::new(publisher));
         self
+    }
+
+    /// Decodes every payload whatever content type it is labelled with: for producers
+    /// that label a binary format wrongly (`application/octet-stream`, say). Without it, a
+    /// payload type that checks its format (`MsgPack<T>`, `Cbor<T>`; see
+    /// [`FromPayload::FORMAT`](crate::FromPayload::FORMAT)) rejects a delivery labelled
+    /// with another one before decoding it.
+    ///
+    /// ```
+    /// use conveyor::MountOptions;
+    ///
+    /// let lenient = MountOptions::default().any_content_type();
+    /// assert!(lenient.takes_any_content_type());
+    /// assert!(!MountOptions::default().takes_any_content_type());
+    /// ```
+    pub fn any_content_type(mut self) -> Self {
+        self.any_content_type = true;
+        self
+    }
+
+    /// Whether [`any_content_type`](Self::any_content_type) was set.
+    pub fn takes_any_content_type(&self) -> bool {
+        self.any_content_type
     }
 
     /// The [`publish_to`](Self::publish_to) destination, if one was set.

@@ -1,15 +1,26 @@
 //! Decoding a delivery's payload into a handler's first argument.
 //!
 //! The first argument of a handler names the codec: [`Json<T>`] decodes JSON with serde,
-//! [`Bytes`] and `Vec<u8>` take the raw payload, `String` takes it as UTF-8. Implement
-//! [`FromPayload`] to add a codec (protobuf, MessagePack, ...).
+//! [`Bytes`] and `Vec<u8>` take the raw payload, `String` takes it as UTF-8; with their
+//! cargo features, `MsgPack<T>` (`msgpack`) and `Cbor<T>` (`cbor`) decode the binary
+//! formats. Implement [`FromPayload`] to add a codec (protobuf, Avro, ...).
+//!
+//! A codec may name the content types it reads ([`FromPayload::FORMAT`]). Where it
+//! checks them, a delivery labelled with another content type is rejected before
+//! decoding, with a reason that names both, unless the mount takes any
+//! ([`MountOptions::any_content_type`](crate::MountOptions::any_content_type)). A
+//! delivery that carries no content type is always decoded: not every producer labels
+//! its messages.
 
 use std::fmt;
 
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
+use crate::delivery::Delivery;
 use crate::error::BoxError;
+use crate::extract::Context;
+use crate::message::{CONTENT_TYPE_HEADER, JSON_CONTENT_TYPE};
 
 /// A payload that could not be decoded. The delivery is rejected (dead-lettered where the
 /// queue has a dead-letter queue) with this as the reason, and one error is logged.
@@ -34,12 +45,103 @@ impl DecodeError {
     pub fn format(&self) -> &'static str {
         self.format
     }
+
+    /// A delivery labelled `found`, which `format` does not read.
+    fn unexpected_content_type(format: &PayloadFormat, found: &str) -> Self {
+        let reads = format.content_types.join(", ");
+        DecodeError::new(
+            format.name,
+            format!(
+                "its content type is `{found}`, and {} reads {reads}",
+                format.name
+            ),
+        )
+    }
+}
+
+/// The format a payload type reads: its name and content types, for decode errors, for
+/// the content-type check and for what describes the service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PayloadFormat {
+    /// A short name, as decode errors give it (`json`, `msgpack`, ...).
+    pub name: &'static str,
+    /// The content types of the format, the usual one first; compared without
+    /// parameters (`; charset=...`) and case.
+    pub content_types: &'static [&'static str],
+    /// Whether a delivery labelled with another content type is rejected before it is
+    /// decoded (unless the mount takes any content type).
+    pub checked: bool,
+}
+
+impl PayloadFormat {
+    /// A format named `name` that reads `content_types` and rejects others.
+    pub const fn checked(name: &'static str, content_types: &'static [&'static str]) -> Self {
+        PayloadFormat {
+            name,
+            content_types,
+            checked: true,
+        }
+    }
+
+    /// A format named `name` whose usual content types are `content_types`, which
+    /// decodes a delivery whatever its label.
+    pub const fn unchecked(name: &'static str, content_types: &'static [&'static str]) -> Self {
+        PayloadFormat {
+            name,
+            content_types,
+            checked: false,
+        }
+    }
+
+    /// Whether the format reads `content_type` (parameters and case aside).
+    pub fn reads(&self, content_type: &str) -> bool {
+        let essence = content_type.split(';').next().unwrap_or_default().trim();
+        self.content_types
+            .iter()
+            .any(|known| known.eq_ignore_ascii_case(essence))
+    }
 }
 
 /// A type a handler can take its payload as.
+///
+/// ```
+/// use conveyor::{Bytes, DecodeError, FromPayload, PayloadFormat};
+///
+/// /// A payload in a format of the team's own.
+/// struct Csv(Vec<String>);
+///
+/// impl FromPayload for Csv {
+///     const FORMAT: Option<PayloadFormat> = Some(PayloadFormat::checked("csv", &["text/csv"]));
+///
+///     fn from_payload(payload: &Bytes) -> Result<Self, DecodeError> {
+///         let text = std::str::from_utf8(payload).map_err(|e| DecodeError::new("csv", e))?;
+///         Ok(Csv(text.split(',').map(str::to_string).collect()))
+///     }
+/// }
+/// ```
 pub trait FromPayload: Sized + Send + 'static {
+    /// The format this type reads, if it reads one: where it is
+    /// [checked](PayloadFormat::checked), a delivery labelled with a content type of
+    /// another format is rejected before [`from_payload`](Self::from_payload) is called.
+    /// `None` (the default): every payload is given to `from_payload`.
+    const FORMAT: Option<PayloadFormat> = None;
+
     /// Decodes the payload.
     fn from_payload(payload: &Bytes) -> Result<Self, DecodeError>;
+}
+
+/// Decodes `delivery`'s payload as `P`, after checking its content type where `P`'s
+/// format asks for it and the mount does not take any.
+pub(crate) fn decode<P: FromPayload>(delivery: &Delivery, cx: &Context) -> Result<P, DecodeError> {
+    // A constant per payload type: a codec that checks nothing pays nothing here.
+    if let Some(format) = P::FORMAT.filter(|format| format.checked) {
+        let found = delivery.headers().get_str(CONTENT_TYPE_HEADER);
+        if let Some(found) = found.filter(|found| !cx.any_content_type() && !format.reads(found)) {
+            return Err(DecodeError::unexpected_content_type(&format, found));
+        }
+    }
+    P::from_payload(delivery.payload())
 }
 
 /// A JSON payload, decoded with serde.
@@ -63,7 +165,12 @@ impl<T: fmt::Debug> fmt::Debug for Json<T> {
     }
 }
 
+/// JSON is decoded whatever the delivery's label: many producers send it as `text/plain`
+/// or with no content type at all.
 impl<T: DeserializeOwned + Send + 'static> FromPayload for Json<T> {
+    const FORMAT: Option<PayloadFormat> =
+        Some(PayloadFormat::unchecked("json", &[JSON_CONTENT_TYPE]));
+
     fn from_payload(payload: &Bytes) -> Result<Self, DecodeError> {
         serde_json::from_slice(payload)
             .map(Json)

@@ -13,7 +13,7 @@ use crate::error::Error;
 use crate::handler::CallBatch;
 use crate::mount::DEFAULT_BATCH_SIZE;
 use crate::outcome::Settlement;
-use crate::payload::FromPayload;
+use crate::payload::decode;
 use crate::support::RetryPause;
 use crate::transport::Subscriber;
 
@@ -82,7 +82,7 @@ async fn decode_and_run<H: CallBatch>(handler: &H, gathered: &mut Vec<Delivery>,
     for delivery in gathered.drain(..) {
         // Decoding runs user code (`FromPayload`, serde): a panic there fails this one.
         let decoded = catch_unwind(AssertUnwindSafe(|| {
-            H::Payload::from_payload(delivery.payload())
+            decode::<H::Payload>(&delivery, &run.cx)
         }));
         match decoded {
             Ok(Ok(payload)) => {
