@@ -1,0 +1,64 @@
+//! One pass over a queue's ready messages: received and held, until the command settles
+//! each (a delivery dropped unsettled goes back to the queue).
+
+use std::time::Duration;
+
+use conveyor::{Broker, Delivery, Source, SubscribeSettings, Subscriber};
+
+use crate::Failure;
+
+/// How long a pass waits for the next message before it takes the queue to be done:
+/// ready messages that another consumer took meanwhile never come.
+const IDLE: Duration = Duration::from_secs(5);
+
+/// A subscription on one queue, holding up to its window of messages.
+pub struct Pass<S> {
+    queue: String,
+    subscriber: S,
+}
+
+/// The pass of a broker's queue.
+pub type PassOf<B> = Pass<<<B as Broker>::Queue as Source>::Subscriber>;
+
+/// How many messages of `queue` are ready now.
+pub async fn ready<B: Broker>(broker: &B, queue: &str) -> Result<u64, Failure> {
+    broker
+        .queue_depth(queue)
+        .await
+        .map(|depth| depth.ready)
+        .map_err(|error| Failure::call(&format!("reading the depth of `{queue}`"), &error))
+}
+
+/// Subscribes to `queue`, holding at most `window` messages unsettled.
+pub async fn open<B: Broker>(broker: &B, queue: &str, window: usize) -> Result<PassOf<B>, Failure> {
+    let subscriber = broker
+        .queue(queue)
+        .subscribe(SubscribeSettings::new(window.max(1)))
+        .await
+        .map_err(|error| Failure::call(&format!("receiving from `{queue}`"), &error))?;
+    Ok(Pass {
+        queue: queue.to_string(),
+        subscriber,
+    })
+}
+
+impl<S: Subscriber> Pass<S> {
+    /// The next message, or `None` once none comes for a while (or the queue is gone).
+    pub async fn next(&mut self) -> Result<Option<Delivery>, Failure> {
+        match tokio::time::timeout(IDLE, self.subscriber.recv()).await {
+            Err(_) | Ok(None) => Ok(None),
+            Ok(Some(Ok(delivery))) => Ok(Some(delivery)),
+            Ok(Some(Err(error))) => Err(Failure::call(
+                &format!("receiving from `{}`", self.queue),
+                &error,
+            )),
+        }
+    }
+
+    /// Hands back what the transport read ahead, and closes the subscription once what
+    /// was settled has reached the broker.
+    pub async fn close(mut self) {
+        self.subscriber.stop_receiving().await;
+        self.subscriber.close().await;
+    }
+}

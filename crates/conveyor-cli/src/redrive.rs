@@ -1,0 +1,285 @@
+//! `conveyor redrive DLQ --to QUEUE [--filter NAME=VALUE] [--limit N] [--dry-run]`.
+//!
+//! Each message is published to the target and confirmed by the broker before it is
+//! removed from the dead-letter queue: a redrive stopped at any point loses nothing. A
+//! Ctrl-C or SIGTERM is acted on between two messages, never between a message's publish
+//! and its removal, so a redrive interrupted that way and run again moves each message
+//! once; killed outright (SIGKILL, a lost connection) at the wrong moment, one message
+//! may reach the target twice, as with any at-least-once move.
+
+use conveyor::{
+    Broker, CONTENT_TYPE_HEADER, CORRELATION_ID_HEADER, Delivery, MESSAGE_ID_HEADER, Message,
+    REPLY_TO_HEADER, Settlement,
+};
+use indicatif::ProgressBar;
+use std::time::Duration;
+use tokio::time::MissedTickBehavior;
+
+use crate::interrupt::Interrupt;
+use crate::pass::{open, ready};
+use crate::{Failure, show};
+
+/// The header a redriven message carries: how many times it was redriven.
+pub const REDRIVEN_HEADER: &str = "x-conveyor-redriven";
+
+/// The most messages a redrive holds at once: those it passes over (a filter's
+/// non-matches, a dry run's) stay held until the end, so they are not received twice.
+const WINDOW: u64 = 5_000;
+
+/// What a redrive does.
+#[derive(Debug)]
+pub struct Plan {
+    /// The dead-letter queue.
+    pub from: String,
+    /// The target queue.
+    pub to: String,
+    /// Only messages with this header value move.
+    pub filter: Option<(String, String)>,
+    /// At most this many move.
+    pub limit: Option<u64>,
+    /// Show, move nothing.
+    pub dry_run: bool,
+    /// The least time between two moves (`--rate`).
+    pub pause: Option<Duration>,
+}
+
+impl Plan {
+    fn takes(&self, delivery: &Delivery) -> bool {
+        self.filter
+            .as_ref()
+            .is_none_or(|(name, value)| delivery.headers().get_str(name) == Some(value.as_str()))
+    }
+}
+
+/// How a pass ended.
+enum End {
+    Done,
+    Interrupted,
+    Failed(Failure),
+}
+
+/// Runs the redrive `plan` on `broker`.
+pub async fn run<B: Broker>(broker: &B, plan: &Plan) -> Result<(), Failure> {
+    let ready_now = ready(broker, &plan.from).await?;
+    // A missing target fails here, before any message is taken.
+    ready(broker, &plan.to).await?;
+    if ready_now == 0 {
+        println!("`{}` has no message ready", plan.from);
+        return Ok(());
+    }
+    // Before any message is held: a signal from here on ends the pass cleanly.
+    let mut interrupt = Interrupt::listen()?;
+    let window = usize::try_from(ready_now.min(WINDOW)).unwrap_or(1);
+    let mut pass = open(broker, &plan.from, window).await?;
+    let bar = ProgressBar::new(plan.limit.unwrap_or(ready_now).min(ready_now));
+    let mut pace = plan.pause.map(|pause| {
+        let mut pace = tokio::time::interval(pause);
+        pace.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        pace
+    });
+
+    let (mut seen, mut moved) = (0u64, 0u64);
+    let mut passed_over = Vec::new();
+    let end = loop {
+        if seen >= ready_now || plan.limit.is_some_and(|limit| moved >= limit) {
+            break End::Done;
+        }
+        if let Some(pace) = &mut pace {
+            tokio::select! {
+                biased;
+                () = interrupt.recv() => break End::Interrupted,
+                _ = pace.tick() => {}
+            }
+        }
+        let next = tokio::select! {
+            biased;
+            () = interrupt.recv() => break End::Interrupted,
+            next = pass.next() => next,
+        };
+        let delivery = match next {
+            Ok(Some(delivery)) => delivery,
+            Ok(None) => break End::Done,
+            Err(failure) => break End::Failed(failure),
+        };
+        seen += 1;
+        if !plan.takes(&delivery) {
+            passed_over.push(delivery);
+            continue;
+        }
+        moved += 1;
+        if plan.dry_run {
+            bar.suspend(|| {
+                print!(
+                    "{}",
+                    show::delivery(usize::try_from(moved).unwrap_or(0), &delivery)
+                )
+            });
+            passed_over.push(delivery);
+            continue;
+        }
+        // Published and confirmed, then removed: never removed first.
+        if let Err(error) = broker.publish(&plan.to, redriven(&delivery)).await {
+            moved -= 1;
+            drop(delivery);
+            break End::Failed(Failure::call(
+                &format!("publishing to `{}`", plan.to),
+                &error,
+            ));
+        }
+        delivery.settle(Settlement::Ack);
+        bar.inc(1);
+    };
+    bar.finish_and_clear();
+    for delivery in passed_over {
+        delivery.settle(Settlement::Release);
+    }
+    pass.close().await;
+
+    let verb = if plan.dry_run { "would move" } else { "moved" };
+    let summary = format!(
+        "{verb} {moved} of {seen} looked at in `{}` to `{}`",
+        plan.from, plan.to
+    );
+    match end {
+        End::Done => {
+            println!("{summary}");
+            Ok(())
+        }
+        End::Interrupted => Err(Failure::interrupted(format!(
+            "interrupted: {summary}; the rest stays in `{}`",
+            plan.from
+        ))),
+        End::Failed(failure) => Err(Failure::broker(format!(
+            "{failure} ({summary}; the rest stays in `{}`)",
+            plan.from
+        ))),
+    }
+}
+
+/// The message that carries `delivery` back: its payload, key, properties and headers,
+/// marked redriven, without the transports' count of its attempts (which would send it
+/// straight back to the dead-letter queue). Its message id is the original's with
+/// `.redrive-N` after it, N counting the redrives.
+fn redriven(delivery: &Delivery) -> Message {
+    let mut builder = Message::builder();
+    let mut times: u32 = 1;
+    let mut message_id = None;
+    for (name, value) in delivery.headers().iter() {
+        let name_lower = name.to_ascii_lowercase();
+        let text = || String::from_utf8_lossy(value).into_owned();
+        builder = match name_lower.as_str() {
+            REDRIVEN_HEADER => {
+                let before = std::str::from_utf8(value)
+                    .ok()
+                    .and_then(|t| t.parse::<u32>().ok());
+                times = before.unwrap_or(0).saturating_add(1);
+                builder
+            }
+            CONTENT_TYPE_HEADER => builder.content_type(text()),
+            MESSAGE_ID_HEADER => {
+                message_id = Some(text());
+                builder
+            }
+            CORRELATION_ID_HEADER => builder.correlation_id(text()),
+            REPLY_TO_HEADER => builder.reply_to(text()),
+            name if is_bookkeeping(name) => builder,
+            _ => builder.header(name.to_string(), value.clone()),
+        };
+    }
+    if let Some(key) = delivery.partition_key() {
+        builder = builder.partition_key(key.clone());
+    }
+    // A redrive is a send of its own: were it to keep the id, an SQS FIFO queue would take
+    // it for the original's duplicate (its deduplication id) and drop it. Its own id is
+    // the same in every try of one redrive, so a FIFO queue drops the second send of a
+    // redrive killed between its send and its removal.
+    if let Some(id) = message_id {
+        builder = builder.message_id(format!("{id}.redrive-{times}"));
+    }
+    builder
+        .header(REDRIVEN_HEADER, times.to_string())
+        .payload(delivery.payload().clone())
+}
+
+/// Headers a transport keeps for itself: attempt counts, death records, and where it
+/// carries the partition key (set again from the delivery's key).
+fn is_bookkeeping(lowercase_name: &str) -> bool {
+    [
+        conveyor_lapin::ATTEMPTS_HEADER,
+        conveyor_lapin::DELIVERY_COUNT_HEADER,
+        conveyor_lapin::PARTITION_KEY_HEADER,
+        conveyor::memory::PARTITION_KEY_HEADER,
+        "messagegroupid",
+        "x-death",
+    ]
+    .contains(&lowercase_name)
+        || lowercase_name.starts_with("x-first-death-")
+        || lowercase_name.starts_with("x-last-death-")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use conveyor::{Headers, PartitionKey, Settle, Settled};
+
+    use super::*;
+
+    struct Nowhere;
+    impl Settle for Nowhere {
+        fn settle(&self, _settled: Settled<'_>) {}
+    }
+
+    fn dead(headers: &[(&str, &str)]) -> Delivery {
+        let mut all = Headers::new();
+        for (name, value) in headers {
+            all.insert(name.to_string(), value.to_string());
+        }
+        Delivery::new("{}".into(), "dead".into(), Arc::new(Nowhere), 1)
+            .with_headers(all)
+            .with_partition_key(Some(PartitionKey::new("alice")))
+    }
+
+    #[test]
+    fn a_redriven_message_keeps_its_headers_key_and_properties_and_drops_its_attempts() {
+        let delivery = dead(&[
+            ("x-tenant", "acme"),
+            (conveyor::REJECT_REASON_HEADER, "bad order"),
+            ("content-type", "application/json"),
+            ("message-id", "m-1"),
+            (conveyor_lapin::ATTEMPTS_HEADER, "5"),
+            ("x-first-death-reason", "rejected"),
+            ("MessageGroupId", "alice"),
+        ]);
+        let message = redriven(&delivery);
+        assert_eq!(message.headers().get_str("x-tenant"), Some("acme"));
+        assert_eq!(
+            message.headers().get_str(conveyor::REJECT_REASON_HEADER),
+            Some("bad order")
+        );
+        assert_eq!(message.content_type(), Some("application/json"));
+        assert_eq!(message.message_id(), Some("m-1.redrive-1"));
+        assert_eq!(
+            message.partition_key().map(PartitionKey::as_str),
+            Some("alice")
+        );
+        assert_eq!(message.headers().get_str(REDRIVEN_HEADER), Some("1"));
+        for gone in [
+            conveyor_lapin::ATTEMPTS_HEADER,
+            "x-first-death-reason",
+            "MessageGroupId",
+        ] {
+            assert!(!message.headers().contains(gone), "{gone} kept");
+        }
+    }
+
+    #[test]
+    fn a_message_redriven_again_counts_its_redrives() {
+        let message = redriven(&dead(&[
+            (REDRIVEN_HEADER, "2"),
+            ("message-id", "m-1.redrive-2"),
+        ]));
+        assert_eq!(message.headers().get_str(REDRIVEN_HEADER), Some("3"));
+        assert_eq!(message.message_id(), Some("m-1.redrive-2.redrive-3"));
+    }
+}

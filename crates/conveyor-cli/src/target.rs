@@ -1,0 +1,163 @@
+//! Which broker a command talks to, from its URL: `amqp://…` and `amqps://…` for
+//! RabbitMQ, `sqs://region[/endpoint]` for SQS (credentials from the standard AWS chain).
+
+use std::fmt;
+use std::time::Duration;
+
+use conveyor_lapin::{LapinBroker, redact_url};
+use conveyor_sqs::SqsBroker;
+
+use crate::Failure;
+
+/// A broker URL, parsed.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Target {
+    /// RabbitMQ at this AMQP URL (which may hold a password).
+    Amqp(String),
+    /// SQS in `region`, at `endpoint` when one is given (an emulator, a VPC endpoint).
+    Sqs {
+        region: String,
+        endpoint: Option<String>,
+    },
+}
+
+/// How long an SQS receive long-polls: short, so that a command ends soon after a queue
+/// runs dry.
+const SQS_WAIT: Duration = Duration::from_secs(2);
+
+impl Target {
+    /// Parses `url`; the error names the URL with its password hidden.
+    pub fn parse(url: &str) -> Result<Target, Failure> {
+        if url.starts_with("amqp://") || url.starts_with("amqps://") {
+            return Ok(Target::Amqp(url.to_string()));
+        }
+        let Some(rest) = url.strip_prefix("sqs://") else {
+            return Err(Failure::usage(format!(
+                "unknown broker URL `{}`: expected amqp://…, amqps://… or sqs://region[/endpoint]",
+                redact_url(url)
+            )));
+        };
+        let (region, endpoint) = match rest.split_once('/') {
+            Some((region, endpoint)) if !endpoint.is_empty() => (region, Some(endpoint)),
+            Some((region, _)) => (region, None),
+            None => (rest, None),
+        };
+        if region.is_empty() {
+            return Err(Failure::usage(format!(
+                "the SQS URL `{}` names no region: sqs://us-east-1, say",
+                redact_url(url)
+            )));
+        }
+        Ok(Target::Sqs {
+            region: region.to_string(),
+            endpoint: endpoint.map(endpoint_url),
+        })
+    }
+
+    /// Connects to RabbitMQ.
+    pub async fn rabbitmq(url: &str) -> Result<LapinBroker, Failure> {
+        // The error names the URL, its password hidden.
+        LapinBroker::connect(url)
+            .await
+            .map_err(|error| Failure::broker(conveyor::Report(&error).to_string()))
+    }
+
+    /// Makes the SQS client (nothing is sent until the first command).
+    pub async fn sqs(region: &str, endpoint: Option<&str>) -> Result<SqsBroker, Failure> {
+        let mut builder = SqsBroker::builder().region(region).wait_time(SQS_WAIT);
+        if let Some(endpoint) = endpoint {
+            builder = builder.endpoint(endpoint);
+        }
+        builder.build().await.map_err(|error| {
+            Failure::broker(format!(
+                "cannot set up SQS in {region}: {}",
+                conveyor::Report(&error)
+            ))
+        })
+    }
+}
+
+/// An endpoint with its scheme: as given, or `http://` for the local machine (an
+/// emulator) and `https://` for any other host.
+fn endpoint_url(endpoint: &str) -> String {
+    if endpoint.contains("://") {
+        return endpoint.to_string();
+    }
+    let host = endpoint.split([':', '/']).next().unwrap_or_default();
+    let local = matches!(host, "localhost" | "127.0.0.1" | "[::1]");
+    let scheme = if local { "http" } else { "https" };
+    format!("{scheme}://{endpoint}")
+}
+
+/// Shows the URL as it is safe to print: the AMQP password hidden.
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Amqp(url) => f.write_str(&redact_url(url)),
+            Target::Sqs { region, endpoint } => match endpoint {
+                Some(endpoint) => write!(f, "sqs://{region}/{endpoint}"),
+                None => write!(f, "sqs://{region}"),
+            },
+        }
+    }
+}
+
+impl fmt::Debug for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn amqp_urls_are_kept_whole_and_shown_without_their_password() {
+        let target = Target::parse("amqp://app:s3cret@rabbit:5672/prod").unwrap();
+        assert_eq!(
+            target,
+            Target::Amqp("amqp://app:s3cret@rabbit:5672/prod".into())
+        );
+        assert_eq!(target.to_string(), "amqp://app:***@rabbit:5672/prod");
+    }
+
+    #[test]
+    fn sqs_urls_give_a_region_and_an_optional_endpoint() {
+        assert_eq!(
+            Target::parse("sqs://eu-west-1").unwrap(),
+            Target::Sqs {
+                region: "eu-west-1".into(),
+                endpoint: None
+            }
+        );
+        assert_eq!(
+            Target::parse("sqs://us-east-1/127.0.0.1:4566").unwrap(),
+            Target::Sqs {
+                region: "us-east-1".into(),
+                endpoint: Some("http://127.0.0.1:4566".into())
+            }
+        );
+        assert_eq!(
+            Target::parse("sqs://us-east-1/https://sqs.internal:443").unwrap(),
+            Target::Sqs {
+                region: "us-east-1".into(),
+                endpoint: Some("https://sqs.internal:443".into())
+            }
+        );
+        assert_eq!(
+            Target::parse("sqs://us-east-1/vpce.example.com").unwrap(),
+            Target::Sqs {
+                region: "us-east-1".into(),
+                endpoint: Some("https://vpce.example.com".into())
+            }
+        );
+    }
+
+    #[test]
+    fn a_bad_url_is_refused_without_its_password() {
+        let error = Target::parse("redis://u:hunter2@host").unwrap_err();
+        assert!(!error.to_string().contains("hunter2"), "{error}");
+        assert!(Target::parse("sqs://").is_err());
+    }
+}

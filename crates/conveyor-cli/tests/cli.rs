@@ -1,0 +1,637 @@
+//! The `conveyor` binary, run as a subprocess against the live RabbitMQ and the SQS
+//! emulator (`scripts/services/`): each command on each broker, the dead-letter redrive
+//! with its filter, limit and dry run, and a redrive interrupted mid-way and run again.
+
+use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use conveyor::{App, Broker, DeadLetter, Message, Outcome, QueueSpec};
+use conveyor_lapin::LapinBroker;
+use conveyor_sqs::SqsBroker;
+use tokio::io::AsyncWriteExt;
+use tokio::process::Command;
+
+const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+const SQS_URL: &str = "sqs://us-east-1/127.0.0.1:4566";
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// A broker under test, and how the binary reaches it.
+struct Live<B> {
+    broker: B,
+    url: &'static str,
+    /// Whether queues are FIFO: on SQS, where only FIFO queues carry a partition key.
+    fifo: bool,
+}
+
+async fn rabbitmq() -> Live<LapinBroker> {
+    let broker = LapinBroker::connect(AMQP_URL)
+        .await
+        .expect("RabbitMQ on 127.0.0.1:5672 (scripts/services/rabbitmq.sh)");
+    Live {
+        broker,
+        url: AMQP_URL,
+        fifo: false,
+    }
+}
+
+async fn sqs() -> Live<SqsBroker> {
+    let broker = SqsBroker::builder()
+        .endpoint("http://127.0.0.1:4566")
+        .region("us-east-1")
+        .static_credentials("test", "test")
+        .wait_time(Duration::from_secs(1))
+        .build()
+        .await
+        .expect("the SQS emulator on 127.0.0.1:4566 (scripts/services/sqs.sh)");
+    Live {
+        broker,
+        url: SQS_URL,
+        fifo: true,
+    }
+}
+
+fn unique(stem: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("cli-{stem}-{}-{nanos:x}-{n}", std::process::id())
+}
+
+/// What a run of the binary printed, and how it ended.
+#[derive(Debug)]
+struct Ran {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+impl<B: Broker> Live<B> {
+    /// The binary, on this broker; SQS credentials from the environment, as the
+    /// standard chain reads them.
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_conveyor"));
+        command
+            .arg("--broker")
+            .arg(self.url)
+            .args(args)
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        command
+    }
+
+    async fn run(&self, args: &[&str]) -> Ran {
+        self.run_with_input(args, None).await
+    }
+
+    async fn run_with_input(&self, args: &[&str], input: Option<&[u8]>) -> Ran {
+        let mut command = self.command(args);
+        if input.is_some() {
+            command.stdin(Stdio::piped());
+        }
+        let mut child = command.spawn().expect("the conveyor binary starts");
+        if let Some(input) = input {
+            let mut stdin = child.stdin.take().expect("a piped stdin");
+            stdin.write_all(input).await.expect("stdin takes the input");
+            drop(stdin);
+        }
+        let output = tokio::time::timeout(DEADLINE, child.wait_with_output())
+            .await
+            .expect("the command ends within the deadline")
+            .expect("the command's output");
+        Ran {
+            status: output.status,
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    fn name(&self, stem: &str) -> String {
+        let name = unique(stem);
+        if self.fifo {
+            format!("{name}.fifo")
+        } else {
+            name
+        }
+    }
+
+    async fn declare(&self, stem: &str) -> String {
+        let name = self.name(stem);
+        self.broker
+            .declare_queue(&QueueSpec::new(name.as_str()))
+            .await
+            .expect("the queue is declared");
+        name
+    }
+
+    /// A queue whose rejected messages go to a dead-letter queue: (queue, dlq).
+    async fn declare_with_dead_letters(&self, stem: &str) -> (String, String) {
+        let dead = self.declare(&format!("{stem}-dead")).await;
+        let name = self.name(stem);
+        let spec = QueueSpec::new(name.as_str()).dead_letter_queue(dead.as_str(), 10);
+        self.broker
+            .declare_queue(&spec)
+            .await
+            .expect("the queue is declared");
+        (name, dead)
+    }
+
+    async fn ready(&self, queue: &str) -> u64 {
+        self.broker
+            .queue_depth(queue)
+            .await
+            .expect("the queue's depth")
+            .ready
+    }
+
+    async fn wait_ready(&self, queue: &str, count: u64) {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            let ready = self.ready(queue).await;
+            if ready == count {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "`{queue}` holds {ready} ready, not {count}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Takes every message of `queue` out (waiting until `count` are there).
+    async fn take(&self, queue: &str, count: usize) -> Vec<DeadLetter> {
+        let mut taken = Vec::new();
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        while taken.len() < count {
+            let more = self
+                .broker
+                .take_dead_letters(queue, count - taken.len())
+                .await
+                .expect("messages taken");
+            taken.extend(more);
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "`{queue}` gave {} of {count}",
+                taken.len()
+            );
+        }
+        taken
+    }
+
+    async fn delete(&self, queues: &[&str]) {
+        for queue in queues {
+            let _ = self.broker.delete_queue(queue).await;
+        }
+    }
+}
+
+fn json(id: u32, tenant: &str) -> Message {
+    Message::builder()
+        .partition_key(format!("k{id}"))
+        .header("x-tenant", tenant.to_string())
+        .message_id(format!("m-{id}"))
+        .json(&serde_json::json!({ "id": id, "tenant": tenant }))
+        .expect("JSON encodes")
+}
+
+fn id_of(letter: &DeadLetter) -> u64 {
+    let body: serde_json::Value = serde_json::from_slice(&letter.payload).expect("a JSON body");
+    body["id"].as_u64().expect("an id")
+}
+
+async fn refuse(_: conveyor::Bytes) -> Outcome {
+    Outcome::Reject
+}
+
+/// Dead-letters `messages` the way a service does: published to `queue`, rejected by a
+/// handler, so each arrives in the dead-letter queue with the transport's headers and
+/// Conveyor's reason.
+async fn dead_letter<B: Broker>(live: &Live<B>, queue: &str, dead: &str, messages: Vec<Message>) {
+    let count = u64::try_from(messages.len()).expect("a count");
+    live.broker
+        .publish_batch(queue, messages)
+        .await
+        .expect("published");
+    let app = App::new("refuser")
+        .mount(live.broker.queue(queue), refuse, |m| m)
+        .start()
+        .await
+        .expect("the refuser starts");
+    live.wait_ready(dead, count).await;
+    app.shutdown().await.expect("the refuser stops");
+}
+
+async fn depth_prints_each_queues_counts<B: Broker>(live: Live<B>) {
+    let (a, b) = (live.declare("depth-a").await, live.declare("depth-b").await);
+    let messages = (0..3).map(|id| json(id, "acme")).collect();
+    live.broker
+        .publish_batch(&a, messages)
+        .await
+        .expect("published");
+    live.wait_ready(&a, 3).await;
+    let ran = live.run(&["depth", &a, &b]).await;
+    assert!(ran.status.success(), "{ran:?}");
+    let rows: Vec<Vec<&str>> = ran
+        .stdout
+        .lines()
+        .map(|line| line.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows[0], ["QUEUE", "READY", "IN", "FLIGHT", "DELAYED"]);
+    assert_eq!(rows[1][..2], [a.as_str(), "3"]);
+    assert_eq!(rows[2][..2], [b.as_str(), "0"]);
+    assert_eq!(rows.len(), 3);
+    live.delete(&[&a, &b]).await;
+}
+
+async fn depth_watch_redraws_the_table_in_place_until_interrupted<B: Broker>(live: Live<B>) {
+    use tokio::io::AsyncReadExt;
+
+    let queue = live.declare("watch").await;
+    let mut child = live
+        .command(&["depth", &queue, "--watch", "0.1"])
+        .spawn()
+        .expect("the watch starts");
+    let mut stdout = child.stdout.take().expect("a piped stdout");
+    let mut seen = Vec::new();
+    let mut chunk = [0u8; 1024];
+    // The second table comes after the cursor is moved back up over the first (two
+    // lines: the heading and the queue) and the screen cleared from there.
+    let redraw = b"\x1b[2F\x1b[J";
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !seen.windows(redraw.len()).any(|w| w == redraw) {
+        let read = tokio::time::timeout_at(deadline, stdout.read(&mut chunk))
+            .await
+            .expect("the table is redrawn within the deadline")
+            .expect("stdout reads");
+        assert!(
+            read > 0,
+            "the watch ended: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&chunk[..read]);
+    }
+    let pid = child.id().expect("a running watch").to_string();
+    let signalled = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status();
+    assert!(signalled.expect("kill runs").success());
+    let status = tokio::time::timeout(DEADLINE, child.wait())
+        .await
+        .expect("the watch ends when interrupted")
+        .expect("its status");
+    assert!(status.success(), "{status:?}");
+    live.delete(&[&queue]).await;
+}
+
+async fn peek_shows_messages_and_leaves_them_in_the_queue<B: Broker>(live: Live<B>) {
+    let (queue, dead) = live.declare_with_dead_letters("peek").await;
+    dead_letter(
+        &live,
+        &queue,
+        &dead,
+        vec![json(1, "acme"), json(2, "globex")],
+    )
+    .await;
+    let ran = live.run(&["peek", &dead, "-n", "5"]).await;
+    assert!(ran.status.success(), "{ran:?}");
+    let out = &ran.stdout;
+    assert!(
+        out.contains("--- message 1\n") && out.contains("--- message 2\n"),
+        "{out}"
+    );
+    assert!(out.contains("partition key: k1"), "{out}");
+    assert!(out.contains("dead-letter reason: "), "{out}");
+    assert!(out.contains("  x-tenant: globex"), "{out}");
+    assert!(out.contains("attempt: "), "{out}");
+    // Pretty-printed JSON.
+    assert!(
+        out.contains("{\n  \"id\": 1,\n  \"tenant\": \"acme\"\n}"),
+        "{out}"
+    );
+    assert!(out.contains("2 shown of 2 ready"), "{out}");
+    // Nothing was consumed for good.
+    live.wait_ready(&dead, 2).await;
+    let ran = live.run(&["peek", &queue]).await;
+    assert!(ran.stdout.contains("has no message ready"), "{ran:?}");
+    live.delete(&[&queue, &dead]).await;
+}
+
+async fn publish_sends_one_message_or_one_per_line<B: Broker>(live: Live<B>) {
+    let queue = live.declare("publish").await;
+    let ran = live
+        .run_with_input(
+            &[
+                "publish",
+                &queue,
+                "--key",
+                "alice",
+                "--header",
+                "x-tenant=acme",
+            ],
+            Some(br#"{"id": 7}"#),
+        )
+        .await;
+    assert!(ran.status.success(), "{ran:?}");
+    assert_eq!(
+        ran.stdout.trim(),
+        format!("published 1 message to `{queue}`")
+    );
+    let lines = b"first line\n\nsecond line\r\nthird line\n";
+    let ran = live
+        .run_with_input(
+            &["publish", &queue, "--key", "bob", "--lines", "-"],
+            Some(lines),
+        )
+        .await;
+    assert!(ran.status.success(), "{ran:?}");
+    assert!(ran.stdout.contains("published 3 messages"), "{ran:?}");
+
+    let taken = live.take(&queue, 4).await;
+    let json = taken
+        .iter()
+        .find(|m| m.payload.as_ref() == br#"{"id": 7}"#)
+        .expect("the JSON message");
+    assert_eq!(
+        json.partition_key.as_ref().map(|k| k.as_str()),
+        Some("alice")
+    );
+    assert_eq!(json.headers.get_str("x-tenant"), Some("acme"));
+    assert_eq!(
+        json.headers.get_str(conveyor::CONTENT_TYPE_HEADER),
+        Some("application/json")
+    );
+    let mut texts: Vec<&[u8]> = taken.iter().map(|m| m.payload.as_ref()).collect();
+    texts.sort();
+    assert_eq!(
+        texts,
+        [
+            &b"first line"[..],
+            b"second line",
+            b"third line",
+            br#"{"id": 7}"#
+        ]
+    );
+    live.delete(&[&queue]).await;
+}
+
+async fn redrive_moves_dead_letters_back_marked_and_keeps_the_rest<B: Broker>(live: Live<B>) {
+    let (queue, dead) = live.declare_with_dead_letters("redrive").await;
+    let messages = (0..6)
+        .map(|id| json(id, if id % 2 == 0 { "acme" } else { "globex" }))
+        .collect();
+    dead_letter(&live, &queue, &dead, messages).await;
+
+    // A dry run shows what would move and moves nothing.
+    let ran = live
+        .run(&[
+            "redrive",
+            &dead,
+            "--to",
+            &queue,
+            "--filter",
+            "x-tenant=acme",
+            "--dry-run",
+        ])
+        .await;
+    assert!(ran.status.success(), "{ran:?}");
+    assert!(ran.stdout.contains("would move 3 of 6"), "{ran:?}");
+    live.wait_ready(&dead, 6).await;
+    assert_eq!(live.ready(&queue).await, 0);
+
+    // Two of acme's three, then the rest of acme's.
+    let ran = live
+        .run(&[
+            "redrive",
+            &dead,
+            "--to",
+            &queue,
+            "--filter",
+            "x-tenant=acme",
+            "--limit",
+            "2",
+        ])
+        .await;
+    assert!(ran.status.success(), "{ran:?}");
+    assert!(ran.stdout.contains("moved 2 of "), "{ran:?}");
+    live.wait_ready(&dead, 4).await;
+    let ran = live
+        .run(&[
+            "redrive",
+            &dead,
+            "--to",
+            &queue,
+            "--filter",
+            "x-tenant=acme",
+        ])
+        .await;
+    assert!(ran.status.success(), "{ran:?}");
+    live.wait_ready(&dead, 3).await;
+
+    let moved = live.take(&queue, 3).await;
+    let mut ids: Vec<u64> = moved.iter().map(id_of).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, [0, 2, 4]);
+    for message in &moved {
+        assert_eq!(message.headers.get_str("x-conveyor-redriven"), Some("1"));
+        assert_eq!(message.headers.get_str("x-tenant"), Some("acme"));
+        let id = id_of(message);
+        let key = format!("k{id}");
+        assert_eq!(
+            message.partition_key.as_ref().map(|k| k.as_str()),
+            Some(key.as_str())
+        );
+        assert_eq!(
+            message.headers.get_str(conveyor::MESSAGE_ID_HEADER),
+            Some(format!("m-{id}.redrive-1").as_str())
+        );
+        // The attempts that sent it to the dead-letter queue are not carried back.
+        assert!(!message.headers.contains(conveyor_lapin::ATTEMPTS_HEADER));
+    }
+    live.delete(&[&queue, &dead]).await;
+}
+
+async fn an_interrupted_redrive_run_again_moves_each_message_exactly_once<B: Broker>(
+    live: Live<B>,
+) {
+    const TOTAL: u32 = 400;
+    let dead = live.declare("interrupted-dead").await;
+    let target = live.declare("interrupted").await;
+    let messages: Vec<Message> = (0..TOTAL).map(|id| json(id, "acme")).collect();
+    for chunk in messages.chunks(100) {
+        live.broker
+            .publish_batch(&dead, chunk.to_vec())
+            .await
+            .expect("published");
+    }
+    live.wait_ready(&dead, u64::from(TOTAL)).await;
+
+    // Paced, so that it is still moving when the interrupt comes: 400 at 50 a second
+    // take eight seconds, and the interrupt follows the first arrival.
+    let child = live
+        .command(&["redrive", &dead, "--to", &target, "--rate", "50"])
+        .spawn()
+        .expect("the redrive starts");
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while live.ready(&target).await == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "nothing moved");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pid = child.id().expect("a running redrive").to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .expect("kill runs");
+    assert!(killed.success());
+    let output = tokio::time::timeout(DEADLINE, child.wait_with_output())
+        .await
+        .expect("the interrupted redrive ends")
+        .expect("its output");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(130), "{stderr}");
+    assert!(
+        stderr.starts_with("conveyor: error: interrupted: moved "),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+
+    // Everything is in one queue or the other: what was held went back.
+    let moved = live.ready(&target).await;
+    assert!(moved > 0 && moved < u64::from(TOTAL), "{moved} moved");
+    live.wait_ready(&dead, u64::from(TOTAL) - moved).await;
+
+    let ran = live.run(&["redrive", &dead, "--to", &target]).await;
+    assert!(ran.status.success(), "{ran:?}");
+    live.wait_ready(&dead, 0).await;
+    let taken = live.take(&target, TOTAL as usize).await;
+    let mut ids: Vec<u64> = taken.iter().map(id_of).collect();
+    ids.sort_unstable();
+    assert_eq!(
+        ids,
+        (0..u64::from(TOTAL)).collect::<Vec<_>>(),
+        "each exactly once"
+    );
+    assert_eq!(live.ready(&target).await, 0, "nothing more in the target");
+    live.delete(&[&dead, &target]).await;
+}
+
+async fn failures_are_one_line_and_never_show_a_password<B: Broker>(live: Live<B>) {
+    let ran = live.run(&["depth", "no-such-queue-anywhere"]).await;
+    assert_eq!(ran.status.code(), Some(1), "{ran:?}");
+    assert!(ran.stderr.starts_with("conveyor: error: "), "{ran:?}");
+    assert_eq!(ran.stderr.trim_end().lines().count(), 1, "{ran:?}");
+    assert!(ran.stderr.contains("no-such-queue-anywhere"), "{ran:?}");
+    // A redrive to a queue that does not exist takes nothing out.
+    let dead = live.declare("orphan-dead").await;
+    live.broker
+        .publish(&dead, json(1, "acme"))
+        .await
+        .expect("published");
+    live.wait_ready(&dead, 1).await;
+    let ran = live
+        .run(&["redrive", &dead, "--to", "no-such-queue-anywhere"])
+        .await;
+    assert_eq!(ran.status.code(), Some(1), "{ran:?}");
+    live.wait_ready(&dead, 1).await;
+    live.delete(&[&dead]).await;
+}
+
+mod rabbitmq {
+    use super::*;
+
+    #[tokio::test]
+    async fn depth_prints_each_queues_counts() {
+        super::depth_prints_each_queues_counts(rabbitmq().await).await;
+    }
+
+    #[tokio::test]
+    async fn depth_watch_redraws_the_table_in_place_until_interrupted() {
+        super::depth_watch_redraws_the_table_in_place_until_interrupted(rabbitmq().await).await;
+    }
+
+    #[tokio::test]
+    async fn peek_shows_messages_and_leaves_them_in_the_queue() {
+        super::peek_shows_messages_and_leaves_them_in_the_queue(rabbitmq().await).await;
+    }
+
+    #[tokio::test]
+    async fn publish_sends_one_message_or_one_per_line() {
+        super::publish_sends_one_message_or_one_per_line(rabbitmq().await).await;
+    }
+
+    #[tokio::test]
+    async fn redrive_moves_dead_letters_back_marked_and_keeps_the_rest() {
+        super::redrive_moves_dead_letters_back_marked_and_keeps_the_rest(rabbitmq().await).await;
+    }
+
+    #[tokio::test]
+    async fn an_interrupted_redrive_run_again_moves_each_message_exactly_once() {
+        super::an_interrupted_redrive_run_again_moves_each_message_exactly_once(rabbitmq().await)
+            .await;
+    }
+
+    #[tokio::test]
+    async fn failures_are_one_line_and_never_show_a_password() {
+        super::failures_are_one_line_and_never_show_a_password(rabbitmq().await).await;
+        // A refused login names the URL with its password hidden.
+        let live = Live {
+            broker: rabbitmq().await.broker,
+            url: "amqp://guest:hunter2-secret@127.0.0.1:5672/%2f",
+            fifo: false,
+        };
+        let ran = live.run(&["depth", "anything"]).await;
+        assert_eq!(ran.status.code(), Some(1), "{ran:?}");
+        assert!(
+            ran.stderr.contains("amqp://guest:***@127.0.0.1:5672"),
+            "{ran:?}"
+        );
+        assert!(!ran.stderr.contains("hunter2"), "{ran:?}");
+        assert!(!ran.stdout.contains("hunter2"), "{ran:?}");
+    }
+}
+
+mod sqs {
+    use super::*;
+
+    #[tokio::test]
+    async fn depth_prints_each_queues_counts() {
+        super::depth_prints_each_queues_counts(sqs().await).await;
+    }
+
+    #[tokio::test]
+    async fn depth_watch_redraws_the_table_in_place_until_interrupted() {
+        super::depth_watch_redraws_the_table_in_place_until_interrupted(sqs().await).await;
+    }
+
+    #[tokio::test]
+    async fn peek_shows_messages_and_leaves_them_in_the_queue() {
+        super::peek_shows_messages_and_leaves_them_in_the_queue(sqs().await).await;
+    }
+
+    #[tokio::test]
+    async fn publish_sends_one_message_or_one_per_line() {
+        super::publish_sends_one_message_or_one_per_line(sqs().await).await;
+    }
+
+    #[tokio::test]
+    async fn redrive_moves_dead_letters_back_marked_and_keeps_the_rest() {
+        super::redrive_moves_dead_letters_back_marked_and_keeps_the_rest(sqs().await).await;
+    }
+
+    #[tokio::test]
+    async fn an_interrupted_redrive_run_again_moves_each_message_exactly_once() {
+        super::an_interrupted_redrive_run_again_moves_each_message_exactly_once(sqs().await).await;
+    }
+
+    #[tokio::test]
+    async fn failures_are_one_line_and_never_show_a_password() {
+        super::failures_are_one_line_and_never_show_a_password(sqs().await).await;
+    }
+}
