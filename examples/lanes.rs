@@ -3,6 +3,9 @@
 //! Run with `cargo run --example lanes`. It publishes five orders per group, handles them
 //! on two lanes keyed by the message group, prints which lane served which groups, and
 //! exits non-zero if any group's orders were handled out of order.
+//!
+//! `cargo run --example lanes -- --asyncapi lanes.json` writes the service's AsyncAPI 3.0
+//! document to `lanes.json` instead, and exits.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -14,7 +17,7 @@ use serde::{Deserialize, Serialize};
 const GROUPS: [&str; 3] = ["alice", "bob", "carol"];
 const ORDERS_PER_GROUP: u32 = 5;
 
-#[derive(Serialize, Deserialize)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
 struct Order {
     /// The order's place among its group's orders, from 1.
     number: u32,
@@ -43,9 +46,30 @@ async fn place(
     Ok(())
 }
 
+/// The service: orders handled on two lanes keyed by their group.
+fn app(broker: &MemoryBroker, ledger: &Ledger) -> App {
+    App::new("lanes")
+        .version(env!("CARGO_PKG_VERSION"))
+        .with_state(ledger.clone())
+        .mount(broker.queue("orders.fifo"), place, |m| {
+            m.workers(2).by_key().payload_schema::<Order>()
+        })
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let broker = MemoryBroker::new();
+    let ledger = Ledger::default();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let [flag, path] = args.as_slice()
+        && flag == "--asyncapi"
+    {
+        let document = app(&broker, &ledger).asyncapi();
+        std::fs::write(path, document.to_pretty_string())?;
+        println!("wrote the AsyncAPI document to {path}");
+        return Ok(());
+    }
+
     for number in 1..=ORDERS_PER_GROUP {
         for group in GROUPS {
             let order = Message::builder()
@@ -55,13 +79,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
 
-    let ledger = Ledger::default();
     let idle = broker.clone();
-    App::new("lanes")
-        .with_state(ledger.clone())
-        .mount(broker.queue("orders.fifo"), place, |m| {
-            m.workers(2).by_key()
-        })
+    app(&broker, &ledger)
         .run_until(async move { idle.wait_idle().await })
         .await?;
 

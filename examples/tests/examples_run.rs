@@ -46,6 +46,32 @@ fn run_with(name: &str, args: &[&str]) -> String {
 }
 
 #[test]
+fn the_lanes_example_writes_its_asyncapi_document() {
+    let path = std::env::temp_dir().join(format!("lanes-asyncapi-{}.json", std::process::id()));
+    let file = path.to_str().expect("a UTF-8 temporary path");
+    let stdout = run_with("lanes", &["--asyncapi", file]);
+    assert!(stdout.contains("wrote the AsyncAPI document"), "{stdout}");
+    let text = std::fs::read_to_string(&path).expect("the document was written");
+    let _ = std::fs::remove_file(&path);
+    let document: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(document["asyncapi"], "3.0.0");
+    assert_eq!(document["info"]["title"], "lanes");
+    let channel = &document["channels"]["orders.fifo"];
+    assert_eq!(channel["address"], "orders.fifo");
+    assert_eq!(
+        channel["messages"]["Order"]["payload"]["$ref"],
+        "#/components/schemas/Order"
+    );
+    let dispatch = &document["operations"]["receive_orders.fifo"]["x-conveyor-dispatch"];
+    assert_eq!(dispatch["mode"], "lanes");
+    assert_eq!(dispatch["lanes"], 2);
+    assert_eq!(
+        document["components"]["schemas"]["Order"]["properties"]["number"]["type"],
+        "integer"
+    );
+}
+
+#[test]
 fn the_lanes_example_keeps_each_group_in_order_and_exits_0() {
     let stdout = run("lanes");
     for group in ["alice", "bob", "carol"] {

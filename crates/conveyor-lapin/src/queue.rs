@@ -123,6 +123,32 @@ impl Source for LapinQueue {
         "rabbitmq"
     }
 
+    /// The AMQP 0.3.0 bindings: a queue channel; deliveries acked, publishes persistent
+    /// and mandatory (the portable publisher's defaults).
+    fn describe(&self, queue: &str) -> conveyor::asyncapi::QueueDescription {
+        conveyor::asyncapi::QueueDescription::new(Some(crate::PARTITION_KEY_HEADER))
+            .channel_binding(
+                "amqp",
+                serde_json::json!({
+                    "is": "queue",
+                    "queue": { "name": queue },
+                    "bindingVersion": "0.3.0",
+                }),
+            )
+            .receive_binding(
+                "amqp",
+                serde_json::json!({ "ack": true, "bindingVersion": "0.3.0" }),
+            )
+            .send_binding(
+                "amqp",
+                serde_json::json!({
+                    "deliveryMode": 2,
+                    "mandatory": true,
+                    "bindingVersion": "0.3.0",
+                }),
+            )
+    }
+
     /// The broker's own publisher: a handler's outputs go out as its other publishes do.
     fn publisher(&self) -> Option<conveyor::SharedPublisher> {
         Some(conveyor::SharedPublisher::new(self.broker.clone()))

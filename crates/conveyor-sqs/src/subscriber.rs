@@ -89,6 +89,20 @@ impl Source for SqsQueue {
         "aws_sqs"
     }
 
+    /// The SQS 0.2.0 bindings; on a FIFO queue, the partition key is the message group.
+    fn describe(&self, queue: &str) -> conveyor::asyncapi::QueueDescription {
+        let fifo = queue.ends_with(".fifo");
+        let described = serde_json::json!({ "name": queue, "fifoQueue": fifo });
+        let operation = serde_json::json!({ "queues": [described], "bindingVersion": "0.2.0" });
+        conveyor::asyncapi::QueueDescription::new(fifo.then_some(crate::PARTITION_KEY_HEADER))
+            .channel_binding(
+                "sqs",
+                serde_json::json!({ "queue": described, "bindingVersion": "0.2.0" }),
+            )
+            .receive_binding("sqs", operation.clone())
+            .send_binding("sqs", operation)
+    }
+
     /// The broker's own publisher: a handler's outputs go out as its other publishes do.
     fn publisher(&self) -> Option<conveyor::SharedPublisher> {
         Some(conveyor::SharedPublisher::new(self.broker.clone()))

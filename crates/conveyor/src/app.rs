@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::asyncapi::QueueDescription;
 use crate::dispatch::{Phase, Run, Shutdown};
 use crate::error::Error;
 use crate::extract::Context;
@@ -58,6 +59,8 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 /// ```
 pub struct App<L = Identity> {
     name: String,
+    /// The service's version, for its AsyncAPI document.
+    version: String,
     state: StateMap,
     mounts: Vec<Mount>,
     brokers: Vec<Close>,
@@ -80,6 +83,10 @@ struct Mount {
     layered: bool,
     /// Where the handler's outputs go.
     route: crate::output::Route,
+    /// What the handler takes its payload as, for the AsyncAPI document.
+    payload: crate::handler::PayloadInfo,
+    /// How the transport describes the queue, and the `publish_to` destination.
+    described: (QueueDescription, Option<QueueDescription>),
     check: Check,
     start: Start,
 }
@@ -89,6 +96,7 @@ impl App {
     pub fn new(name: impl Into<String>) -> Self {
         App {
             name: name.into(),
+            version: String::from("0.0.0"),
             state: StateMap::default(),
             mounts: Vec::new(),
             brokers: Vec::new(),
@@ -122,6 +130,7 @@ impl<L: Layer + Clone> App<L> {
         App {
             misplaced_layer: self.misplaced_layer || !self.mounts.is_empty(),
             name: self.name,
+            version: self.version,
             state: self.state,
             mounts: self.mounts,
             brokers: self.brokers,
@@ -152,6 +161,31 @@ impl<L: Layer + Clone> App<L> {
             Box::pin(async move { broker.close().await })
         }));
         self
+    }
+
+    /// The service's version, as its AsyncAPI document gives it (default `0.0.0`).
+    pub fn version(mut self, version: impl Into<String>) -> Self {
+        self.version = version.into();
+        self
+    }
+
+    /// The AsyncAPI 3.0 document of this app: a channel per mounted queue and per
+    /// `publish_to` destination, a receive or send operation for each, with content
+    /// types, the partition key's header, the brokers' bindings, and each mount's
+    /// dispatch mode and failure policy (see [`crate::asyncapi`]).
+    pub fn asyncapi(&self) -> crate::asyncapi::Document {
+        let mounts = self
+            .mounts
+            .iter()
+            .map(|mount| crate::asyncapi::MountDescription {
+                queue: &mount.queue,
+                options: &mount.options,
+                payload: mount.payload,
+                batch: mount.batch_handler,
+                received: &mount.described.0,
+                sent: mount.described.1.as_ref(),
+            });
+        crate::asyncapi::document(&self.name, &self.version, mounts)
     }
 
     /// Adds a shared value that handlers extract with [`State<T>`](crate::State). One
@@ -197,12 +231,20 @@ impl<L: Layer + Clone> App<L> {
         let endpoint = Arc::new(handler.into_endpoint().with_layer(layer));
         let checked = endpoint.clone();
         let route = options.route(source.publisher());
+        let queue = source.queue_name();
+        let sent = options
+            .output_destination()
+            .filter(|_| !options.publishes_via_another())
+            .map(|destination| source.describe(destination));
+        let described = (source.describe(queue), sent);
         let mut settings = SubscribeSettings::new(options.max_in_flight());
         settings.batch_size = options.batch_size();
         self.mounts.push(Mount {
             queue: source.queue_name().to_string(),
             system: source.messaging_system(),
             batch_handler: <H::Endpoint as Unlayered>::BATCH,
+            payload: <H::Endpoint as Unlayered>::PAYLOAD,
+            described,
             layered,
             route,
             options,

@@ -38,7 +38,7 @@ use crate::extract::{Context, FromContext, FromDelivery, Rejection};
 use crate::layer::Layer;
 use crate::outcome::Outcome;
 use crate::output::IntoReply;
-use crate::payload::{DecodeError, FromPayload};
+use crate::payload::{DecodeError, FromPayload, PayloadFormat};
 use crate::transport::Subscriber;
 
 /// A function that can be mounted on a subscription.
@@ -78,6 +78,9 @@ mod sealed {
         /// Whether this is a batch handler.
         const BATCH: bool;
 
+        /// What the handler takes its payload as, for the service's description.
+        const PAYLOAD: PayloadInfo;
+
         /// The handler inside `layer`; a batch handler takes none (the app checks that
         /// `layer` is no layer before it asks).
         type Layered<L: Layer>: Endpoint;
@@ -111,6 +114,22 @@ mod sealed {
         pub(crate) _args: PhantomData<fn() -> A>,
     }
 
+    /// What a mounted handler takes its payload as: its format and its type's name.
+    #[derive(Clone, Copy, Debug)]
+    pub struct PayloadInfo {
+        pub(crate) format: Option<PayloadFormat>,
+        pub(crate) type_name: fn() -> &'static str,
+    }
+
+    impl PayloadInfo {
+        pub(crate) const fn of<P: FromPayload>() -> Self {
+            PayloadInfo {
+                format: P::FORMAT,
+                type_name: std::any::type_name::<P>,
+            }
+        }
+    }
+
     /// A single-delivery handler inside its layers.
     pub struct WithLayer<E, L> {
         pub(crate) endpoint: E,
@@ -118,7 +137,9 @@ mod sealed {
     }
 }
 
-pub(crate) use sealed::{BatchFn, Batched, Endpoint, OneFn, Single, Unlayered, WithLayer};
+pub(crate) use sealed::{
+    BatchFn, Batched, Endpoint, OneFn, PayloadInfo, Single, Unlayered, WithLayer,
+};
 
 /// Why a handler could not be called for a delivery.
 #[derive(Debug, thiserror::Error)]
@@ -131,6 +152,8 @@ pub(crate) enum Refusal {
 
 /// A handler that takes one delivery.
 pub(crate) trait CallOne: Send + Sync + 'static {
+    type Payload: FromPayload;
+
     /// Decodes the handler's arguments and gives its run, not yet started (with the
     /// mount's layers around it), which yields the outcome or the handler's error.
     fn call<'a>(
@@ -142,6 +165,8 @@ pub(crate) trait CallOne: Send + Sync + 'static {
 }
 
 impl<E: CallOne, L: Layer> CallOne for WithLayer<E, L> {
+    type Payload = E::Payload;
+
     fn call<'a>(
         &'a self,
         delivery: &'a Delivery,
@@ -220,6 +245,8 @@ where
 {
     const BATCH: bool = false;
 
+    const PAYLOAD: PayloadInfo = PayloadInfo::of::<<Self as CallOne>::Payload>();
+
     type Layered<L: Layer> = WithLayer<Self, L>;
 
     fn with_layer<L: Layer>(self, layer: L) -> WithLayer<Self, L> {
@@ -236,6 +263,8 @@ where
     A: 'static,
 {
     const BATCH: bool = true;
+
+    const PAYLOAD: PayloadInfo = PayloadInfo::of::<<Self as CallBatch>::Payload>();
 
     type Layered<L: Layer> = Self;
 
@@ -272,6 +301,8 @@ macro_rules! impl_handler {
             P: FromPayload,
             $($extractor: FromDelivery,)*
         {
+            type Payload = P;
+
             #[allow(non_snake_case, unused_variables)]
             fn call<'a>(
                 &'a self,

@@ -43,6 +43,7 @@
 
 mod admin;
 mod app;
+pub mod asyncapi;
 mod batch;
 pub mod codec;
 mod delivery;

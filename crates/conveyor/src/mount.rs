@@ -62,7 +62,32 @@ pub struct MountOptions<L = Identity> {
     publish_to: Option<Arc<str>>,
     publish_via: Option<SharedPublisher>,
     any_content_type: bool,
+    #[cfg(feature = "schemars")]
+    schemas: Schemas,
     layer: L,
+}
+
+/// The schemas a mount documents for the app's AsyncAPI document.
+#[cfg(feature = "schemars")]
+#[derive(Clone, Copy, Debug, Default)]
+struct Schemas {
+    payload: Option<SchemaFn>,
+    output: Option<(SchemaFn, NameFn)>,
+}
+
+/// Gives a type's schema (a reference to it, for a named type) from a generator.
+#[cfg(feature = "schemars")]
+pub(crate) type SchemaFn = fn(&mut schemars::SchemaGenerator) -> schemars::Schema;
+
+/// Gives a type's schema name.
+#[cfg(feature = "schemars")]
+pub(crate) type NameFn = fn() -> std::borrow::Cow<'static, str>;
+
+#[cfg(feature = "schemars")]
+fn subschema<T: schemars::JsonSchema>(
+    generator: &mut schemars::SchemaGenerator,
+) -> schemars::Schema {
+    generator.subschema_for::<T>()
 }
 
 impl Default for MountOptions {
@@ -78,6 +103,8 @@ impl Default for MountOptions {
             publish_to: None,
             publish_via: None,
             any_content_type: false,
+            #[cfg(feature = "schemars")]
+            schemas: Schemas::default(),
             layer: Identity,
         }
     }
@@ -124,6 +151,8 @@ impl<L> MountOptions<L> {
             publish_to: self.publish_to,
             publish_via: self.publish_via,
             any_content_type: self.any_content_type,
+            #[cfg(feature = "schemars")]
+            schemas: self.schemas,
             layer,
         };
         (options, self.layer)
@@ -272,6 +301,58 @@ impl<L> MountOptions<L> {
     pub fn any_content_type(mut self) -> Self {
         self.any_content_type = true;
         self
+    }
+
+    /// Documents the payload this mount takes as `T`'s JSON Schema, in the app's AsyncAPI
+    /// document ([`App::asyncapi`](crate::App::asyncapi); feature `schemars`). Name the
+    /// type the handler decodes: `Order` for a handler taking `Json<Order>`.
+    ///
+    /// ```
+    /// use conveyor::{App, Json, MemoryBroker};
+    ///
+    /// #[derive(serde::Deserialize, schemars::JsonSchema)]
+    /// struct Order { id: u64 }
+    ///
+    /// async fn place(Json(order): Json<Order>) {}
+    ///
+    /// let broker = MemoryBroker::new();
+    /// let app = App::new("shop").mount(broker.queue("orders"), place, |m| m.payload_schema::<Order>());
+    /// let document = app.asyncapi().into_json();
+    /// assert_eq!(
+    ///     document["channels"]["orders"]["messages"]["Order"]["payload"]["$ref"],
+    ///     "#/components/schemas/Order"
+    /// );
+    /// assert_eq!(document["components"]["schemas"]["Order"]["required"][0], "id");
+    /// ```
+    #[cfg(feature = "schemars")]
+    pub fn payload_schema<T: schemars::JsonSchema>(mut self) -> Self {
+        self.schemas.payload = Some(subschema::<T>);
+        self
+    }
+
+    /// Documents the messages the handler returns (to its
+    /// [`publish_to`](Self::publish_to) destination) as `T`'s JSON Schema, in the app's
+    /// AsyncAPI document (feature `schemars`).
+    #[cfg(feature = "schemars")]
+    pub fn output_schema<T: schemars::JsonSchema>(mut self) -> Self {
+        self.schemas.output = Some((subschema::<T>, T::schema_name));
+        self
+    }
+
+    #[cfg(feature = "schemars")]
+    pub(crate) fn payload_schema_fn(&self) -> Option<SchemaFn> {
+        self.schemas.payload
+    }
+
+    #[cfg(feature = "schemars")]
+    pub(crate) fn output_schema_fn(&self) -> Option<(SchemaFn, NameFn)> {
+        self.schemas.output
+    }
+
+    /// Whether the outputs go through another broker's publisher
+    /// ([`publish_via`](Self::publish_via)).
+    pub(crate) fn publishes_via_another(&self) -> bool {
+        self.publish_via.is_some()
     }
 
     /// Whether [`any_content_type`](Self::any_content_type) was set.

@@ -39,6 +39,11 @@ impl Backoff {
         }
     }
 
+    /// The first delay, the longest, and whether it doubles: for describing it.
+    pub(crate) fn parts(&self) -> (Duration, Duration, bool) {
+        (self.base, self.max, self.exponential)
+    }
+
     /// The delay after attempt `attempt` (counting from 1) has failed.
     pub fn delay(&self, attempt: u32) -> Duration {
         if !self.exponential {

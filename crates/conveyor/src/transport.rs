@@ -63,6 +63,15 @@ pub trait Source: Send + 'static {
         None
     }
 
+    /// How the app's AsyncAPI document describes the queue `queue` of this source's
+    /// broker (this source's own, or a destination its handler publishes to): where the
+    /// partition key travels, and the protocol's bindings. The default describes
+    /// nothing.
+    fn describe(&self, queue: &str) -> crate::asyncapi::QueueDescription {
+        let _ = queue;
+        crate::asyncapi::QueueDescription::default()
+    }
+
     /// Opens a subscription: declares or checks the queue, opens the receive side.
     /// A failure here fails the app's startup with [`Error::Subscribe`].
     fn subscribe(

@@ -412,6 +412,11 @@ impl Source for MemoryQueue {
         "conveyor_in_process"
     }
 
+    /// The partition key's header; AsyncAPI has no bindings for an in-process queue.
+    fn describe(&self, _queue: &str) -> crate::asyncapi::QueueDescription {
+        crate::asyncapi::QueueDescription::new(Some(PARTITION_KEY_HEADER))
+    }
+
     /// The broker's own publisher: a handler's outputs go out as its other publishes do.
     fn publisher(&self) -> Option<crate::SharedPublisher> {
         Some(crate::SharedPublisher::new(self.broker.clone()))
