@@ -522,6 +522,57 @@ async fn an_interrupted_redrive_run_again_moves_each_message_exactly_once<B: Bro
     live.delete(&[&dead, &target]).await;
 }
 
+/// Killed outright (SIGKILL) mid-way, a redrive loses nothing: what it held goes back to
+/// the dead-letter queue, and the next run moves it. A message killed between its
+/// publish and its removal may arrive twice (at least once); no more than one can.
+async fn a_killed_redrive_run_again_loses_nothing<B: Broker>(live: Live<B>) {
+    const TOTAL: u32 = 200;
+    let dead = live.declare("killed-dead").await;
+    let target = live.declare("killed").await;
+    let messages: Vec<Message> = (0..TOTAL).map(|id| json(id, "acme")).collect();
+    for chunk in messages.chunks(100) {
+        live.broker
+            .publish_batch(&dead, chunk.to_vec())
+            .await
+            .expect("published");
+    }
+    live.wait_ready(&dead, u64::from(TOTAL)).await;
+    let mut child = live
+        .command(&["redrive", &dead, "--to", &target, "--rate", "50"])
+        .spawn()
+        .expect("the redrive starts");
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while live.ready(&target).await == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "nothing moved");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    child.kill().await.expect("SIGKILL");
+    let moved = live.ready(&target).await;
+    assert!(
+        moved < u64::from(TOTAL),
+        "the redrive ended before the kill"
+    );
+
+    // The broker takes back what the dead connection held; then a second run moves it.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while live.ready(&dead).await + live.ready(&target).await < u64::from(TOTAL) {
+        assert!(tokio::time::Instant::now() < deadline, "messages stay held");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let ran = live.run(&["redrive", &dead, "--to", &target]).await;
+    assert!(ran.status.success(), "{ran:?}");
+    live.wait_ready(&dead, 0).await;
+    let arrived = usize::try_from(live.ready(&target).await).expect("a count");
+    let taken = live.take(&target, arrived).await;
+    let mut ids: Vec<u64> = taken.iter().map(id_of).collect();
+    ids.sort_unstable();
+    let before = ids.len();
+    ids.dedup();
+    assert_eq!(ids, (0..u64::from(TOTAL)).collect::<Vec<_>>(), "none lost");
+    assert!(before - ids.len() <= 1, "{} duplicates", before - ids.len());
+    live.delete(&[&dead, &target]).await;
+}
+
 async fn failures_are_one_line_and_never_show_a_password<B: Broker>(live: Live<B>) {
     let ran = live.run(&["depth", "no-such-queue-anywhere"]).await;
     assert_eq!(ran.status.code(), Some(1), "{ran:?}");
@@ -575,6 +626,11 @@ mod rabbitmq {
     async fn an_interrupted_redrive_run_again_moves_each_message_exactly_once() {
         super::an_interrupted_redrive_run_again_moves_each_message_exactly_once(rabbitmq().await)
             .await;
+    }
+
+    #[tokio::test]
+    async fn a_killed_redrive_run_again_loses_nothing() {
+        super::a_killed_redrive_run_again_loses_nothing(rabbitmq().await).await;
     }
 
     #[tokio::test]
