@@ -3,9 +3,11 @@
 //! Each message is published to the target and confirmed by the broker before it is
 //! removed from the dead-letter queue: a redrive stopped at any point loses nothing. A
 //! Ctrl-C or SIGTERM is acted on between two messages, never between a message's publish
-//! and its removal, so a redrive interrupted that way and run again moves each message
-//! once; killed outright (SIGKILL, a lost connection) at the wrong moment, one message
-//! may reach the target twice, as with any at-least-once move.
+//! and its removal, and the removals reach the broker before the command exits, so a
+//! redrive interrupted that way and run again moves each message once. Killed outright
+//! (SIGKILL, a lost connection), the messages published whose removal had not reached
+//! the broker yet stay in the dead-letter queue too, and a second run sends them again:
+//! at least once.
 
 use conveyor::{
     Broker, CONTENT_TYPE_HEADER, CORRELATION_ID_HEADER, Delivery, MESSAGE_ID_HEADER, Message,

@@ -546,19 +546,22 @@ impl LapinBroker {
     }
 
     /// How many messages the queue `name` holds: `ready` from a passive declare (which
-    /// leaves the queue alone), `delayed` from its delay queue when a subscription of
-    /// this broker declared one, and `in_flight` unknown (`None`: AMQP does not tell how
+    /// leaves the queue alone), `delayed` from its delay queue (the one a subscription of
+    /// this broker declared, else `<name>.delay` where it exists, as another process's
+    /// subscriptions declare it), and `in_flight` unknown (`None`: AMQP does not tell how
     /// many are delivered and unacked). A missing queue is an error
     /// ([`LapinError::MissingQueue`] as the source).
     pub async fn queue_depth(&self, name: &str) -> Result<QueueDepth, conveyor::Error> {
-        let delay_queue = self.remembered_delay_queue(name);
+        let delay_queue = self
+            .remembered_delay_queue(name)
+            .unwrap_or_else(|| delay_queue_of(name));
         let channel = self.open_channel(name).await?;
         let ready = check(&channel, name).await;
         // The delay queue on the same channel: if it was deleted meanwhile, the failed
         // check closes the channel, which is done with anyway.
-        let delayed = match (&ready, &delay_queue) {
-            (Ok(_), Some(delay_queue)) => check(&channel, delay_queue).await.ok(),
-            _ => None,
+        let delayed = match &ready {
+            Ok(_) => check(&channel, &delay_queue).await.ok(),
+            Err(_) => None,
         };
         close_quietly(channel).await;
         let mut depth = QueueDepth::new(ready?.into());

@@ -304,7 +304,7 @@ async fn retry_in_ten_minutes(_: Json<u32>, State(seen): State<Seen<u32>>) -> Ou
 }
 
 /// A message waiting out a retry-after counts as delayed (it is in the delay queue), not
-/// ready; in flight is unknown on AMQP. Deleting the queue deletes its delay queue too,
+/// ready, for this broker and for any other; in flight is unknown on AMQP. Deleting the queue deletes its delay queue too,
 /// and deleting it again is fine.
 #[tokio::test]
 async fn queue_depth_counts_the_delay_queue_and_delete_queue_takes_it_along() {
@@ -340,6 +340,9 @@ async fn queue_depth_counts_the_delay_queue_and_delete_queue_takes_it_along() {
         (depth.ready, depth.in_flight, depth.delayed),
         (0, None, Some(2))
     );
+    // Another process (the command line, another replica) finds the delay queue too.
+    let fresh = common::broker().await;
+    assert_eq!(fresh.queue_depth(&queue).await.unwrap().delayed, Some(2));
 
     broker.delete_queue(&queue).await.unwrap();
     let other = common::broker().await;
