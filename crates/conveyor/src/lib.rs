@@ -39,6 +39,15 @@
 //!     .await
 //! # }
 //! ```
+//!
+//! # Cargo features
+//!
+//! None is on by default; each compiles nothing when off.
+//!
+//! - `metrics`: mount and publish metrics through the `metrics` facade ([`telemetry`]).
+//! - `otel`: W3C trace context across services through OpenTelemetry ([`trace`]).
+//! - `msgpack`, `cbor`: MessagePack and CBOR payloads ([`codec`]).
+//! - `schemars`: payload schemas in the app's AsyncAPI document ([`asyncapi`]).
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod admin;
