@@ -24,7 +24,11 @@ pub async fn run<B: Broker>(
     let mut interrupt = Interrupt::listen()?;
     let mut shown_lines = 0;
     loop {
-        let text = table(queues, &read(broker, queues).await?);
+        let depths = tokio::select! {
+            () = interrupt.recv() => return Ok(()),
+            depths = read(broker, queues) => depths?,
+        };
+        let text = table(queues, &depths);
         let mut out = std::io::stdout().lock();
         // Back to the first line of the table shown before, and clear from there down.
         if shown_lines > 0 {

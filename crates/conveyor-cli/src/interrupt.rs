@@ -1,6 +1,6 @@
-//! Ctrl-C and SIGTERM, listened for from the moment a command asks: a signal that comes
-//! before the command first waits for one is not lost (nor does it kill the process with
-//! messages held).
+//! Ctrl-C and SIGTERM, listened for from the moment a command asks: on Unix, a signal
+//! that comes before the command first waits for one is not lost (nor does it kill the
+//! process with messages held). Elsewhere only Ctrl-C is heard, from the first wait.
 
 use crate::Failure;
 

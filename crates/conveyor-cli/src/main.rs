@@ -19,6 +19,7 @@ mod pass;
 mod peek;
 mod publish;
 mod redrive;
+mod reported;
 mod show;
 mod target;
 
@@ -28,9 +29,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use conveyor::Broker;
 
-use target::Target;
+use target::{Inspect, Target};
 
 /// See and repair the queues of a Conveyor service, on RabbitMQ or SQS.
 #[derive(Debug, Parser)]
@@ -185,6 +185,17 @@ fn fail(failure: &Failure) -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<(), Failure> {
+    let reported = reported::Reported::install();
+    let result = connect_and_run(cli).await;
+    match (result, reported.first()) {
+        (Ok(()), Some(report)) => Err(Failure::broker(format!(
+            "the work is done, but Conveyor reported a problem on the way: {report}"
+        ))),
+        (result, _) => result,
+    }
+}
+
+async fn connect_and_run(cli: Cli) -> Result<(), Failure> {
     let Some(url) = cli.broker else {
         return Err(Failure::usage(
             "no broker: give --broker URL or set CONVEYOR_BROKER",
@@ -203,7 +214,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
 }
 
 /// Runs `command` on `broker`, then closes it (which flushes what was settled).
-async fn on<B: Broker>(broker: B, command: Command) -> Result<(), Failure> {
+async fn on<B: Inspect>(broker: B, command: Command) -> Result<(), Failure> {
     let result = match command {
         Command::Depth { queues, watch } => {
             let every = watch.map(Duration::try_from_secs_f64).transpose();
@@ -237,12 +248,16 @@ async fn on<B: Broker>(broker: B, command: Command) -> Result<(), Failure> {
             dry_run,
             rate,
         } => {
-            let pause = rate
-                .map(|rate| Duration::try_from_secs_f64(1.0 / rate))
-                .transpose()
-                .map_err(|_| {
-                    Failure::usage("--rate takes a positive number of messages a second")
-                })?;
+            let pause = rate.map(|rate| Duration::try_from_secs_f64(1.0 / rate));
+            let pause = match pause {
+                None => None,
+                Some(Ok(pause)) if !pause.is_zero() => Some(pause),
+                Some(_) => {
+                    return Err(Failure::usage(
+                        "--rate takes a positive number of messages a second, at most a billion",
+                    ));
+                }
+            };
             let plan = redrive::Plan {
                 from: dead_letter_queue,
                 to,

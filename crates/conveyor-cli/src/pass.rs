@@ -6,10 +6,11 @@ use std::time::Duration;
 use conveyor::{Broker, Delivery, Source, SubscribeSettings, Subscriber};
 
 use crate::Failure;
+use crate::target::Inspect;
 
 /// How long a pass waits for the next message before it takes the queue to be done:
 /// ready messages that another consumer took meanwhile never come.
-const IDLE: Duration = Duration::from_secs(5);
+pub const IDLE: Duration = Duration::from_secs(5);
 
 /// A subscription on one queue, holding up to its window of messages.
 pub struct Pass<S> {
@@ -30,9 +31,13 @@ pub async fn ready<B: Broker>(broker: &B, queue: &str) -> Result<u64, Failure> {
 }
 
 /// Subscribes to `queue`, holding at most `window` messages unsettled.
-pub async fn open<B: Broker>(broker: &B, queue: &str, window: usize) -> Result<PassOf<B>, Failure> {
+pub async fn open<B: Inspect>(
+    broker: &B,
+    queue: &str,
+    window: usize,
+) -> Result<PassOf<B>, Failure> {
     let subscriber = broker
-        .queue(queue)
+        .inspect(queue)
         .subscribe(SubscribeSettings::new(window.max(1)))
         .await
         .map_err(|error| Failure::call(&format!("receiving from `{queue}`"), &error))?;

@@ -1,25 +1,39 @@
 //! `conveyor peek QUEUE [-n N]`.
 
-use conveyor::{Broker, Settlement};
+use conveyor::Settlement;
 
+use crate::interrupt::Interrupt;
 use crate::pass::{open, ready};
+use crate::target::Inspect;
 use crate::{Failure, show};
 
-/// Shows up to `count` ready messages of `queue`, then hands them all back. Each is
-/// received once more by the broker's count: SQS counts the receive towards the queue's
-/// max receive count, and a quorum queue towards its delivery limit.
-pub async fn run<B: Broker>(broker: &B, queue: &str, count: usize) -> Result<(), Failure> {
+/// Shows up to `count` ready messages of `queue`, then hands them all back (also when
+/// interrupted). Each is received once more by the broker's count: SQS counts the
+/// receive towards the queue's max receive count, and a quorum queue towards its
+/// delivery limit.
+pub async fn run<B: Inspect>(broker: &B, queue: &str, count: usize) -> Result<(), Failure> {
     let ready = ready(broker, queue).await?;
     let wanted = usize::try_from(ready).unwrap_or(usize::MAX).min(count);
     if wanted == 0 {
         println!("`{queue}` has no message ready");
         return Ok(());
     }
+    // Before any message is held: a signal from here on hands them back.
+    let mut interrupt = Interrupt::listen()?;
     let mut pass = open(broker, queue, wanted).await?;
     // Held until all are shown: one handed back at once could come again in this pass.
     let mut held = Vec::with_capacity(wanted);
+    let mut interrupted = false;
     while held.len() < wanted {
-        let Some(delivery) = pass.next().await? else {
+        let next = tokio::select! {
+            biased;
+            () = interrupt.recv() => {
+                interrupted = true;
+                break;
+            }
+            next = pass.next() => next,
+        };
+        let Some(delivery) = next? else {
             break;
         };
         print!("{}", show::delivery(held.len() + 1, &delivery));
@@ -29,7 +43,17 @@ pub async fn run<B: Broker>(broker: &B, queue: &str, count: usize) -> Result<(),
     for delivery in held {
         delivery.settle(Settlement::Release);
     }
-    pass.close().await;
+    tokio::select! {
+        biased;
+        // A second signal: leave now; what is held comes back after the broker's timeout.
+        () = interrupt.recv() => return Err(Failure::interrupted("interrupted twice, before the messages were handed back")),
+        () = pass.close() => {}
+    }
+    if interrupted {
+        return Err(Failure::interrupted(format!(
+            "interrupted after showing {shown}; all handed back"
+        )));
+    }
     println!("--- {shown} shown of {ready} ready in `{queue}`; all handed back");
     Ok(())
 }

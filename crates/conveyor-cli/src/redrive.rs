@@ -10,15 +10,17 @@
 //! at least once.
 
 use conveyor::{
-    Broker, CONTENT_TYPE_HEADER, CORRELATION_ID_HEADER, Delivery, MESSAGE_ID_HEADER, Message,
+    CONTENT_TYPE_HEADER, CORRELATION_ID_HEADER, Delivery, MESSAGE_ID_HEADER, Message,
     REPLY_TO_HEADER, Settlement,
 };
 use indicatif::ProgressBar;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::MissedTickBehavior;
 
 use crate::interrupt::Interrupt;
 use crate::pass::{open, ready};
+use crate::target::Inspect;
 use crate::{Failure, show};
 
 /// The header a redriven message carries: how many times it was redriven.
@@ -56,12 +58,15 @@ impl Plan {
 /// How a pass ended.
 enum End {
     Done,
+    /// Fewer came than were ready: held by another consumer, or behind what the pass
+    /// holds (a window full of passed-over messages, an SQS FIFO group held back).
+    Stalled,
     Interrupted,
     Failed(Failure),
 }
 
 /// Runs the redrive `plan` on `broker`.
-pub async fn run<B: Broker>(broker: &B, plan: &Plan) -> Result<(), Failure> {
+pub async fn run<B: Inspect>(broker: &B, plan: &Plan) -> Result<(), Failure> {
     let ready_now = ready(broker, &plan.from).await?;
     // A missing target fails here, before any message is taken.
     ready(broker, &plan.to).await?;
@@ -100,7 +105,7 @@ pub async fn run<B: Broker>(broker: &B, plan: &Plan) -> Result<(), Failure> {
         };
         let delivery = match next {
             Ok(Some(delivery)) => delivery,
-            Ok(None) => break End::Done,
+            Ok(None) => break End::Stalled,
             Err(failure) => break End::Failed(failure),
         };
         seen += 1;
@@ -108,34 +113,40 @@ pub async fn run<B: Broker>(broker: &B, plan: &Plan) -> Result<(), Failure> {
             passed_over.push(delivery);
             continue;
         }
-        moved += 1;
         if plan.dry_run {
-            bar.suspend(|| {
-                print!(
-                    "{}",
-                    show::delivery(usize::try_from(moved).unwrap_or(0), &delivery)
-                )
-            });
+            moved += 1;
+            let shown = usize::try_from(moved).unwrap_or(usize::MAX);
+            bar.suspend(|| print!("{}", show::delivery(shown, &delivery)));
             passed_over.push(delivery);
             continue;
         }
-        // Published and confirmed, then removed: never removed first.
+        // Published and confirmed, then removed: never removed first. A delivery dropped
+        // unsettled goes back to the dead-letter queue.
         if let Err(error) = broker.publish(&plan.to, redriven(&delivery)).await {
-            moved -= 1;
-            drop(delivery);
-            break End::Failed(Failure::call(
-                &format!("publishing to `{}`", plan.to),
-                &error,
-            ));
+            let publishing = format!("publishing to `{}`", plan.to);
+            break End::Failed(Failure::call(&publishing, &error));
         }
         delivery.settle(Settlement::Ack);
+        moved += 1;
         bar.inc(1);
     };
     bar.finish_and_clear();
     for delivery in passed_over {
         delivery.settle(Settlement::Release);
     }
-    pass.close().await;
+    tokio::select! {
+        biased;
+        // A second signal: leave now. Nothing is lost: what is held goes back to the
+        // dead-letter queue when the connection ends (SQS: after the visibility timeout);
+        // removals not yet sent leave their messages to be sent again (at least once).
+        () = interrupt.recv() => {
+            return Err(Failure::interrupted(format!(
+                "interrupted twice: moved {moved}; what was held goes back to `{}`",
+                plan.from
+            )));
+        }
+        () = pass.close() => {}
+    }
 
     let verb = if plan.dry_run { "would move" } else { "moved" };
     let summary = format!(
@@ -147,6 +158,11 @@ pub async fn run<B: Broker>(broker: &B, plan: &Plan) -> Result<(), Failure> {
             println!("{summary}");
             Ok(())
         }
+        End::Stalled => Err(Failure::broker(format!(
+            "stopped: {summary}, of {ready_now} ready; no more came within {} s (another consumer holds them, or they wait behind the {WINDOW} this redrive may hold); the rest stays in `{}`",
+            crate::pass::IDLE.as_secs(),
+            plan.from
+        ))),
         End::Interrupted => Err(Failure::interrupted(format!(
             "interrupted: {summary}; the rest stays in `{}`",
             plan.from
@@ -194,13 +210,34 @@ fn redriven(delivery: &Delivery) -> Message {
     // A redrive is a send of its own: were it to keep the id, an SQS FIFO queue would take
     // it for the original's duplicate (its deduplication id) and drop it. Its own id is
     // the same in every try of one redrive, so a FIFO queue drops the second send of a
-    // redrive killed between its send and its removal.
-    if let Some(id) = message_id {
-        builder = builder.message_id(format!("{id}.redrive-{times}"));
-    }
+    // redrive killed between its send and its removal. A message without an id gets a
+    // new one, so that a FIFO queue deduplicating by content does not drop it as the
+    // copy of another with the same body.
+    let id = match message_id {
+        Some(id) => {
+            let original = match id.rsplit_once(".redrive-") {
+                Some((base, count)) if count.parse::<u32>().is_ok() => base,
+                _ => id.as_str(),
+            };
+            format!("{original}.redrive-{times}")
+        }
+        None => fresh_id(),
+    };
+    builder = builder.message_id(id);
     builder
         .header(REDRIVEN_HEADER, times.to_string())
         .payload(delivery.payload().clone())
+}
+
+/// An id no other message of this or another redrive has: the clock, the process and a
+/// count.
+fn fresh_id() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_nanos());
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("redrive-{nanos:x}-{:x}-{n}", std::process::id())
 }
 
 /// Headers a transport keeps for itself: attempt counts, death records, and where it
@@ -282,6 +319,22 @@ mod tests {
             ("message-id", "m-1.redrive-2"),
         ]));
         assert_eq!(message.headers().get_str(REDRIVEN_HEADER), Some("3"));
-        assert_eq!(message.message_id(), Some("m-1.redrive-2.redrive-3"));
+        assert_eq!(message.message_id(), Some("m-1.redrive-3"));
+        // An id that only looks alike keeps what follows.
+        let message = redriven(&dead(&[("message-id", "a.redrive-x")]));
+        assert_eq!(message.message_id(), Some("a.redrive-x.redrive-1"));
+    }
+
+    #[test]
+    fn a_message_without_an_id_gets_one_of_its_own() {
+        let first = redriven(&dead(&[]));
+        let second = redriven(&dead(&[]));
+        let (Some(first), Some(second)) = (first.message_id(), second.message_id()) else {
+            panic!("each redriven message has an id");
+        };
+        assert!(
+            first.starts_with("redrive-") && first != second,
+            "{first} {second}"
+        );
     }
 }

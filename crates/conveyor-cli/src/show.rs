@@ -13,16 +13,16 @@ const HEX_SHOWN: usize = 64;
 pub fn delivery(number: usize, delivery: &Delivery) -> String {
     let mut text = format!("--- message {number}\n");
     if let Some(key) = delivery.partition_key() {
-        let _ = writeln!(text, "partition key: {}", key.as_str());
+        let _ = writeln!(text, "partition key: {}", printable(key.as_str()));
     }
     let _ = writeln!(text, "attempt: {}", delivery.attempt());
     if let Some(reason) = delivery.headers().get_str(REJECT_REASON_HEADER) {
-        let _ = writeln!(text, "dead-letter reason: {reason}");
+        let _ = writeln!(text, "dead-letter reason: {}", printable(reason));
     }
     if !delivery.headers().is_empty() {
         text.push_str("headers:\n");
         for (name, value) in delivery.headers().iter() {
-            let _ = writeln!(text, "  {name}: {}", value_text(value));
+            let _ = writeln!(text, "  {}: {}", printable(name), value_text(value));
         }
     }
     let payload = delivery.payload();
@@ -42,7 +42,11 @@ fn body(payload: &Bytes) -> String {
         return pretty;
     }
     match std::str::from_utf8(payload) {
-        Ok(text) => text.to_string(),
+        Ok(text) => text
+            .split('\n')
+            .map(printable)
+            .collect::<Vec<_>>()
+            .join("\n"),
         Err(_) => hex(payload),
     }
 }
@@ -53,6 +57,20 @@ fn value_text(value: &Bytes) -> String {
         Ok(text) if !text.chars().any(char::is_control) => text.to_string(),
         _ => hex(value),
     }
+}
+
+/// `text` safe for the operator's terminal: control characters (an escape sequence, a
+/// carriage return) are shown escaped, tabs kept.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() && c != '\t' {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -81,5 +99,12 @@ mod tests {
         assert_eq!(body(&Bytes::from_static(&[0x83, 0xa1])), "<binary> 83a1");
         let long = Bytes::from(vec![0xffu8; 100]);
         assert!(body(&long).ends_with('…'));
+    }
+
+    #[test]
+    fn control_characters_never_reach_the_terminal() {
+        let sneaky = Bytes::from_static(b"line one\n\x1b[2Jline\ttwo\r");
+        assert_eq!(body(&sneaky), "line one\n\\u{1b}[2Jline\ttwo\\r");
+        assert_eq!(printable("k\x07ey"), "k\\u{7}ey");
     }
 }

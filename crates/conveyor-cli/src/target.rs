@@ -4,10 +4,31 @@
 use std::fmt;
 use std::time::Duration;
 
-use conveyor_lapin::{LapinBroker, redact_url};
-use conveyor_sqs::SqsBroker;
+use conveyor::Broker;
+use conveyor_lapin::{LapinBroker, LapinQueue, redact_url};
+use conveyor_sqs::{SqsBroker, SqsQueue};
 
 use crate::Failure;
+
+/// A broker as the command line reads it: its queues opened as they are, declaring
+/// nothing (no queue, no delay queue) behind the operator's back.
+pub trait Inspect: Broker {
+    /// The queue `name`, to receive from without declaring anything.
+    fn inspect(&self, name: &str) -> Self::Queue;
+}
+
+impl Inspect for LapinBroker {
+    fn inspect(&self, name: &str) -> LapinQueue {
+        self.queue(name).passive()
+    }
+}
+
+/// An SQS subscription looks its queue up and declares nothing.
+impl Inspect for SqsBroker {
+    fn inspect(&self, name: &str) -> SqsQueue {
+        self.queue(name)
+    }
+}
 
 /// A broker URL, parsed.
 #[derive(Clone, PartialEq, Eq)]

@@ -183,6 +183,9 @@ impl<B: Broker> Live<B> {
                 .take_dead_letters(queue, count - taken.len())
                 .await
                 .expect("messages taken");
+            if more.is_empty() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
             taken.extend(more);
             assert!(
                 tokio::time::Instant::now() < deadline,
@@ -446,9 +449,9 @@ async fn redrive_moves_dead_letters_back_marked_and_keeps_the_rest<B: Broker>(li
 }
 
 /// `total` dead letters in a new dead-letter queue, and a redrive of them to a new target
-/// paced at 50 a second, once its first message has arrived: (dlq, target, the redrive).
-/// Paced so that it is still moving when the test stops it: hundreds at 50 a second take
-/// seconds, and the test acts on the first arrival.
+/// paced at 20 a second, once its first message has arrived: (dlq, target, the redrive).
+/// Paced so that it is still moving when the test stops it: hundreds at 20 a second take
+/// ten seconds and more, and the test acts on the first arrival.
 async fn a_redrive_under_way<B: Broker>(
     live: &Live<B>,
     stem: &str,
@@ -465,7 +468,7 @@ async fn a_redrive_under_way<B: Broker>(
     }
     live.wait_ready(&dead, u64::from(total)).await;
     let child = live
-        .command(&["redrive", &dead, "--to", &target, "--rate", "50"])
+        .command(&["redrive", &dead, "--to", &target, "--rate", "20"])
         .spawn()
         .expect("the redrive starts");
     let deadline = tokio::time::Instant::now() + DEADLINE;

@@ -214,6 +214,7 @@ impl LapinBrokerBuilder {
                 requester: Mutex::new(None),
                 declared: std::sync::Mutex::default(),
                 delay_queues: std::sync::Mutex::default(),
+                missing_delay_queues: std::sync::Mutex::default(),
             }),
         })
     }
@@ -424,7 +425,14 @@ pub(crate) struct BrokerInner {
     /// the ones [`LapinBroker::queue_depth`] can count without checking for a missing
     /// queue (which would close a channel, and have the client log an error).
     delay_queues: std::sync::Mutex<HashMap<String, String>>,
+    /// The queues whose default delay queue `queue_depth` found missing, and when: not
+    /// looked for again for [`MISSING_DELAY_QUEUE_RECHECK`], since each look at a missing
+    /// queue closes a channel and has the server log an error.
+    missing_delay_queues: std::sync::Mutex<HashMap<String, std::time::Instant>>,
 }
+
+/// How long `queue_depth` trusts that a queue has no delay queue.
+const MISSING_DELAY_QUEUE_RECHECK: Duration = Duration::from_secs(60);
 
 impl std::fmt::Debug for LapinBroker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -548,21 +556,27 @@ impl LapinBroker {
     /// How many messages the queue `name` holds: `ready` from a passive declare (which
     /// leaves the queue alone), `delayed` from its delay queue (the one a subscription of
     /// this broker declared, else `<name>.delay` where it exists, as another process's
-    /// subscriptions declare it), and `in_flight` unknown (`None`: AMQP does not tell how
+    /// subscriptions declare it; found missing, it is looked for again after a minute),
+    /// and `in_flight` unknown (`None`: AMQP does not tell how
     /// many are delivered and unacked). A missing queue is an error
     /// ([`LapinError::MissingQueue`] as the source).
     pub async fn queue_depth(&self, name: &str) -> Result<QueueDepth, conveyor::Error> {
-        let delay_queue = self
-            .remembered_delay_queue(name)
-            .unwrap_or_else(|| delay_queue_of(name));
+        let remembered = self.remembered_delay_queue(name);
+        let guessed = remembered.is_none();
+        let delay_queue =
+            remembered.or_else(|| (!self.delay_queue_missing(name)).then(|| delay_queue_of(name)));
         let channel = self.open_channel(name).await?;
         let ready = check(&channel, name).await;
-        // The delay queue on the same channel: if it was deleted meanwhile, the failed
-        // check closes the channel, which is done with anyway.
-        let delayed = match &ready {
-            Ok(_) => check(&channel, &delay_queue).await.ok(),
-            Err(_) => None,
+        // The delay queue on the same channel: if it is missing, the failed check closes
+        // the channel, which is done with anyway.
+        let delayed = match (&ready, &delay_queue) {
+            (Ok(_), Some(delay_queue)) => check(&channel, delay_queue).await.ok(),
+            _ => None,
         };
+        if guessed && ready.is_ok() && delayed.is_none() {
+            conveyor::support::lock(&self.inner.missing_delay_queues)
+                .insert(name.to_string(), std::time::Instant::now());
+        }
         close_quietly(channel).await;
         let mut depth = QueueDepth::new(ready?.into());
         if let Some(delayed) = delayed {
@@ -661,6 +675,13 @@ impl LapinBroker {
         conveyor::support::lock(&self.inner.declared)
             .get(queue)
             .cloned()
+    }
+
+    /// Whether `queue_depth` found `queue`'s default delay queue missing lately.
+    fn delay_queue_missing(&self, queue: &str) -> bool {
+        conveyor::support::lock(&self.inner.missing_delay_queues)
+            .get(queue)
+            .is_some_and(|since| since.elapsed() < MISSING_DELAY_QUEUE_RECHECK)
     }
 
     /// The delay queue a subscription of this broker declared for `queue`, if any.
@@ -873,6 +894,12 @@ async fn log_events(
     let mut events = std::pin::pin!(events);
     while let Some(event) = events.next().await {
         match event {
+            // A missing queue or exchange closes only its channel, and the call that met
+            // it returns the error (a passive check's answer, most of the time): nothing
+            // for the connection's log to warn about.
+            lapin::Event::Error(error) if crate::error::is_not_found(&error) => {
+                tracing::debug!(url = %url, %error, "RabbitMQ closed a channel: not found");
+            }
             lapin::Event::Error(error) => {
                 tracing::warn!(url = %url, %error, "RabbitMQ connection error");
             }

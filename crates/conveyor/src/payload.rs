@@ -131,6 +131,9 @@ pub trait FromPayload: Sized + Send + 'static {
     fn from_payload(payload: &Bytes) -> Result<Self, DecodeError>;
 }
 
+/// Raw bytes: any payload, described as the generic binary type.
+const RAW: PayloadFormat = PayloadFormat::unchecked("bytes", &["application/octet-stream"]);
+
 /// Decodes `delivery`'s payload as `P`, after checking its content type where `P`'s
 /// format asks for it and the mount does not take any.
 pub(crate) fn decode<P: FromPayload>(delivery: &Delivery, cx: &Context) -> Result<P, DecodeError> {
@@ -178,19 +181,28 @@ impl<T: DeserializeOwned + Send + 'static> FromPayload for Json<T> {
     }
 }
 
+/// The raw bytes, whatever their label; described as `application/octet-stream`.
 impl FromPayload for Bytes {
+    const FORMAT: Option<PayloadFormat> = Some(RAW);
+
     fn from_payload(payload: &Bytes) -> Result<Self, DecodeError> {
         Ok(payload.clone())
     }
 }
 
+/// The raw bytes, whatever their label; described as `application/octet-stream`.
 impl FromPayload for Vec<u8> {
+    const FORMAT: Option<PayloadFormat> = Some(RAW);
+
     fn from_payload(payload: &Bytes) -> Result<Self, DecodeError> {
         Ok(payload.to_vec())
     }
 }
 
+/// UTF-8 text, whatever its label; described as `text/plain`.
 impl FromPayload for String {
+    const FORMAT: Option<PayloadFormat> = Some(PayloadFormat::unchecked("utf-8", &["text/plain"]));
+
     fn from_payload(payload: &Bytes) -> Result<Self, DecodeError> {
         String::from_utf8(payload.to_vec()).map_err(|e| DecodeError::new("utf-8", e))
     }
