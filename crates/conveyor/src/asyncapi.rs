@@ -231,7 +231,7 @@ impl Builder {
         if let Some(content_type) = mount.payload.format.and_then(|f| f.content_types.first()) {
             message.insert("contentType".into(), json!(content_type));
         }
-        if let Some(payload) = self.payload_schema(mount.options, &name) {
+        if let Some(payload) = self.payload_schema(mount.options) {
             message.insert("payload".into(), payload);
         }
         self.dress(&mut message, mount.received);
@@ -299,8 +299,8 @@ impl Builder {
         unique(&taken, &format!("{action}_{channel}"))
     }
 
-    /// The payload's schema, where the mount named it; else what the codec tells.
-    fn payload_schema(&mut self, options: &MountOptions, _name: &str) -> Option<Value> {
+    /// The payload's schema, where the mount named one (feature `schemars`).
+    fn payload_schema(&mut self, options: &MountOptions) -> Option<Value> {
         #[cfg(feature = "schemars")]
         if let Some(schema) = options.payload_schema_fn() {
             let generator = self.schemas.get_or_insert_with(generator);
@@ -323,7 +323,7 @@ impl Builder {
             message.insert("payload".into(), schema(generator).to_value());
             return name().into_owned();
         }
-        let _ = (options, &message);
+        let _ = (options, message);
         "output".to_string()
     }
 
