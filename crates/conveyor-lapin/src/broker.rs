@@ -975,7 +975,8 @@ impl conveyor::Broker for LapinBroker {
             .await
             .map_err(|e| no_channel(e, destination, 1))?;
         requester
-            .replies
+            .reader
+            .replies()
             .request(destination, timeout, |correlation_id| {
                 requester.send(destination, message, correlation_id)
             })

@@ -3,9 +3,7 @@
 //! the channel it publishes its requests on, and RabbitMQ routes each reply, published to
 //! the address the request carries, straight to that channel.
 
-use std::sync::Arc;
-
-use conveyor::request::Replies;
+use conveyor::request::ReplyReader;
 use conveyor::{Message, Publisher};
 use futures_util::StreamExt;
 use lapin::options::BasicConsumeOptions;
@@ -30,15 +28,8 @@ pub(crate) fn is_reply_address(destination: &str) -> bool {
 /// publishes them and consumes their replies.
 pub(crate) struct Requester {
     publisher: LapinPublisher,
-    pub(crate) replies: Arc<Replies>,
     /// Hands each reply to its request, until the channel ends.
-    reading: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Requester {
-    fn drop(&mut self) {
-        self.reading.abort();
-    }
+    pub(crate) reader: ReplyReader,
 }
 
 impl Requester {
@@ -61,37 +52,28 @@ impl Requester {
                 queue: DIRECT_REPLY_TO.to_string(),
                 source,
             })?;
-        let replies = Arc::new(Replies::new());
-        let reading = tokio::spawn({
-            let replies = replies.clone();
-            let channel = publisher.channel.clone();
-            async move {
-                loop {
-                    match consumer.next().await {
-                        Some(Ok(delivery)) => {
-                            let headers = headers::received(&delivery.properties);
-                            let reply = Message::received(delivery.data.into(), headers);
-                            let correlation_id =
-                                reply.correlation_id().unwrap_or_default().to_string();
-                            replies.deliver(&correlation_id, reply);
-                        }
-                        // Lapin recovers the channel (and this consumer) with the
-                        // connection; requests waiting meanwhile time out.
-                        Some(Err(error)) => {
-                            if channel.wait_for_recovery(error).await.is_err() {
-                                return;
-                            }
-                        }
-                        None => return,
+        let channel = publisher.channel.clone();
+        let reader = ReplyReader::spawn(|replies| async move {
+            loop {
+                match consumer.next().await {
+                    Some(Ok(delivery)) => {
+                        let headers = headers::received(&delivery.properties);
+                        let reply = Message::received(delivery.data.into(), headers);
+                        let correlation_id = reply.correlation_id().unwrap_or_default().to_string();
+                        replies.deliver(&correlation_id, reply);
                     }
+                    // Lapin recovers the channel (and this consumer) with the
+                    // connection; requests waiting meanwhile time out.
+                    Some(Err(error)) => {
+                        if channel.wait_for_recovery(error).await.is_err() {
+                            return;
+                        }
+                    }
+                    None => return,
                 }
             }
         });
-        Ok(Requester {
-            publisher,
-            replies,
-            reading,
-        })
+        Ok(Requester { publisher, reader })
     }
 
     /// Closes its channel (a replaced requester's, which may be closed already).
@@ -105,7 +87,7 @@ impl Requester {
 
     /// Whether it can still carry requests and their replies.
     pub(crate) fn is_open(&self) -> bool {
-        self.publisher.is_open() && !self.reading.is_finished()
+        self.publisher.is_open() && self.reader.is_reading()
     }
 
     /// Publishes `message` to the queue `destination` with its reply address.

@@ -163,7 +163,8 @@ impl conveyor::Broker for SqsBroker {
     ) -> Result<conveyor::Message, Error> {
         let requester = self.requester().await.map_err(transport)?;
         requester
-            .replies
+            .reader
+            .replies()
             .request(destination, timeout, |correlation_id| {
                 requester.send(self, destination, message, correlation_id)
             })

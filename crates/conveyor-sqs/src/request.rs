@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_sqs::Client;
-use conveyor::request::Replies;
+use conveyor::request::{Replies, ReplyReader};
 use conveyor::{Message, Publisher};
 
 use crate::attributes;
@@ -26,14 +26,7 @@ use crate::queue::QueueInfo;
 /// A broker's requests: its reply queue, and the task reading it.
 pub(crate) struct Requester {
     queue: Arc<QueueInfo>,
-    pub(crate) replies: Arc<Replies>,
-    reading: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Requester {
-    fn drop(&mut self) {
-        self.reading.abort();
-    }
+    pub(crate) reader: ReplyReader,
 }
 
 impl Requester {
@@ -51,20 +44,11 @@ impl Requester {
             .await
             .map_err(|e| SqsError::call("CreateQueue", &name, e))?;
         let queue = broker.resolve(&name).await?;
-        let replies = Arc::new(Replies::new());
         // The task holds the client, not the broker: the broker holds this requester,
         // whose drop stops the task.
-        let reading = tokio::spawn(read(
-            broker.client().clone(),
-            broker.settings().wait_time,
-            queue.clone(),
-            replies.clone(),
-        ));
-        Ok(Requester {
-            queue,
-            replies,
-            reading,
-        })
+        let (client, wait) = (broker.client().clone(), broker.settings().wait_time);
+        let reader = ReplyReader::spawn(|replies| read(client, wait, queue.clone(), replies));
+        Ok(Requester { queue, reader })
     }
 
     /// Publishes `message` to `destination` with the reply queue as its reply address.
@@ -82,7 +66,7 @@ impl Requester {
 
     /// Stops reading and deletes the reply queue.
     pub(crate) async fn close(&self, broker: &SqsBroker) -> Result<(), SqsError> {
-        self.reading.abort();
+        self.reader.stop();
         broker
             .client()
             .delete_queue()

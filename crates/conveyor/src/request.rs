@@ -14,8 +14,8 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -50,6 +50,48 @@ pub struct Replies {
     prefix: String,
     next: AtomicU64,
     waiting: Mutex<HashMap<String, oneshot::Sender<Message>>>,
+}
+
+/// A transport requester's [`Replies`] and the task that reads replies off the broker and
+/// hands each to its request: what every transport's requester holds. Dropping it stops
+/// the task.
+#[derive(Debug)]
+pub struct ReplyReader {
+    replies: Arc<Replies>,
+    reading: tokio::task::JoinHandle<()>,
+}
+
+impl ReplyReader {
+    /// Spawns `read`, given the replies to deliver to (with [`Replies::deliver`]).
+    pub fn spawn<F>(read: impl FnOnce(Arc<Replies>) -> F) -> Self
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let replies = Arc::new(Replies::new());
+        let reading = tokio::spawn(read(replies.clone()));
+        ReplyReader { replies, reading }
+    }
+
+    /// The requests waiting for their replies.
+    pub fn replies(&self) -> &Replies {
+        &self.replies
+    }
+
+    /// Whether the task still reads replies.
+    pub fn is_reading(&self) -> bool {
+        !self.reading.is_finished()
+    }
+
+    /// Stops reading replies.
+    pub fn stop(&self) {
+        self.reading.abort();
+    }
+}
+
+impl Drop for ReplyReader {
+    fn drop(&mut self) {
+        self.reading.abort();
+    }
 }
 
 impl Default for Replies {
