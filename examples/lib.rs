@@ -1,5 +1,23 @@
 //! Runnable Conveyor services: see the `[[example]]` targets of this package.
 
+use std::time::Duration;
+
+use conveyor_sqs::SqsBroker;
+
+/// The SQS broker the examples use: the emulator `scripts/services/sqs.sh` starts on
+/// 127.0.0.1:4566, with its test credentials, polling briefly so that an example ends
+/// soon after its work. A service on AWS builds it with `SqsBroker::builder()` and the
+/// standard credential chain instead.
+pub async fn sqs_emulator() -> Result<SqsBroker, conveyor::Error> {
+    SqsBroker::builder()
+        .endpoint("http://127.0.0.1:4566")
+        .region("us-east-1")
+        .static_credentials("test", "test")
+        .wait_time(Duration::from_secs(1))
+        .build()
+        .await
+}
+
 /// The README's examples, compiled as doctests so they stay true.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use conveyor::{App, Broker, Json, MemoryBroker, Message, QueueSpec};
 use conveyor_lapin::LapinBroker;
-use conveyor_sqs::SqsBroker;
 
 /// The pricing service: its reply is the message it returns.
 async fn price(Json(item): Json<String>) -> Result<Message, conveyor::Error> {
@@ -53,16 +52,7 @@ async fn main() -> Result<(), conveyor::Error> {
         "rabbitmq" => {
             ask(LapinBroker::connect("amqp://guest:guest@127.0.0.1:5672/%2f").await?).await
         }
-        "sqs" => {
-            let broker = SqsBroker::builder()
-                .endpoint("http://127.0.0.1:4566")
-                .region("us-east-1")
-                .static_credentials("test", "test")
-                .wait_time(Duration::from_secs(1))
-                .build()
-                .await?;
-            ask(broker).await
-        }
+        "sqs" => ask(conveyor_examples::sqs_emulator().await?).await,
         other => Err(conveyor::Error::config(format!(
             "unknown broker `{other}`: name memory, rabbitmq or sqs"
         ))),

@@ -11,7 +11,6 @@ use std::future::Future;
 
 use conveyor::{App, Broker, Json, MemoryBroker, Message, PartitionKey, QueueSpec, State};
 use conveyor_lapin::LapinBroker;
-use conveyor_sqs::SqsBroker;
 use tokio::sync::mpsc;
 
 #[derive(serde::Deserialize, serde::Serialize)]
@@ -95,15 +94,7 @@ async fn main() -> Result<(), conveyor::Error> {
         "rabbitmq" => {
             serve_three(LapinBroker::connect("amqp://guest:guest@127.0.0.1:5672/%2f").await?).await
         }
-        "sqs" => {
-            let broker = SqsBroker::builder()
-                .endpoint("http://127.0.0.1:4566")
-                .region("us-east-1")
-                .static_credentials("test", "test")
-                .build()
-                .await?;
-            serve_three(broker).await
-        }
+        "sqs" => serve_three(conveyor_examples::sqs_emulator().await?).await,
         other => Err(conveyor::Error::config(format!(
             "unknown broker `{other}`: name memory, rabbitmq or sqs"
         ))),

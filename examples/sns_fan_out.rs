@@ -4,10 +4,8 @@
 //!
 //! Run with `cargo run --example sns_fan_out` (after `scripts/services/sqs.sh`).
 
-use std::time::Duration;
-
 use conveyor::{App, Broker, Json, Message, PartitionKey, Publisher, QueueSpec, State};
-use conveyor_sqs::{SqsBroker, TopicSubscription};
+use conveyor_sqs::TopicSubscription;
 use tokio::sync::mpsc;
 
 #[derive(Clone)]
@@ -25,13 +23,7 @@ async fn ship(Json(order): Json<u64>, key: PartitionKey, State(done): State<Done
 
 #[tokio::main]
 async fn main() -> Result<(), conveyor::Error> {
-    let broker = SqsBroker::builder()
-        .endpoint("http://127.0.0.1:4566")
-        .region("us-east-1")
-        .static_credentials("test", "test")
-        .wait_time(Duration::from_secs(1))
-        .build()
-        .await?;
+    let broker = conveyor_examples::sqs_emulator().await?;
     let sns = broker.sns()?;
     let topic = sns.declare_topic("example-orders.fifo").await?;
     for queue in ["example-billing.fifo", "example-shipping.fifo"] {
