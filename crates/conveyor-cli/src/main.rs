@@ -189,7 +189,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     let result = connect_and_run(cli).await;
     match (result, reported.first()) {
         (Ok(()), Some(report)) => Err(Failure::broker(format!(
-            "the work is done, but Conveyor reported a problem on the way: {report}"
+            "the work is done, but Conveyor reported an error on the way: {report}"
         ))),
         (result, _) => result,
     }

@@ -9,8 +9,10 @@ use crate::Failure;
 use crate::target::Inspect;
 
 /// How long a pass waits for the next message before it takes the queue to be done:
-/// ready messages that another consumer took meanwhile never come.
-pub const IDLE: Duration = Duration::from_secs(5);
+/// ready messages that another consumer took meanwhile never come. Generous: a pass
+/// waits this long only when something holds messages back, never in a pass that sees
+/// every message ready, and a busy broker may take seconds to answer.
+pub const IDLE: Duration = Duration::from_secs(15);
 
 /// A subscription on one queue, holding up to its window of messages.
 pub struct Pass<S> {

@@ -1,7 +1,8 @@
 //! What the transports report while a command runs. A transport logs what it cannot
-//! return (a removal the broker refused after the command moved on, a connection lost
-//! while closing); a command line has no log to read, so the first warning or error of
-//! Conveyor's fails the command instead of letting it end as if all went well.
+//! return (a removal the broker refused for good after the command moved on); a command
+//! line has no log to read, so the first error Conveyor's crates log fails the command
+//! instead of letting it end as if all went well. Warnings are passed over: they say
+//! what the transport retries by itself (a visibility renewal, a batch entry).
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -10,7 +11,7 @@ use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Metadata, Subscriber};
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 
-/// The first warning or error Conveyor's crates logged, once installed.
+/// The first error Conveyor's crates logged, once installed.
 #[derive(Clone, Default)]
 pub struct Reported(Arc<Mutex<Option<String>>>);
 
@@ -34,7 +35,7 @@ impl Reported {
 }
 
 fn wanted(metadata: &Metadata<'_>) -> bool {
-    *metadata.level() <= Level::WARN && metadata.target().starts_with("conveyor")
+    *metadata.level() == Level::ERROR && metadata.target().starts_with("conveyor")
 }
 
 impl<S: Subscriber> Layer<S> for Reported {
@@ -88,13 +89,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_first_warning_of_conveyor_is_kept_as_one_line() {
+    fn the_first_error_of_conveyor_is_kept_as_one_line() {
         let reported = Reported::default();
         let subscriber = tracing_subscriber::registry().with(reported.clone());
         tracing::subscriber::with_default(subscriber, || {
             tracing::info!(target: "conveyor_sqs", "fine");
-            tracing::warn!(target: "other_crate", "not ours");
-            tracing::warn!(target: "conveyor_sqs", queue = "dead", "cannot delete");
+            tracing::warn!(target: "conveyor_sqs", "retrying by itself");
+            tracing::error!(target: "other_crate", "not ours");
+            tracing::error!(target: "conveyor_sqs", queue = "dead", "cannot delete");
             tracing::error!(target: "conveyor_sqs", "later");
         });
         assert_eq!(

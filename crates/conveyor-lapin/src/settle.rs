@@ -623,7 +623,9 @@ fn report(queue: &str, result: lapin::Result<bool>) {
             queue,
             "the channel this message came on is gone; the broker delivers it again"
         ),
-        Err(error) => tracing::warn!(
+        // An error, as on SQS: the settlement is lost for good, and the message comes
+        // again (a handled one twice).
+        Err(error) => tracing::error!(
             queue,
             %error,
             "settling failed; the broker delivers the message again"
