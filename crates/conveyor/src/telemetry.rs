@@ -26,7 +26,9 @@
 //! carries the system and the destination, `messaging.client.operation.duration` the
 //! system and the operation; both add `error.type` for what failed. No label ever holds a partition key or message id: the number
 //! of series stays that of the mounts, lanes and destinations. Mount handles are
-//! registered once, when a mount starts, so install the recorder before starting the app.
+//! registered once, when a mount starts, and the in-process broker registers a queue's
+//! sent counter at its first publish: install the recorder before starting the app or
+//! publishing.
 //!
 //! [`record_sent`], [`record_operation`], [`record_dead_lettered`] and
 //! [`record_reconnect`] are for transports.
@@ -299,6 +301,34 @@ pub fn record_sent(
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (system, destination, messages, error);
+}
+
+/// The count of messages published to one destination, for a transport that keeps an
+/// object per destination (the in-process broker's queues): its handle is registered at
+/// the first publish and kept, where [`record_sent`] builds the series' key (two
+/// allocations) and looks it up on every call.
+#[derive(Debug, Default)]
+pub(crate) struct SentCounter {
+    #[cfg(feature = "metrics")]
+    counter: std::sync::OnceLock<metrics::Counter>,
+}
+
+impl SentCounter {
+    /// Counts `messages` published to `destination` (always the same one).
+    pub(crate) fn record(&self, system: &'static str, destination: &str, messages: u64) {
+        #[cfg(feature = "metrics")]
+        self.counter
+            .get_or_init(|| {
+                metrics::counter!(
+                    "messaging.client.sent.messages",
+                    "messaging.system" => system,
+                    "messaging.destination.name" => destination.to_string()
+                )
+            })
+            .increment(messages);
+        #[cfg(not(feature = "metrics"))]
+        let _ = (system, destination, messages);
+    }
 }
 
 /// For transports: counts a rejected message of `queue` moved to its dead-letter queue,

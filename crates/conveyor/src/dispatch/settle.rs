@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use tokio::time::Instant;
-use tracing::Instrument;
 
 use super::{Run, error_chain, settle};
 use crate::delivery::Delivery;
@@ -57,7 +56,7 @@ pub(crate) async fn handle_one<H: CallOne>(
             () = run.shutdown.cancelled() => run.metrics.released(1),
         }
     };
-    handled.instrument(span).await;
+    crate::trace::InSpan::new(handled, span).await;
     run.metrics.finished(1);
 }
 

@@ -313,7 +313,7 @@ impl Publisher for MemoryBroker {
             );
         }
         queue.push(stored, delay);
-        crate::telemetry::record_sent("conveyor_in_process", destination, 1, None);
+        queue.sent.record("conveyor_in_process", destination, 1);
         Ok(())
     }
 }

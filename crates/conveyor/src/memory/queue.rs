@@ -17,6 +17,7 @@ use crate::message::PartitionKey;
 use crate::outcome::Settlement;
 use crate::support;
 use crate::support::TagTable;
+use crate::telemetry::SentCounter;
 
 /// A message at rest in a queue.
 #[derive(Clone, Debug)]
@@ -74,6 +75,8 @@ pub(super) struct Queue {
     /// Wakes subscribers waiting for a message.
     pub(super) available: Notify,
     broker: Weak<BrokerInner>,
+    /// `messaging.client.sent.messages` for this queue.
+    pub(super) sent: SentCounter,
 }
 
 /// The outcome of trying to take a message without waiting.
@@ -94,6 +97,7 @@ impl Queue {
             }),
             available: Notify::new(),
             broker,
+            sent: SentCounter::default(),
         }
     }
 
