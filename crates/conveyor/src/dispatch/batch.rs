@@ -1,6 +1,7 @@
 //! Batch dispatch: one batch at a time, of what the subscriber already has.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::pin::pin;
 use std::sync::Arc;
 
 use futures_util::FutureExt;
@@ -39,14 +40,17 @@ pub(super) async fn drive<H: CallBatch, S: Subscriber>(
                 pause.reset();
                 // Past the shutdown timeout the batch is dropped, its deliveries released.
                 let count = gathered.len() as u64;
-                let handled = async {
-                    tokio::select! {
-                        biased;
-                        () = handle_batch(&*handler, &mut gathered, &run) => false,
-                        () = run.shutdown.cancelled() => true,
-                    }
+                let cancelled = {
+                    // Pinned where it is made, not copied into `stop.run`'s future.
+                    let handled = pin!(async {
+                        tokio::select! {
+                            biased;
+                            () = handle_batch(&*handler, &mut gathered, &run) => false,
+                            () = run.shutdown.cancelled() => true,
+                        }
+                    });
+                    stop.run(handled, &mut subscriber).await
                 };
-                let cancelled = stop.run(handled, &mut subscriber).await;
                 if cancelled {
                     run.metrics.released(gathered.len() as u64);
                     run.metrics.finished(count);

@@ -1,5 +1,6 @@
 //! Sequential dispatch: the mount's own loop runs the handler for each delivery in turn.
 
+use std::pin::pin;
 use std::sync::Arc;
 
 use super::{End, Received, Retries, Run, StopOnDrain, finish, handle_one, receive};
@@ -20,7 +21,9 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
     let end: End = loop {
         match receive(&mut subscriber, &mut run).await {
             Received::Delivery(delivery) => {
-                let handled = handle_one(&*handler, delivery, &run, Retries::InPlace);
+                // Pinned where it is made: handing it over by value would copy the
+                // whole future (handler's included) once more per delivery.
+                let handled = pin!(handle_one(&*handler, delivery, &run, Retries::InPlace));
                 stop.run(handled, &mut subscriber).await;
             }
             other => break other.into(),

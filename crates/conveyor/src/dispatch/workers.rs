@@ -108,16 +108,14 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
 /// shutdown, or until receiving has ended.
 async fn work<H: CallOne, S: Subscriber>(handler: Arc<H>, shared: Arc<Shared<S>>, mut run: Run) {
     loop {
-        if run.shutdown.is_requested() {
-            return;
-        }
         let delivery = {
-            // The lock first: when it is free, the shutdown's future is never made.
-            let mut subscriber = tokio::select! {
-                biased;
-                subscriber = shared.subscriber.lock() => subscriber,
-                () = run.shutdown.requested() => return,
-            };
+            // No wait for the shutdown beside the lock's: its holder lets go at shutdown
+            // (a worker's receive returns, the mount's loop stops the subscriber), and
+            // `receive` looks at the shutdown first, which sends each waiting worker
+            // away in turn. The lock is fair, so busy workers queue for it and take it
+            // in turns: a wait beside it was polled, and registered with the shutdown's
+            // watch, at every delivery.
+            let mut subscriber = shared.subscriber.lock().await;
             if shared.has_ended() {
                 return;
             }
