@@ -255,7 +255,9 @@ impl Pump {
                 Delivery::new(payload, name.clone(), self.settler.clone(), tag)
                     .with_headers(headers)
                     .with_partition_key(key)
-                    .with_receive_count(receive_count),
+                    .with_receive_count(receive_count)
+                    // Read ahead: it may wait here before its handler starts.
+                    .arrived_now(),
             );
         }
         Ok(deliveries)

@@ -1,6 +1,6 @@
 //! SQS's share of the metrics (`metrics` feature): publishes counted by destination,
-//! every SQS request timed under its API name, and rejects moved to the dead-letter
-//! queue, counted by the queue they came from.
+//! every SQS request timed under its API name, rejects moved to the dead-letter queue,
+//! counted by the queue they came from, and the wait of what the pump read ahead.
 //!
 //! Current-thread runtime, with a recorder set for the thread: every task of the test,
 //! the subscription's pump and keeper included, records there. The recorder's snapshot
@@ -56,6 +56,7 @@ async fn publishes_and_requests_are_counted_and_timed_and_dead_letters_counted()
 
     let mut counters: HashMap<(String, String), u64> = HashMap::new();
     let mut requests: HashMap<String, usize> = HashMap::new();
+    let mut waits = 0;
     for (key, _, _, value) in snapshotter.snapshot().into_vec() {
         let key = key.key();
         let label = |name: &str| {
@@ -81,6 +82,9 @@ async fn publishes_and_requests_are_counted_and_timed_and_dead_letters_counted()
                     .entry(label("messaging.operation.name"))
                     .or_default() += samples.len();
             }
+            DebugValue::Histogram(samples) if key.name() == "conveyor.wait.duration" => {
+                waits += samples.len();
+            }
             _ => {}
         }
     }
@@ -95,6 +99,9 @@ async fn publishes_and_requests_are_counted_and_timed_and_dead_letters_counted()
         "{counters:?}"
     );
     assert_eq!(requests.get("SendMessage"), Some(&2), "{requests:?}");
+    // The pump reads ahead, so even a sequential mount's deliveries can wait: each
+    // records its wait, once.
+    assert_eq!(waits, 2);
     for api in [
         "ReceiveMessage",
         "SendMessageBatch",

@@ -82,10 +82,11 @@ pub struct Delivery {
     /// `memcpy` at every move, about a dozen per delivery (330 instructions).
     lane: Option<u32>,
     settler: Option<(Arc<dyn Settle>, u64)>,
-    /// When the transport made it, for the head-of-line wait metric: nanoseconds since
-    /// `arrival::epoch()`, half the size of an `Instant`.
+    /// When it was taken in ahead of its handler, for the head-of-line wait metric:
+    /// nanoseconds since `arrival::epoch()`, half the size of an `Instant`. Unset for
+    /// a delivery whose handler starts as the dispatcher takes it: it waits for nothing.
     #[cfg(feature = "metrics")]
-    arrived: u64,
+    arrived: Option<std::num::NonZeroU64>,
 }
 
 // See `Delivery::lane`.
@@ -94,6 +95,7 @@ const _: () = assert!(std::mem::size_of::<Delivery>() <= 128);
 /// The clock of `Delivery::arrived`.
 #[cfg(feature = "metrics")]
 mod arrival {
+    use std::num::NonZeroU64;
     use std::sync::OnceLock;
     use std::time::{Duration, Instant};
 
@@ -103,13 +105,14 @@ mod arrival {
         *EPOCH.get_or_init(Instant::now)
     }
 
-    /// Now, in nanoseconds since the epoch (saturating, some 584 years on).
-    pub(super) fn now() -> u64 {
-        u64::try_from(epoch().elapsed().as_nanos()).unwrap_or(u64::MAX)
+    /// Now, in nanoseconds since the epoch (at least 1; saturating some 584 years on).
+    pub(super) fn now() -> NonZeroU64 {
+        let nanos = u64::try_from(epoch().elapsed().as_nanos()).unwrap_or(u64::MAX);
+        NonZeroU64::new(nanos).unwrap_or(NonZeroU64::MIN)
     }
 
-    pub(super) fn instant(nanos: u64) -> Option<Instant> {
-        epoch().checked_add(Duration::from_nanos(nanos))
+    pub(super) fn instant(nanos: NonZeroU64) -> Option<Instant> {
+        epoch().checked_add(Duration::from_nanos(nanos.get()))
     }
 }
 
@@ -129,14 +132,34 @@ impl Delivery {
             lane: None,
             settler: Some((settler, tag)),
             #[cfg(feature = "metrics")]
-            arrived: arrival::now(),
+            arrived: None,
         }
     }
 
-    /// When the transport received it (with the `metrics` feature).
+    /// For transports that take deliveries in before the dispatcher asks for them (a
+    /// read-ahead buffer): notes that this one arrived now, so that the head-of-line
+    /// wait metric (`conveyor.wait.duration`) counts its time in the buffer. Does
+    /// nothing without the `metrics` feature.
+    pub fn arrived_now(mut self) -> Self {
+        self.note_arrival();
+        self
+    }
+
+    /// Notes that the delivery arrived now, unless its transport noted it earlier: for
+    /// the dispatch modes that hold a delivery before its handler starts (lanes,
+    /// any-worker).
+    pub(crate) fn note_arrival(&mut self) {
+        #[cfg(feature = "metrics")]
+        if self.arrived.is_none() {
+            self.arrived = Some(arrival::now());
+        }
+    }
+
+    /// When the delivery arrived, if it was taken in ahead of its handler (with the
+    /// `metrics` feature).
     pub(crate) fn arrived(&self) -> Option<std::time::Instant> {
         #[cfg(feature = "metrics")]
-        return arrival::instant(self.arrived);
+        return self.arrived.and_then(arrival::instant);
         #[cfg(not(feature = "metrics"))]
         None
     }

@@ -17,7 +17,7 @@
 //! | `conveyor.reconnects` | counter | times a mount's receives started failing, and it began retrying |
 //! | `conveyor.connection.reconnects` | counter, by `conveyor.connection` | times a broker connection was recovered (RabbitMQ, whose subscriptions wait for the recovery without failing a receive) |
 //! | `conveyor.in_flight` | gauge | deliveries a mount's handlers are running |
-//! | `conveyor.wait.duration` | histogram, seconds | from a delivery's receipt to the start of its handler: head-of-line wait |
+//! | `conveyor.wait.duration` | histogram, seconds | head-of-line wait: from a delivery's arrival to the start of its handler, for the deliveries that can wait: in a lane, for a free worker under any-worker, or in a transport's read-ahead buffer (SQS). A sequential, `workers(n)` or batch mount starts a delivery as it takes it from the transport, so it records a wait only for what the transport read ahead |
 //! | `conveyor.lane.in_flight` | gauge, by `conveyor.lane` | a lanes mount's delivery running in each lane (0 or 1) |
 //! | `conveyor.lane.waiting` | gauge, by `conveyor.lane` | deliveries waiting for each lane |
 //!
@@ -132,8 +132,9 @@ mod enabled {
             }
         }
 
-        /// A delivery that arrived at `arrived` starts its first run now: records its
-        /// wait, and returns the run's start (one clock read for both).
+        /// A delivery starts its first run now: records its wait since it `arrived`,
+        /// if it was taken in ahead of its handler, and returns the run's start (one
+        /// clock read for both).
         pub(crate) fn first_run_started(&self, arrived: Option<Instant>) -> Option<Instant> {
             let now = Instant::now();
             if let Some(arrived) = arrived {

@@ -49,6 +49,7 @@ async fn a_mount_counts_what_it_consumes_and_how_each_delivery_ends() {
     // name and outcome label -> value; every series must carry the mount's labels.
     let mut counters: HashMap<(String, Option<String>), u64> = HashMap::new();
     let mut durations = 0usize;
+    let mut waits = 0usize;
     for (key, _, _, value) in snapshotter.snapshot().into_vec() {
         let key = key.key();
         let labels: HashMap<&str, &str> = key.labels().map(|l| (l.key(), l.value())).collect();
@@ -70,6 +71,9 @@ async fn a_mount_counts_what_it_consumes_and_how_each_delivery_ends() {
             }
             DebugValue::Histogram(samples) if key.name() == "messaging.process.duration" => {
                 durations = samples.len();
+            }
+            DebugValue::Histogram(samples) if key.name() == "conveyor.wait.duration" => {
+                waits = samples.len();
             }
             DebugValue::Gauge(level) if key.name() == "conveyor.in_flight" => {
                 assert_eq!(level.into_inner(), 0.0, "nothing in flight once settled");
@@ -93,6 +97,8 @@ async fn a_mount_counts_what_it_consumes_and_how_each_delivery_ends() {
     assert_eq!(count("conveyor.decode_failures", None), 1);
     assert_eq!(count("conveyor.panics", None), 1);
     assert_eq!(durations, 4, "one run per decoded delivery");
+    // A worker starts each delivery as it takes it: nothing waits, nothing is recorded.
+    assert_eq!(waits, 0);
 }
 
 /// Every series of `name`, as (labels, value).

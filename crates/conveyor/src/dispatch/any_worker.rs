@@ -291,10 +291,11 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
             received = receive(&mut subscriber, &mut run) => received,
             died = task_died(&mut workers) => break End::Failed(task_error(&died, &run)),
         };
-        let delivery = match received {
+        let mut delivery = match received {
             Received::Delivery(delivery) => delivery,
             other => break other.into(),
         };
+        delivery.note_arrival();
         let key = delivery.partition_key().map(|key| (key, key_hash(key)));
         stats.queued(None, key);
         let key = key.map(|(_, hash)| hash);

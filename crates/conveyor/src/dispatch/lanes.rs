@@ -86,6 +86,7 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
             Received::Delivery(delivery) => delivery,
             other => break other.into(),
         };
+        delivery.note_arrival();
         let lane = match delivery.partition_key() {
             Some(key) => {
                 let hash = key_hash(key);
