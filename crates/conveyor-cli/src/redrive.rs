@@ -14,8 +14,7 @@ use conveyor::{
     REPLY_TO_HEADER, Settlement,
 };
 use indicatif::ProgressBar;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tokio::time::MissedTickBehavior;
 
 use crate::interrupt::Interrupt;
@@ -229,15 +228,9 @@ fn redriven(delivery: &Delivery) -> Message {
         .payload(delivery.payload().clone())
 }
 
-/// An id no other message of this or another redrive has: the clock, the process and a
-/// count.
+/// An id no other message of this or another redrive has.
 fn fresh_id() -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| since.as_nanos());
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    format!("redrive-{nanos:x}-{:x}-{n}", std::process::id())
+    format!("redrive-{}", conveyor::support::unique_id())
 }
 
 /// Headers a transport keeps for itself: attempt counts, death records, and where it

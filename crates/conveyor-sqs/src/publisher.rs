@@ -1,8 +1,7 @@
 //! Publishing to SQS: `SendMessage`, and `SendMessageBatch` split by ten entries and by
 //! the queue's size limit.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 use conveyor::{Error, Message, MessageParts, Publisher};
@@ -76,14 +75,7 @@ fn prepare(queue: &QueueInfo, parts: MessageParts) -> Result<Prepared, SqsError>
 
 /// A deduplication id no other publish of this process, or (by its clock) of another
 /// process, has used.
-pub(crate) fn unique_id() -> String {
-    static SEQUENCE: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| since.as_nanos());
-    let sequence = SEQUENCE.fetch_add(1, Ordering::Relaxed);
-    format!("{nanos:x}-{:x}-{sequence:x}", std::process::id())
-}
+pub(crate) use conveyor::support::unique_id;
 
 /// `error` as the core's publish error. Its text quotes `destination`, so an oversize one
 /// is cut there as in every error text (see [`shown`]).

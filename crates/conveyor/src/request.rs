@@ -104,16 +104,8 @@ impl Replies {
     /// A requester with nothing waiting, whose correlation ids no other process (by its
     /// id and clock) or requester of this process makes.
     pub fn new() -> Self {
-        static REQUESTERS: AtomicU64 = AtomicU64::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |elapsed| elapsed.as_nanos());
         Replies {
-            prefix: format!(
-                "{:x}-{nanos:x}-{:x}",
-                std::process::id(),
-                REQUESTERS.fetch_add(1, Ordering::Relaxed)
-            ),
+            prefix: support::unique_id(),
             next: AtomicU64::new(0),
             waiting: Mutex::default(),
         }

@@ -2,7 +2,8 @@
 //! is written once: a lock that outlives a panic, a wait on a [`Notify`] for a condition
 //! that misses no wake-up, the table of deliveries not settled yet, the queue their
 //! settlements wait in for the subscription's settle task, the pause between retries of a
-//! failing broker call, and error texts that quote a name boundedly.
+//! failing broker call, error texts that quote a name boundedly, and ids no one else
+//! makes.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -10,6 +11,26 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::policy::Backoff;
+
+/// An id no other call in this process returns, nor (by its clock) any call in another
+/// process: the clock in nanoseconds, the process id and a count, in hex, joined by `-`.
+/// For deduplication ids, correlation prefixes and the like.
+///
+/// ```
+/// let (a, b) = (conveyor::support::unique_id(), conveyor::support::unique_id());
+/// assert_ne!(a, b);
+/// ```
+pub fn unique_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_nanos());
+    let count = COUNT.fetch_add(1, Ordering::Relaxed);
+    format!("{nanos:x}-{:x}-{count:x}", std::process::id())
+}
 
 /// Locks `mutex`, even if a thread panicked while holding it.
 ///
