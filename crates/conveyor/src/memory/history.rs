@@ -68,6 +68,12 @@ impl History {
         self.recording.load(Ordering::Relaxed)
     }
 
+    /// Holds the log, so whoever records next waits until the guard is dropped.
+    #[cfg(test)]
+    pub(super) fn hold(&self) -> impl Drop + '_ {
+        support::lock(&self.log)
+    }
+
     fn with_log<T>(&self, f: impl FnOnce(&mut Log) -> T) -> T {
         f(&mut support::lock(&self.log))
     }

@@ -114,9 +114,35 @@ pub(crate) struct BrokerInner {
     /// How many idle-waits are under way: a broker in steady use with none pays nothing
     /// to wake nobody.
     idle_waiters: AtomicUsize,
+    /// Settlements under way: a message gone from in flight whose record (acked,
+    /// rejected) or dead letter is not yet kept. The broker is not idle while one is, or
+    /// a wait could return before the history shows the last ack.
+    settling: AtomicUsize,
     history: History,
     /// The requests of [`Broker::request`] waiting for their replies.
     replies: Replies,
+}
+
+/// A settlement under way, counted from before its message leaves the queue until the
+/// guard is dropped, when idle-waiters are told.
+pub(crate) struct Settling(Arc<BrokerInner>);
+
+impl Settling {
+    pub(crate) fn begin(broker: Arc<BrokerInner>) -> Self {
+        broker.settling.fetch_add(1, Ordering::SeqCst);
+        Settling(broker)
+    }
+
+    pub(crate) fn broker(&self) -> &Arc<BrokerInner> {
+        &self.0
+    }
+}
+
+impl Drop for Settling {
+    fn drop(&mut self) {
+        self.0.settling.fetch_sub(1, Ordering::SeqCst);
+        self.0.notify_changed();
+    }
 }
 
 /// The reply address of in-process requests: a reply published here goes straight to the
@@ -208,7 +234,11 @@ impl MemoryBroker {
         // Under the map's lock (a queue locks its own state inside it, never the other way
         // round), so checking allocates nothing.
         let queues = support::lock(&self.inner.queues);
+        // Looked at after the queues: a settlement counts itself before it takes its
+        // message out of flight, under the queue's lock, so a message seen gone is seen
+        // settling until its record is kept.
         queues.values().all(|queue| queue.is_idle(now, delayed))
+            && self.inner.settling.load(Ordering::SeqCst) == 0
     }
 
     /// Waits until [`is_idle(false)`](Self::is_idle): everything published and due has
@@ -430,5 +460,59 @@ impl Source for MemoryQueue {
 
     async fn subscribe(self, _settings: SubscribeSettings) -> Result<MemorySubscriber, Error> {
         Ok(MemorySubscriber::new(self.broker.inner.queue(&self.name)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::outcome::Settlement;
+    use crate::transport::Subscriber;
+
+    /// Settles the delivery on another thread while the history is held, waits until the
+    /// message has left flight, and checks the broker is not idle before it is recorded.
+    async fn settle_while_the_history_is_held(settlement: Settlement<'static>) -> MemoryBroker {
+        let broker = MemoryBroker::new();
+        broker.record_history(true);
+        broker.publish_json("jobs", &1u32).await.unwrap();
+        let mut subscriber = broker
+            .queue("jobs")
+            .subscribe(SubscribeSettings::new(1))
+            .await
+            .unwrap();
+        let delivery = subscriber.recv().await.unwrap().unwrap();
+
+        let held = broker.inner.history.hold();
+        let settling = std::thread::spawn(move || delivery.settle(settlement));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while broker.stats("jobs").in_flight > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the settlement never took the message"
+            );
+            std::thread::yield_now();
+        }
+        assert!(
+            !broker.is_idle(false),
+            "idle while the settlement was not yet recorded"
+        );
+        drop(held);
+        settling.join().unwrap();
+        assert!(broker.is_idle(false));
+        broker
+    }
+
+    #[tokio::test]
+    async fn the_broker_is_not_idle_until_an_ack_is_in_its_history() {
+        let broker = settle_while_the_history_is_held(Settlement::Ack).await;
+        assert_eq!(broker.acked("jobs").len(), 1);
+    }
+
+    #[tokio::test]
+    async fn the_broker_is_not_idle_until_a_reject_is_in_its_history() {
+        let broker = settle_while_the_history_is_held(Settlement::Reject { reason: "bad" }).await;
+        assert_eq!(broker.rejected("jobs").len(), 1);
     }
 }

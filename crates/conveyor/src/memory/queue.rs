@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::history::{RecordedMessage, Rejected};
-use super::{BrokerInner, QueueOptions, QueueStats, REJECT_REASON_HEADER};
+use super::{BrokerInner, QueueOptions, QueueStats, REJECT_REASON_HEADER, Settling};
 use crate::delivery::{Delivery, Settle, Settled};
 use crate::headers::Headers;
 use crate::message::PartitionKey;
@@ -180,6 +180,8 @@ impl Queue {
     /// SQS receive, one batch may hold several messages of a group, in order.
     pub(super) fn try_take(self: &Arc<Self>, taken_groups: &[PartitionKey]) -> Take {
         let mut expired = Vec::new();
+        // Counted before expired messages leave the queue, until they are dead-lettered.
+        let mut settling = None;
         let taken = {
             let mut state = self.lock();
             state.promote_due(Instant::now(), self.fifo);
@@ -193,6 +195,9 @@ impl Queue {
                 stored.receive_count += 1;
                 if let Some(max) = state.options.max_receive_count {
                     if stored.receive_count > max && state.options.dead_letter_queue.is_some() {
+                        if settling.is_none() {
+                            settling = self.broker.upgrade().map(Settling::begin);
+                        }
                         expired.push(stored);
                         continue;
                     }
@@ -214,13 +219,16 @@ impl Queue {
             }
         };
         let expired_any = !expired.is_empty();
-        for stored in expired {
-            let reason = format!(
-                "received {} times, more than the queue's max receive count",
-                stored.receive_count.saturating_sub(1)
-            );
-            self.dead_letter(stored, &reason);
+        if let Some(settling) = &settling {
+            for stored in expired {
+                let reason = format!(
+                    "received {} times, more than the queue's max receive count",
+                    stored.receive_count.saturating_sub(1)
+                );
+                self.dead_letter(settling.broker(), stored, &reason);
+            }
         }
+        drop(settling);
         // Taking makes nothing available to other subscribers, so only idle-waiters hear
         // of it (a subscriber that woke itself here would spin).
         if expired_any || matches!(taken, Take::Taken(_)) {
@@ -230,14 +238,11 @@ impl Queue {
     }
 
     /// Moves a rejected message to the dead-letter queue, or discards it; records both.
-    fn dead_letter(&self, mut stored: Stored, reason: &str) {
+    fn dead_letter(&self, broker: &Arc<BrokerInner>, mut stored: Stored, reason: &str) {
         let dead_letter_queue = {
             let mut state = self.lock();
             state.stats.rejected += 1;
             state.options.dead_letter_queue.clone()
-        };
-        let Some(broker) = self.broker.upgrade() else {
-            return;
         };
         if broker.history.is_recording() {
             broker.history.record_rejected(
@@ -360,6 +365,11 @@ fn due_after(delay: Duration) -> Instant {
 
 impl Settle for Queue {
     fn settle(&self, settled: Settled<'_>) {
+        // Counted before the message leaves flight, until it is recorded and dead-lettered.
+        let Some(settling) = self.broker.upgrade().map(Settling::begin) else {
+            return;
+        };
+        let broker = settling.broker();
         let mut rejected = None;
         let mut acked = None;
         // Whether a message became available (or a delayed one may now fall due first):
@@ -410,18 +420,15 @@ impl Settle for Queue {
             }
         }
         if let Some((stored, reason)) = rejected {
-            self.dead_letter(stored, reason);
+            self.dead_letter(broker, stored, reason);
         }
         if available {
             self.available.notify_waiters();
         }
-        if let Some(broker) = self.broker.upgrade() {
-            if let Some(stored) = acked
-                && broker.history.is_recording()
-            {
-                broker.history.record_acked(&self.name, stored.record());
-            }
-            broker.notify_changed();
+        if let Some(stored) = acked
+            && broker.history.is_recording()
+        {
+            broker.history.record_acked(&self.name, stored.record());
         }
     }
 }
