@@ -336,6 +336,7 @@ impl<L: Layer + Clone> App<L> {
                 status.lane_stats(keyed);
             }
             let run = Run {
+                process_name: format!("process {}", cx.queue()).into(),
                 cx,
                 options,
                 system,

@@ -157,6 +157,7 @@ impl Delivery {
 
     /// When the delivery arrived, if it was taken in ahead of its handler (with the
     /// `metrics` feature).
+    #[inline]
     pub(crate) fn arrived(&self) -> Option<std::time::Instant> {
         #[cfg(feature = "metrics")]
         return self.arrived.and_then(arrival::instant);

@@ -40,6 +40,7 @@ impl Headers {
     }
 
     /// The value of the first header named `name` (any case).
+    #[inline]
     pub fn get(&self, name: &str) -> Option<&Bytes> {
         self.entries()
             .iter()
@@ -48,6 +49,7 @@ impl Headers {
     }
 
     /// The value of the header `name` as UTF-8 text; `None` if absent or not UTF-8.
+    #[inline]
     pub fn get_str(&self, name: &str) -> Option<&str> {
         self.get(name).and_then(|v| std::str::from_utf8(v).ok())
     }

@@ -135,6 +135,7 @@ mod enabled {
         /// A delivery starts its first run now: records its wait since it `arrived`,
         /// if it was taken in ahead of its handler, and returns the run's start (one
         /// clock read for both).
+        #[inline]
         pub(crate) fn first_run_started(&self, arrived: Option<Instant>) -> Option<Instant> {
             let now = Instant::now();
             if let Some(arrived) = arrived {
@@ -175,26 +176,31 @@ mod enabled {
             }
         }
 
+        #[inline]
         pub(crate) fn consumed(&self, count: u64) {
             self.consumed.increment(count);
             // Counts as f64: exact for any count a mount can hold.
             self.in_flight.increment(count as f64);
         }
 
+        #[inline]
         pub(crate) fn finished(&self, count: u64) {
             self.in_flight.decrement(count as f64);
         }
 
+        #[inline]
         pub(crate) fn run_started(&self) -> Option<Instant> {
             Some(Instant::now())
         }
 
+        #[inline]
         pub(crate) fn run_ended(&self, started: Option<Instant>) {
             if let Some(started) = started {
                 self.duration.record(started.elapsed().as_secs_f64());
             }
         }
 
+        #[inline]
         pub(crate) fn outcome(&self, outcome: OutcomeKind) {
             match outcome {
                 OutcomeKind::Ack => &self.acked,

@@ -59,6 +59,8 @@ mod run {
         pub(crate) system: &'static str,
         /// The dispatch mode's name, for the delivery spans.
         pub(crate) dispatch: &'static str,
+        /// The delivery spans' `otel.name`, `process <queue>`, made once per mount.
+        pub(crate) process_name: std::sync::Arc<str>,
         /// The mount's metric handles (nothing without the `metrics` feature).
         pub(crate) metrics: crate::telemetry::MountMetrics,
         /// What the running app's health shows of this mount.

@@ -65,10 +65,15 @@ pub(crate) async fn handle_one<H: CallOne>(
 /// (the worker, under any-worker) and the dispatch mode. The handler's own spans and
 /// events nest under it. Made only when a subscriber wants INFO spans of this crate.
 /// With the `otel` feature it continues the trace of the publish that sent the message.
+///
+/// It is a root: a delivery starts its own trace, or continues its publisher's, never
+/// that of whatever span is current where the mount runs (and the subscriber need not
+/// look for one).
 fn delivery_span(delivery: &Delivery, run: &Run) -> tracing::Span {
     let span = tracing::info_span!(
+        parent: None,
         "conveyor.process",
-        otel.name = %format_args!("process {}", run.cx.queue()),
+        otel.name = &*run.process_name,
         otel.kind = "consumer",
         messaging.system = run.system,
         messaging.destination.name = run.cx.queue(),
