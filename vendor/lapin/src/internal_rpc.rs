@@ -415,10 +415,14 @@ impl<RK: RuntimeKit + Clone + Send + 'static> InternalRPC<RK> {
 
         while let Ok(Some(command)) = rpc.recv_async().await {
             trace!(?command, "Handling internal RPC command");
-            match command {
+            // Conveyor patch: a command skipped for its dead channel wakes the I/O loop too
+            // (`break 'handled`, where 4.12.3 had `continue`). The loop keeps running while
+            // commands wait here, so it may be waiting for this wake-up: without it, a loop
+            // whose socket had died stayed asleep for ever and never reconnected.
+            'handled: { match command {
                 BasicAck(channel_id, delivery_tag, options, resolver) => {
                     if !self.channel_ok(channel_id) {
-                        continue;
+                        break 'handled;
                     }
                     let channel = get_channel(channel_id);
                     let (poison, resolver) = resolver.into_parts();
@@ -431,7 +435,7 @@ impl<RK: RuntimeKit + Clone + Send + 'static> InternalRPC<RK> {
                 }
                 BasicNack(channel_id, delivery_tag, options, resolver) => {
                     if !self.channel_ok(channel_id) {
-                        continue;
+                        break 'handled;
                     }
                     let channel = get_channel(channel_id);
                     let (poison, resolver) = resolver.into_parts();
@@ -444,7 +448,7 @@ impl<RK: RuntimeKit + Clone + Send + 'static> InternalRPC<RK> {
                 }
                 BasicReject(channel_id, delivery_tag, options, resolver) => {
                     if !self.channel_ok(channel_id) {
-                        continue;
+                        break 'handled;
                     }
                     let channel = get_channel(channel_id);
                     let (poison, resolver) = resolver.into_parts();
@@ -457,7 +461,7 @@ impl<RK: RuntimeKit + Clone + Send + 'static> InternalRPC<RK> {
                 }
                 CancelConsumer(channel_id, consumer_tag, consumer_status) => {
                     if !self.channel_ok(channel_id) {
-                        continue;
+                        break 'handled;
                     }
                     let channel = get_channel(channel_id);
                     self.register_internal_future(async move {
@@ -473,7 +477,7 @@ impl<RK: RuntimeKit + Clone + Send + 'static> InternalRPC<RK> {
                 }
                 CloseChannel(channel_id, reply_code, reply_text) => {
                     if !self.channel_ok(channel_id) {
-                        continue;
+                        break 'handled;
                     }
                     let channel = get_channel(channel_id);
                     self.register_internal_future(async move {
@@ -516,7 +520,7 @@ impl<RK: RuntimeKit + Clone + Send + 'static> InternalRPC<RK> {
                 }
                 RemoveChannel(channel_id, error) => {
                     if !self.channel_ok(channel_id) {
-                        continue;
+                        break 'handled;
                     }
                     let channels = channels.clone();
                     self.register_internal_future(async move { channels.remove(channel_id, error) })
@@ -581,7 +585,7 @@ impl<RK: RuntimeKit + Clone + Send + 'static> InternalRPC<RK> {
                         resolver,
                     )
                 }
-            }
+            } }
             self.handle.waker.wake();
         }
         trace!("InternalRPC stopped");
