@@ -8,7 +8,8 @@
 //! apart, subscriptions go on acking while publishes wait. Recovery is the client's:
 //! when a connection drops, lapin reconnects with exponential backoff and replays each
 //! channel's declarations, QoS, confirm mode and consumers on the new connection, then
-//! subscriptions resume. Deliveries that were in flight on the dead
+//! subscriptions resume. A reconnect's handshake that gets no answer is cut after
+//! 10 s and tried again (see `dialer`). Deliveries that were in flight on the dead
 //! channel cannot be acked any more (their acks become no-ops), so the broker delivers
 //! them again.
 

@@ -13,7 +13,7 @@
 //! lapin's thread runs out of retries and ends within moments.
 
 use std::io;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use conveyor::Backoff;
@@ -37,6 +37,11 @@ const MAX_DELAY: Duration = RetryPause::MAX;
 /// How long one reconnect attempt may take to open its stream, so that an attempt the
 /// network swallows (no answer at all) is given up for a new one.
 const RECONNECT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a reconnect's AMQP handshake may wait for the broker once its stream is
+/// open, before the dialer cuts it and tries again: RabbitMQ's own `handshake_timeout`,
+/// and the Java client's. A load balancer whose brokers are down, or a proxy, may accept
+/// the TCP connection and never answer; lapin would wait on it for ever.
+const RECONNECT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What a first connect that did not succeed ran into last: the cause its error names.
 #[derive(Debug)]
@@ -94,6 +99,9 @@ struct State {
     /// A stream was handed to lapin after the first connect: what connects next is a
     /// recovery.
     recovering: bool,
+    /// Streams handed to lapin so far: tells a handshake's watchdog whether the one it
+    /// watches is still the one under way.
+    handshakes: u64,
 }
 
 enum Phase {
@@ -110,9 +118,10 @@ enum Attempt {
     Idle,
     /// Opening a stream.
     Dialing,
-    /// A stream was handed to lapin, which runs the AMQP handshake on it. On the first
-    /// connect, with a duplicate of its socket, to shut it down should the handshake not
-    /// end in time (lapin's thread would otherwise wait on it for ever).
+    /// A stream was handed to lapin, which runs the AMQP handshake on it, with a
+    /// duplicate of its socket, to shut it down should the handshake not end in time
+    /// (lapin's thread would otherwise wait on it for ever): at the first connect's
+    /// deadline, or [`RECONNECT_HANDSHAKE_TIMEOUT`] after a reconnect's stream opened.
     Handshaking(Option<std::net::TcpStream>),
 }
 
@@ -130,6 +139,7 @@ impl Dialer {
                 refused: false,
                 released: false,
                 recovering: false,
+                handshakes: 0,
             }),
             wake: Notify::new(),
             stopping: Notify::new(),
@@ -212,16 +222,27 @@ impl Dialer {
     /// The attempt opened a stream whose socket is `socket`, to hand to lapin. Returns
     /// false if the dialer gave up meanwhile: the stream is then to be dropped, since no
     /// one would cut a handshake on it.
-    pub(crate) fn opened(&self, socket: Option<&tokio::net::TcpStream>) -> bool {
+    ///
+    /// A reconnect's handshake is cut if it has not ended [`RECONNECT_HANDSHAKE_TIMEOUT`]
+    /// later; lapin then counts it as failed and asks for another attempt.
+    pub(crate) fn opened(self: &Arc<Self>, socket: Option<&tokio::net::TcpStream>) -> bool {
         let mut state = self.state();
-        let spare = match state.phase {
-            Phase::First { .. } => socket.and_then(duplicate),
+        let reconnect = match state.phase {
+            Phase::First { .. } => false,
             Phase::Connected => {
                 state.recovering = true;
-                None
+                true
             }
             Phase::GivenUp => return false,
         };
+        let spare = socket.and_then(duplicate);
+        state.handshakes = state.handshakes.wrapping_add(1);
+        if reconnect && spare.is_some() {
+            // Called on lapin's thread, inside the runtime the connection runs on.
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(cut_if_stalled(Arc::downgrade(self), state.handshakes));
+            }
+        }
         state.attempt = Attempt::Handshaking(spare);
         true
     }
@@ -301,6 +322,28 @@ impl Dialer {
             None => state.last_failure.take(),
         };
         (failure, state.refused)
+    }
+}
+
+/// Shuts down the socket of reconnect handshake `number` if it is still under way
+/// [`RECONNECT_HANDSHAKE_TIMEOUT`] from now: lapin's handshake on it then fails.
+async fn cut_if_stalled(dialer: Weak<Dialer>, number: u64) {
+    tokio::time::sleep(RECONNECT_HANDSHAKE_TIMEOUT).await;
+    let Some(dialer) = dialer.upgrade() else {
+        return;
+    };
+    let state = dialer.state();
+    if state.handshakes != number {
+        return;
+    }
+    if let Attempt::Handshaking(Some(socket)) = &state.attempt {
+        tracing::debug!(
+            url = %dialer.url,
+            timeout = ?RECONNECT_HANDSHAKE_TIMEOUT,
+            "RabbitMQ did not finish the reconnect's handshake in time; trying again"
+        );
+        // Already closed, if the handshake just failed: nothing to do then.
+        let _ = socket.shutdown(std::net::Shutdown::Both);
     }
 }
 
@@ -410,6 +453,66 @@ mod tests {
             "{failure:?}"
         );
         assert!(waiting.await.unwrap());
+    }
+
+    /// A stream to a listener that accepts and never answers: a handshake on it waits.
+    async fn silent_stream() -> (tokio::net::TcpStream, tokio::net::TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap());
+        let (client, accepted) = tokio::join!(client, listener.accept());
+        (client.unwrap(), accepted.unwrap().0)
+    }
+
+    /// Reads `stream` until it ends; true if it ended (or failed), false if it was still
+    /// open when `within` had passed.
+    async fn ends_within(stream: &mut tokio::net::TcpStream, within: Duration) -> bool {
+        use tokio::io::AsyncReadExt;
+        let mut byte = [0u8; 1];
+        matches!(
+            tokio::time::timeout(within, stream.read(&mut byte)).await,
+            Ok(Ok(0) | Err(_))
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reconnect_handshake_that_gets_no_answer_is_cut_after_its_timeout() {
+        let dialer = Arc::new(Dialer::new(
+            String::new(),
+            Instant::now() + Duration::from_secs(60),
+        ));
+        assert!(dialer.next_attempt().await.is_ok());
+        let (first, _broker) = silent_stream().await;
+        assert!(dialer.opened(Some(&first)));
+        dialer.connected();
+
+        // The connection was lost: lapin asks for a stream again.
+        assert!(dialer.next_attempt().await.is_ok());
+        let (mut stream, _broker) = silent_stream().await;
+        assert!(dialer.opened(Some(&stream)));
+        let just_short = RECONNECT_HANDSHAKE_TIMEOUT - Duration::from_millis(100);
+        assert!(!ends_within(&mut stream, just_short).await, "cut too early");
+        assert!(
+            ends_within(&mut stream, Duration::from_millis(200)).await,
+            "the handshake was not cut at its timeout"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reconnect_handshake_that_ended_is_left_alone() {
+        let dialer = Arc::new(Dialer::new(
+            String::new(),
+            Instant::now() + Duration::from_secs(60),
+        ));
+        assert!(dialer.next_attempt().await.is_ok());
+        let (first, _broker) = silent_stream().await;
+        assert!(dialer.opened(Some(&first)));
+        dialer.connected();
+        assert!(dialer.next_attempt().await.is_ok());
+        let (mut stream, _broker) = silent_stream().await;
+        assert!(dialer.opened(Some(&stream)));
+        assert!(dialer.connected(), "a recovery");
+        let well_past = RECONNECT_HANDSHAKE_TIMEOUT * 3;
+        assert!(!ends_within(&mut stream, well_past).await);
     }
 
     #[tokio::test(start_paused = true)]

@@ -103,14 +103,18 @@
 //!   failed first connect stops everything it started: no attempt, connection or lapin
 //!   thread outlives it. After that, a lost connection is reconnected for as long as it
 //!   takes, backing off from 100 ms to 30 s, and lapin recovers the channels
-//!   (`enable_auto_recover`). Queues the broker deletes with the connection (exclusive
-//!   ones this broker declared) are declared again, empty. A publish waits for the
-//!   recovery at most its confirm timeout, then fails with [`LapinError::Unavailable`].
-//! - **lapin 4.12.3 does not reconnect a connection cut while frames were unsent**
-//!   (most cuts under load): its I/O loop spins on them for ever. This workspace builds
-//!   lapin with a one-line fix through `[patch.crates-io]` (`vendor/lapin/PATCHED.md`
-//!   in the repository); a service using this crate needs the same patch until a lapin
-//!   release has the fix.
+//!   (`enable_auto_recover`). A reconnect whose AMQP handshake gets no answer within
+//!   10 s (RabbitMQ's own `handshake_timeout`) is cut and tried again: a load balancer
+//!   may accept the connection with no broker behind it. Queues the broker deletes with
+//!   the connection (exclusive ones this broker declared) are declared again, empty. A
+//!   publish waits for the recovery at most its confirm timeout, then fails with
+//!   [`LapinError::Unavailable`].
+//! - **lapin 4.12.3 does not always reconnect**: its I/O loop spins for ever on frames
+//!   left unsent by a cut (most cuts under load), or sleeps through a skipped internal
+//!   command, and a reconnect whose handshake was closed early makes the next one fail.
+//!   This workspace builds lapin with three small fixes through `[patch.crates-io]`
+//!   (`vendor/lapin/PATCHED.md` in the repository); a service using this crate needs
+//!   the same patch until a lapin release has them.
 //! - A message whose AMQP properties and headers are over the connection's frame limit
 //!   (`frame_max`, 128 KiB by default) is refused at publish time with
 //!   [`LapinError::HeadersTooLarge`]: AMQP cannot split a header frame, and the broker

@@ -1,6 +1,7 @@
 //! Connections cut under load by a fault-injecting proxy (`common::proxy`): consumption
-//! resumes within a bound and loses nothing, confirmed publishes survive a cut, and a
-//! broker that refuses connections fails `connect` instead of hanging.
+//! resumes within a bound and loses nothing, confirmed publishes survive a cut, a broker
+//! that refuses connections fails `connect` instead of hanging, and a reconnect whose
+//! handshake gets no answer is cut and tried again.
 //!
 //! Every fault is provoked by the proxy at a point the test chooses by a condition (so
 //! many messages handled, so many publishes confirmed), never by a sleep, so the tests
@@ -689,5 +690,55 @@ async fn health_shows_the_mount_reconnecting_while_its_connection_is_lost_then_r
     );
     // The app closes the broker it was given.
     app.shutdown().await.unwrap();
+    cleanup(&admin, &[&queue], &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnect_whose_handshake_gets_no_answer_is_cut_and_tried_again_until_the_broker_answers()
+ {
+    let admin = common::broker().await;
+    let queue = unique("reconnect-handshake");
+    admin
+        .declare_queue(&QueueSpec::new(queue.as_str()))
+        .await
+        .unwrap();
+    let proxy = Proxy::start(UPSTREAM).await;
+    let broker = through(&proxy, &unique("reconnect-handshake")).await;
+    broker.publish(&queue, message(0)).await.unwrap();
+
+    // From now on nothing RabbitMQ sends gets through, as behind a load balancer whose
+    // brokers are gone: a reconnect opens its stream, and its handshake hears nothing.
+    proxy.stall_replies();
+    let before = proxy.accepted();
+    assert_eq!(proxy.cut_connections().await, 2, "consuming and publishing");
+    // Each connection's first reconnect stalls; only cutting its handshake leads to a
+    // second one.
+    wait_until(
+        "each connection to try again after a handshake that got no answer",
+        || proxy.accepted() >= before + 4,
+    )
+    .await;
+
+    // The attempts under way have just opened their streams: once RabbitMQ's answer gets
+    // through, their handshakes finish, with no new connection (a handshake that failed
+    // before the broker's first answer once left lapin expecting that answer twice, so
+    // the next one failed too).
+    let at_resume = proxy.accepted();
+    proxy.resume();
+    common::wait_for("a publish to succeed once the broker answers", || {
+        let (broker, queue) = (&broker, &queue);
+        async move { broker.publish(queue, message(1)).await.is_ok() }
+    })
+    .await;
+    wait_until("both connections to be open again", || {
+        proxy.open_connections() == 2
+    })
+    .await;
+    assert_eq!(
+        proxy.accepted(),
+        at_resume,
+        "recovered on the streams already open"
+    );
+    broker.close().await.unwrap();
     cleanup(&admin, &[&queue], &[]).await;
 }

@@ -241,6 +241,15 @@ impl<
                     let reconnect = self.reconnecting();
 
                     trace!(status=?self.status, connection_status=?self.connection_status.state(), "io_loop exiting for {}", if reconnect { "reconnection" } else if connecting { "connection" } else { "shutdown" });
+                    // Conveyor patch: a reconnect's handshake closed before
+                    // Connection.Start retries its protocol header for the recovery
+                    // that awaits it, as the first connect does. Starting another
+                    // recovery left the old header's expected reply first in line, and
+                    // the next handshake failed on it ("invalid state").
+                    let mut header_retried = false;
+                    if !self.first_connection && connecting && self.half_closed && res.is_ok() {
+                        header_retried = self.frames.retry_connection_header();
+                    }
                     if self.first_connection && connecting && self.half_closed && res.is_ok() {
                         let error = Error::from(io::Error::from(io::ErrorKind::ConnectionAborted));
                         if self.frames.retry_connection_header() {
@@ -278,7 +287,7 @@ impl<
                     std::thread::sleep(throttle);
 
                     self.reset();
-                    if !self.first_connection {
+                    if !self.first_connection && !header_retried {
                         self.internal_rpc.start_channels_recovery();
                     }
                 };
