@@ -9,7 +9,7 @@
 
 mod common;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -664,28 +664,30 @@ async fn health_shows_the_mount_reconnecting_while_its_connection_is_lost_then_r
     wait_until("the mount to run again", || app.health().is_ready()).await;
     assert_eq!(connections(&app.health()), both(ConnectionState::Connected));
     // Each connection was recovered once, and counted (other tests' connections have
-    // other names).
-    let mut counted: Vec<(String, u64)> = recoveries
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(key, ..)| key.key().name() == "conveyor.connection.reconnects")
-        .filter_map(|(key, _, _, value)| {
+    // other names). A recovery is counted by the task that watches its connection, which
+    // may run after the health shows it; a snapshot drains the counters it shows.
+    let mut counted: BTreeMap<String, u64> = BTreeMap::new();
+    wait_until("both recoveries to be counted", || {
+        for (key, _, _, value) in recoveries.snapshot().into_vec() {
+            if key.key().name() != "conveyor.connection.reconnects" {
+                continue;
+            }
             let connection = key
                 .key()
                 .labels()
-                .find(|l| l.key() == "conveyor.connection")?
-                .value()
-                .to_string();
-            match value {
-                DebugValue::Counter(n) if connection.starts_with(&name) => Some((connection, n)),
-                _ => None,
+                .find(|l| l.key() == "conveyor.connection")
+                .map(|l| l.value().to_string());
+            if let (Some(connection), DebugValue::Counter(n)) = (connection, value)
+                && connection.starts_with(&name)
+            {
+                *counted.entry(connection).or_default() += n;
             }
-        })
-        .collect();
-    counted.sort();
+        }
+        counted.len() == 2
+    })
+    .await;
     assert_eq!(
-        counted,
+        counted.into_iter().collect::<Vec<_>>(),
         [(name.clone(), 1), (format!("{name} (publishing)"), 1)]
     );
     // The app closes the broker it was given.
