@@ -384,17 +384,9 @@ fn main() -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
-/// Turns spans and metrics on for the whole process: Conveyor's INFO spans recorded by a
-/// `tracing` registry, and every metric by a Prometheus recorder (never scraped).
 #[cfg(feature = "observe")]
 fn observe() -> Result<(), Box<dyn Error>> {
-    use tracing_subscriber::layer::SubscriberExt;
-    let subscriber = tracing_subscriber::registry().with(
-        tracing_subscriber::filter::Targets::new().with_target("conveyor", tracing::Level::INFO),
-    );
-    tracing::subscriber::set_global_default(subscriber)?;
-    metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
-    Ok(())
+    conveyor_benches::observe()
 }
 
 #[cfg(not(feature = "observe"))]

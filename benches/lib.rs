@@ -120,3 +120,23 @@ pub fn env_or(name: &str, default: u64) -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
 }
+
+/// Turns spans and metrics on for the whole process, as `dispatch --observe` and
+/// `observe_floor` measure them: Conveyor's INFO spans recorded by a `tracing` registry
+/// (behind a `Targets` filter, as a service would set one), and every metric by a
+/// Prometheus recorder (never scraped).
+///
+/// Inlined, so that the subscriber's code is compiled into the bench binary, as it was
+/// when each bench made its own (it costs about 8 instructions more per delivery when
+/// compiled in this library).
+#[cfg(feature = "observe")]
+#[inline]
+pub fn observe() -> Result<(), Box<dyn std::error::Error>> {
+    use tracing_subscriber::layer::SubscriberExt;
+    let subscriber = tracing_subscriber::registry().with(
+        tracing_subscriber::filter::Targets::new().with_target("conveyor", tracing::Level::INFO),
+    );
+    tracing::subscriber::set_global_default(subscriber)?;
+    metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    Ok(())
+}

@@ -8,7 +8,9 @@
 #   instructions/delivery = (Ir(2N) - Ir(N)) / N
 #
 # Usage: scripts/bench-core.sh [N]    (default N=20000; honours CARGO_TARGET_DIR)
-#        OBSERVE=1 scripts/bench-core.sh [N]   spans and metrics on (`--observe`)
+#        OBSERVE=1 scripts/bench-core.sh [N]   spans and metrics on (`--observe`), then
+#        the floor: the same calls into `tracing` and `metrics` with no Conveyor
+#        (`benches/observe_floor.rs`), per iteration
 # Needs valgrind. Prefix with `nice -n 10` on a shared machine.
 set -euo pipefail
 
@@ -33,16 +35,23 @@ fi
 
 # Ir inside the window of one run of `mode` with `messages` measured deliveries.
 window_ir() {
-    local mode=$1 messages=$2 file="$out/$1.$2"
+    local mode=$1 messages=$2
+    callgrind_window "$out/$mode.$messages" \
+        "$bin" --mode "$mode" --runtime current --warmup "$warmup" --messages "$messages" ${observe[@]+"${observe[@]}"}
+}
+
+# Ir inside the window of one run of the command after `file`, its profile in `file`.
+callgrind_window() {
+    local file=$1
+    shift
     valgrind --tool=callgrind --callgrind-out-file="$file" \
         --zero-before='*window_open*' --dump-before='*window_close*' \
-        "$bin" --mode "$mode" --runtime current --warmup "$warmup" --messages "$messages" ${observe[@]+"${observe[@]}"} \
-        >/dev/null 2>"$file.log"
+        "$@" >/dev/null 2>"$file.log"
     # The dump taken on entering window_close holds exactly the window.
     local ir
     ir=$(grep -h '^summary:' "$file.1" 2>/dev/null | awk '{print $2}')
     if [[ -z "$ir" ]]; then
-        echo "bench-core: no window dump for $mode ($messages); see below" >&2
+        echo "bench-core: no window dump for $*; see below" >&2
         cat "$file.log" >&2
         exit 1
     fi
@@ -56,3 +65,16 @@ for mode in "${modes[@]}"; do
     two=$(window_ir "$mode" $((2 * n)))
     printf '%-11s %16d %16d %14d\n' "$mode" "$one" "$two" $(((two - one) / n))
 done
+
+if [[ ${OBSERVE:-0} == 1 ]]; then
+    floor=$(cargo bench -p conveyor-benches --bench observe_floor --features observe --no-run --message-format=json \
+        | grep -o '"executable":"[^"]*observe_floor-[^"]*"' | tail -n 1 | cut -d'"' -f4)
+    echo
+    echo "floor: the same calls into tracing and metrics, no Conveyor (benches/observe_floor.rs)"
+    printf '%-11s %16s %16s %14s\n' calls "Ir(N)" "Ir(2N)" "instr/iteration"
+    for calls in span metrics both; do
+        one=$(callgrind_window "$out/floor.$calls.$n" "$floor" --calls "$calls" --warmup "$warmup" --iterations "$n")
+        two=$(callgrind_window "$out/floor.$calls.$((2 * n))" "$floor" --calls "$calls" --warmup "$warmup" --iterations $((2 * n)))
+        printf '%-11s %16d %16d %14d\n' "$calls" "$one" "$two" $(((two - one) / n))
+    done
+fi
