@@ -474,8 +474,10 @@ mod tests {
         )
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_reconnect_handshake_that_gets_no_answer_is_cut_after_its_timeout() {
+    /// A dialer connected once, whose reconnect just handed lapin a stream to a silent
+    /// broker: that stream, and the broker's end of it.
+    async fn reconnect_handed_over() -> (Arc<Dialer>, tokio::net::TcpStream, tokio::net::TcpStream)
+    {
         let dialer = Arc::new(Dialer::new(
             String::new(),
             Instant::now() + Duration::from_secs(60),
@@ -484,11 +486,16 @@ mod tests {
         let (first, _broker) = silent_stream().await;
         assert!(dialer.opened(Some(&first)));
         dialer.connected();
-
         // The connection was lost: lapin asks for a stream again.
         assert!(dialer.next_attempt().await.is_ok());
-        let (mut stream, _broker) = silent_stream().await;
+        let (stream, broker) = silent_stream().await;
         assert!(dialer.opened(Some(&stream)));
+        (dialer, stream, broker)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reconnect_handshake_that_gets_no_answer_is_cut_after_its_timeout() {
+        let (_dialer, mut stream, _broker) = reconnect_handed_over().await;
         let just_short = RECONNECT_HANDSHAKE_TIMEOUT - Duration::from_millis(100);
         assert!(!ends_within(&mut stream, just_short).await, "cut too early");
         assert!(
@@ -499,17 +506,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_reconnect_handshake_that_ended_is_left_alone() {
-        let dialer = Arc::new(Dialer::new(
-            String::new(),
-            Instant::now() + Duration::from_secs(60),
-        ));
-        assert!(dialer.next_attempt().await.is_ok());
-        let (first, _broker) = silent_stream().await;
-        assert!(dialer.opened(Some(&first)));
-        dialer.connected();
-        assert!(dialer.next_attempt().await.is_ok());
-        let (mut stream, _broker) = silent_stream().await;
-        assert!(dialer.opened(Some(&stream)));
+        let (dialer, mut stream, _broker) = reconnect_handed_over().await;
         assert!(dialer.connected(), "a recovery");
         let well_past = RECONNECT_HANDSHAKE_TIMEOUT * 3;
         assert!(!ends_within(&mut stream, well_past).await);
