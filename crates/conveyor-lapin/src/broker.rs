@@ -9,7 +9,7 @@
 //! when a connection drops, lapin reconnects with exponential backoff and replays each
 //! channel's declarations, QoS, confirm mode and consumers on the new connection, then
 //! subscriptions resume. A reconnect's handshake that gets no answer is cut after
-//! 10 s and tried again (see `dialer`). Deliveries that were in flight on the dead
+//! the reconnect handshake timeout (10 s by default) and tried again (see `dialer`). Deliveries that were in flight on the dead
 //! channel cannot be acked any more (their acks become no-ops), so the broker delivers
 //! them again.
 
@@ -79,11 +79,16 @@ pub struct LapinBrokerBuilder {
     connection_name: Option<String>,
     confirm_timeout: Duration,
     first_connect_timeout: Duration,
+    reconnect_handshake_timeout: Duration,
     tls: TlsSettings,
 }
 
 /// How long [`LapinBrokerBuilder::connect`] waits for a first connection by default.
 pub const DEFAULT_FIRST_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a reconnect's AMQP handshake waits for the broker by default: RabbitMQ's own
+/// `handshake_timeout`, and the Java client's.
+pub const DEFAULT_RECONNECT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The URL's password is redacted and key material left out.
 impl std::fmt::Debug for LapinBrokerBuilder {
@@ -94,6 +99,10 @@ impl std::fmt::Debug for LapinBrokerBuilder {
             .field("connection_name", &self.connection_name)
             .field("confirm_timeout", &self.confirm_timeout)
             .field("first_connect_timeout", &self.first_connect_timeout)
+            .field(
+                "reconnect_handshake_timeout",
+                &self.reconnect_handshake_timeout,
+            )
             .field("tls", &self.tls)
             .finish()
     }
@@ -130,6 +139,16 @@ impl LapinBrokerBuilder {
     /// long as it takes.
     pub fn first_connect_timeout(mut self, timeout: Duration) -> Self {
         self.first_connect_timeout = timeout;
+        self
+    }
+
+    /// How long a reconnect's AMQP handshake may wait for the broker once its connection
+    /// is open (default 10 s, [`DEFAULT_RECONNECT_HANDSHAKE_TIMEOUT`]) before it is cut and
+    /// tried again: a load balancer may accept the connection with no broker answering
+    /// behind it. Raise it with the broker's own `handshake_timeout` where logging in
+    /// is slow (an LDAP backend, say). Must not be zero.
+    pub fn reconnect_handshake_timeout(mut self, timeout: Duration) -> Self {
+        self.reconnect_handshake_timeout = timeout;
         self
     }
 
@@ -172,6 +191,13 @@ impl LapinBrokerBuilder {
     /// a connection it had opened is closed, and lapin's connection thread has ended.
     pub async fn connect(self) -> Result<LapinBroker, LapinError> {
         let redacted = redact_url(&self.url);
+        if self.reconnect_handshake_timeout.is_zero() {
+            // Every reconnect would be cut before the broker could answer.
+            return Err(LapinError::Invalid {
+                what: "reconnect handshake timeout",
+                reason: "it must be longer than zero".into(),
+            });
+        }
         // Two connections: RabbitMQ blocks a connection that publishes during a resource
         // alarm, and lapin then writes nothing on it, acks included. Consuming on one
         // and publishing on the other keeps the acks flowing while publishes wait.
@@ -262,7 +288,11 @@ impl LapinBrokerBuilder {
             source,
         })?;
         let deadline = tokio::time::Instant::now() + self.first_connect_timeout;
-        let dialer = Arc::new(Dialer::new(redacted.clone(), deadline));
+        let dialer = Arc::new(Dialer::new(
+            redacted.clone(),
+            deadline,
+            self.reconnect_handshake_timeout,
+        ));
         let handle = dialer::Handle(dialer.clone());
         // lapin calls this for every stream of the connection: the first connect's, and
         // each reconnect's, with the same TLS settings.
@@ -465,6 +495,7 @@ impl LapinBroker {
             connection_name: None,
             confirm_timeout: DEFAULT_CONFIRM_TIMEOUT,
             first_connect_timeout: DEFAULT_FIRST_CONNECT_TIMEOUT,
+            reconnect_handshake_timeout: DEFAULT_RECONNECT_HANDSHAKE_TIMEOUT,
             tls: TlsSettings::default(),
         }
     }

@@ -37,11 +37,6 @@ const MAX_DELAY: Duration = RetryPause::MAX;
 /// How long one reconnect attempt may take to open its stream, so that an attempt the
 /// network swallows (no answer at all) is given up for a new one.
 const RECONNECT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long a reconnect's AMQP handshake may wait for the broker once its stream is
-/// open, before the dialer cuts it and tries again: RabbitMQ's own `handshake_timeout`,
-/// and the Java client's. A load balancer whose brokers are down, or a proxy, may accept
-/// the TCP connection and never answer; lapin would wait on it for ever.
-const RECONNECT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What a first connect that did not succeed ran into last: the cause its error names.
 #[derive(Debug)]
@@ -78,6 +73,11 @@ impl Stage {
 pub(crate) struct Dialer {
     /// The broker's URL, password redacted, for the logs.
     url: String,
+    /// How long a reconnect's AMQP handshake may wait for the broker once its stream is
+    /// open, before the dialer cuts it and tries again. A load balancer whose brokers are
+    /// down, or a proxy, may accept the TCP connection and never answer; lapin would
+    /// wait on it for ever.
+    handshake_timeout: Duration,
     state: Mutex<State>,
     /// Wakes a dialer waiting between two attempts when it is to give up.
     wake: Notify,
@@ -121,16 +121,17 @@ enum Attempt {
     /// A stream was handed to lapin, which runs the AMQP handshake on it, with a
     /// duplicate of its socket, to shut it down should the handshake not end in time
     /// (lapin's thread would otherwise wait on it for ever): at the first connect's
-    /// deadline, or [`RECONNECT_HANDSHAKE_TIMEOUT`] after a reconnect's stream opened.
+    /// deadline, or the handshake timeout after a reconnect's stream opened.
     Handshaking(Option<std::net::TcpStream>),
 }
 
 impl Dialer {
     /// A dialer for the broker at `url` (password redacted), whose first connect may try
-    /// until `deadline`.
-    pub(crate) fn new(url: String, deadline: Instant) -> Self {
+    /// until `deadline`, and whose reconnects' handshakes may take `handshake_timeout`.
+    pub(crate) fn new(url: String, deadline: Instant, handshake_timeout: Duration) -> Self {
         Dialer {
             url,
+            handshake_timeout,
             state: Mutex::new(State {
                 phase: Phase::First { deadline },
                 attempt: Attempt::Idle,
@@ -223,8 +224,8 @@ impl Dialer {
     /// false if the dialer gave up meanwhile: the stream is then to be dropped, since no
     /// one would cut a handshake on it.
     ///
-    /// A reconnect's handshake is cut if it has not ended [`RECONNECT_HANDSHAKE_TIMEOUT`]
-    /// later; lapin then counts it as failed and asks for another attempt.
+    /// A reconnect's handshake is cut if it has not ended within the handshake timeout;
+    /// lapin then counts it as failed and asks for another attempt.
     pub(crate) fn opened(self: &Arc<Self>, socket: Option<&tokio::net::TcpStream>) -> bool {
         let mut state = self.state();
         let reconnect = match state.phase {
@@ -240,7 +241,11 @@ impl Dialer {
         if reconnect && spare.is_some() {
             // Called on lapin's thread, inside the runtime the connection runs on.
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(cut_if_stalled(Arc::downgrade(self), state.handshakes));
+                runtime.spawn(cut_if_stalled(
+                    Arc::downgrade(self),
+                    state.handshakes,
+                    self.handshake_timeout,
+                ));
             }
         }
         state.attempt = Attempt::Handshaking(spare);
@@ -326,9 +331,9 @@ impl Dialer {
 }
 
 /// Shuts down the socket of reconnect handshake `number` if it is still under way
-/// [`RECONNECT_HANDSHAKE_TIMEOUT`] from now: lapin's handshake on it then fails.
-async fn cut_if_stalled(dialer: Weak<Dialer>, number: u64) {
-    tokio::time::sleep(RECONNECT_HANDSHAKE_TIMEOUT).await;
+/// `timeout` from now: lapin's handshake on it then fails.
+async fn cut_if_stalled(dialer: Weak<Dialer>, number: u64, timeout: Duration) {
+    tokio::time::sleep(timeout).await;
     let Some(dialer) = dialer.upgrade() else {
         return;
     };
@@ -339,7 +344,7 @@ async fn cut_if_stalled(dialer: Weak<Dialer>, number: u64) {
     if let Attempt::Handshaking(Some(socket)) = &state.attempt {
         tracing::debug!(
             url = %dialer.url,
-            timeout = ?RECONNECT_HANDSHAKE_TIMEOUT,
+            ?timeout,
             "RabbitMQ did not finish the reconnect's handshake in time; trying again"
         );
         // Already closed, if the handshake just failed: nothing to do then.
@@ -406,6 +411,9 @@ impl Drop for Handle {
 mod tests {
     use super::*;
 
+    /// The reconnect handshake timeout of the dialers tested here.
+    const HANDSHAKE: Duration = Duration::from_secs(10);
+
     #[test]
     fn the_backoff_doubles_up_to_its_ceiling_with_jitter() {
         for failures in [0, 1, 5, 20, 40, u32::MAX] {
@@ -420,7 +428,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_dialer_that_gave_up_fails_at_once_and_names_the_last_failure() {
-        let dialer = Dialer::new(String::new(), Instant::now() + Duration::from_secs(60));
+        let dialer = Dialer::new(
+            String::new(),
+            Instant::now() + Duration::from_secs(60),
+            HANDSHAKE,
+        );
         assert!(dialer.next_attempt().await.is_ok());
         let refused = io::Error::from(io::ErrorKind::ConnectionRefused);
         dialer.failed(refused, false);
@@ -439,6 +451,7 @@ mod tests {
         let dialer = Arc::new(Dialer::new(
             String::new(),
             Instant::now() + Duration::from_secs(600),
+            HANDSHAKE,
         ));
         assert!(dialer.next_attempt().await.is_ok());
         dialer.timed_out();
@@ -481,6 +494,7 @@ mod tests {
         let dialer = Arc::new(Dialer::new(
             String::new(),
             Instant::now() + Duration::from_secs(60),
+            HANDSHAKE,
         ));
         assert!(dialer.next_attempt().await.is_ok());
         let (first, _broker) = silent_stream().await;
@@ -496,7 +510,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_reconnect_handshake_that_gets_no_answer_is_cut_after_its_timeout() {
         let (_dialer, mut stream, _broker) = reconnect_handed_over().await;
-        let just_short = RECONNECT_HANDSHAKE_TIMEOUT - Duration::from_millis(100);
+        let just_short = HANDSHAKE - Duration::from_millis(100);
         assert!(!ends_within(&mut stream, just_short).await, "cut too early");
         assert!(
             ends_within(&mut stream, Duration::from_millis(200)).await,
@@ -508,14 +522,14 @@ mod tests {
     async fn a_reconnect_handshake_that_ended_is_left_alone() {
         let (dialer, mut stream, _broker) = reconnect_handed_over().await;
         assert!(dialer.connected(), "a recovery");
-        let well_past = RECONNECT_HANDSHAKE_TIMEOUT * 3;
+        let well_past = HANDSHAKE * 3;
         assert!(!ends_within(&mut stream, well_past).await);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_first_connect_stops_trying_at_its_deadline() {
         let started = Instant::now();
-        let dialer = Dialer::new(String::new(), started + Duration::from_secs(1));
+        let dialer = Dialer::new(String::new(), started + Duration::from_secs(1), HANDSHAKE);
         let mut attempts = 0;
         while let Ok(budget) = dialer.next_attempt().await {
             assert!(budget <= Duration::from_secs(1));

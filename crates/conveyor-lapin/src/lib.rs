@@ -104,8 +104,10 @@
 //!   thread outlives it. After that, a lost connection is reconnected for as long as it
 //!   takes, backing off from 100 ms to 30 s, and lapin recovers the channels
 //!   (`enable_auto_recover`). A reconnect whose AMQP handshake gets no answer within
-//!   10 s (RabbitMQ's own `handshake_timeout`) is cut and tried again: a load balancer
-//!   may accept the connection with no broker behind it. Queues the broker deletes with
+//!   10 s (RabbitMQ's own `handshake_timeout`;
+//!   [`reconnect_handshake_timeout`](LapinBrokerBuilder::reconnect_handshake_timeout))
+//!   is cut and tried again: a load balancer may accept the connection with no broker
+//!   behind it. Queues the broker deletes with
 //!   the connection (exclusive ones this broker declared) are declared again, empty. A
 //!   publish waits for the recovery at most its confirm timeout, then fails with
 //!   [`LapinError::Unavailable`].
@@ -174,7 +176,8 @@ mod trace_filter;
 mod url;
 
 pub use broker::{
-    DEFAULT_CONFIRM_TIMEOUT, DEFAULT_FIRST_CONNECT_TIMEOUT, LapinBroker, LapinBrokerBuilder,
+    DEFAULT_CONFIRM_TIMEOUT, DEFAULT_FIRST_CONNECT_TIMEOUT, DEFAULT_RECONNECT_HANDSHAKE_TIMEOUT,
+    LapinBroker, LapinBrokerBuilder,
 };
 pub use consistent_hash::ConsistentHash;
 pub use error::LapinError;

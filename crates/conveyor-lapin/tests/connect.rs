@@ -30,3 +30,27 @@ async fn a_broker_that_cannot_be_reached_fails_the_first_connect_in_time() {
     assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
     assert!(!text.contains("s3cret"), "the password leaked: {text}");
 }
+
+#[tokio::test]
+async fn a_zero_reconnect_handshake_timeout_is_refused_before_connecting() {
+    // The broker that listens on this machine: the refusal must not depend on reaching it.
+    let error = LapinBroker::builder("amqp://guest:guest@127.0.0.1:5672/%2f")
+        .reconnect_handshake_timeout(Duration::ZERO)
+        .connect()
+        .await
+        .expect_err("every reconnect would be cut at once");
+    assert!(
+        matches!(
+            error,
+            LapinError::Invalid {
+                what: "reconnect handshake timeout",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert_eq!(
+        error.to_string(),
+        "invalid reconnect handshake timeout: it must be longer than zero"
+    );
+}
