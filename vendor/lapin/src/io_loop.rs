@@ -245,9 +245,16 @@ impl<
                     // Connection.Start retries its protocol header for the recovery
                     // that awaits it, as the first connect does. Starting another
                     // recovery left the old header's expected reply first in line, and
-                    // the next handshake failed on it ("invalid state").
+                    // the next handshake failed on it ("invalid state"). Not when frames
+                    // are left unsent: clearing them below could fail that recovery's
+                    // promise, and a new recovery is needed then.
                     let mut header_retried = false;
-                    if !self.first_connection && connecting && self.half_closed && res.is_ok() {
+                    if !self.first_connection
+                        && connecting
+                        && self.half_closed
+                        && res.is_ok()
+                        && self.serialized_frames.is_empty()
+                    {
                         header_retried = self.frames.retry_connection_header();
                     }
                     if self.first_connection && connecting && self.half_closed && res.is_ok() {
