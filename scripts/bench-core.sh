@@ -27,7 +27,7 @@ if [[ ${OBSERVE:-0} == 1 ]]; then
     features=(--features observe) observe=(--observe)
 fi
 bin=$(cargo bench -p conveyor-benches --bench dispatch ${features[@]+"${features[@]}"} --no-run --message-format=json \
-    | grep -o '"executable":"[^"]*dispatch-[^"]*"' | tail -n 1 | cut -d'"' -f4)
+    | { grep -o '"executable":"[^"]*dispatch-[^"]*"' || true; } | tail -n 1 | cut -d'"' -f4)
 if [[ -z "$bin" || ! -x "$bin" ]]; then
     echo "bench-core: could not find the dispatch bench binary" >&2
     exit 1
@@ -68,7 +68,11 @@ done
 
 if [[ ${OBSERVE:-0} == 1 ]]; then
     floor=$(cargo bench -p conveyor-benches --bench observe_floor --features observe --no-run --message-format=json \
-        | grep -o '"executable":"[^"]*observe_floor-[^"]*"' | tail -n 1 | cut -d'"' -f4)
+        | { grep -o '"executable":"[^"]*observe_floor-[^"]*"' || true; } | tail -n 1 | cut -d'"' -f4)
+    if [[ -z "$floor" || ! -x "$floor" ]]; then
+        echo "bench-core: could not find the observe_floor bench binary" >&2
+        exit 1
+    fi
     echo
     echo "floor: the same calls into tracing and metrics, no Conveyor (benches/observe_floor.rs)"
     printf '%-11s %16s %16s %14s\n' calls "Ir(N)" "Ir(2N)" "instr/iteration"
