@@ -8,10 +8,10 @@
 //! apart, subscriptions go on acking while publishes wait. Recovery is the client's:
 //! when a connection drops, lapin reconnects with exponential backoff and replays each
 //! channel's declarations, QoS, confirm mode and consumers on the new connection, then
-//! subscriptions resume. A reconnect's handshake that gets no answer is cut after
-//! the reconnect handshake timeout (10 s by default) and tried again (see `dialer`). Deliveries that were in flight on the dead
-//! channel cannot be acked any more (their acks become no-ops), so the broker delivers
-//! them again.
+//! subscriptions resume. A reconnect's handshake that gets no answer is cut after the
+//! reconnect handshake timeout (10 s by default) and tried again (see `dialer`).
+//! Deliveries that were in flight on the dead channel cannot be acked any more (their
+//! acks become no-ops), so the broker delivers them again.
 
 use std::collections::HashMap;
 use std::sync::Arc;

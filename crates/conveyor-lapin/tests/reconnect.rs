@@ -96,6 +96,18 @@ fn message(id: u32) -> Message {
         .unwrap()
 }
 
+/// What most tests here start from: the direct connection, a new queue named after
+/// `purpose` declared with it, and a proxy in front of RabbitMQ.
+async fn queue_and_proxy(purpose: &str) -> (LapinBroker, String, Proxy) {
+    let admin = common::broker().await;
+    let queue = unique(purpose);
+    admin
+        .declare_queue(&QueueSpec::new(queue.as_str()))
+        .await
+        .unwrap();
+    (admin, queue, Proxy::start(UPSTREAM).await)
+}
+
 /// A broker connected through `proxy`, its connection named `name`.
 async fn through(proxy: &Proxy, name: &str) -> LapinBroker {
     common::init_tracing();
@@ -232,13 +244,7 @@ async fn lanes_resume_within_5s_of_each_of_3_cuts_and_lose_none_of_10_000_messag
     const SLACK: usize = 500;
 
     let started = Instant::now();
-    let admin = common::broker().await;
-    let queue = unique("reconnect-load");
-    admin
-        .declare_queue(&QueueSpec::new(queue.as_str()))
-        .await
-        .unwrap();
-    let proxy = Proxy::start(UPSTREAM).await;
+    let (admin, queue, proxy) = queue_and_proxy("reconnect-load").await;
     let publishing = through(&proxy, &unique("reconnect-publisher")).await;
     let consuming = through(&proxy, &unique("reconnect-consumer")).await;
 
@@ -328,13 +334,7 @@ async fn every_publish_confirmed_across_a_cut_reaches_the_queue() {
     const HELD_FROM: usize = 1_200;
     const PUBLISHERS: usize = 8;
 
-    let admin = common::broker().await;
-    let queue = unique("reconnect-publish");
-    admin
-        .declare_queue(&QueueSpec::new(queue.as_str()))
-        .await
-        .unwrap();
-    let proxy = Proxy::start(UPSTREAM).await;
+    let (admin, queue, proxy) = queue_and_proxy("reconnect-publish").await;
     let broker = through(&proxy, &unique("reconnect-publish")).await;
 
     let next = Arc::new(AtomicUsize::new(0));
@@ -499,13 +499,7 @@ async fn connecting_through_a_proxy_that_refuses_connections_fails_instead_of_ha
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxy_holds_a_publish_back_for_its_latency_and_while_requests_stall() {
-    let admin = common::broker().await;
-    let queue = unique("reconnect-faults");
-    admin
-        .declare_queue(&QueueSpec::new(queue.as_str()))
-        .await
-        .unwrap();
-    let proxy = Proxy::start(UPSTREAM).await;
+    let (admin, queue, proxy) = queue_and_proxy("reconnect-faults").await;
     let broker = through(&proxy, &unique("reconnect-faults")).await;
     broker.publish(&queue, message(0)).await.unwrap();
 
@@ -537,13 +531,7 @@ async fn the_proxy_holds_a_publish_back_for_its_latency_and_while_requests_stall
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publish_fails_as_unavailable_while_the_connection_stays_lost_and_succeeds_once_it_is_back()
  {
-    let admin = common::broker().await;
-    let queue = unique("reconnect-unavailable");
-    admin
-        .declare_queue(&QueueSpec::new(queue.as_str()))
-        .await
-        .unwrap();
-    let proxy = Proxy::start(UPSTREAM).await;
+    let (admin, queue, proxy) = queue_and_proxy("reconnect-unavailable").await;
     common::init_tracing();
     let confirm_timeout = Duration::from_secs(1);
     let broker = LapinBroker::builder(proxy.url())
@@ -614,14 +602,8 @@ fn recorder() -> &'static Snapshotter {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_shows_the_mount_reconnecting_while_its_connection_is_lost_then_running() {
-    let admin = common::broker().await;
-    let queue = unique("reconnect-health");
-    admin
-        .declare_queue(&QueueSpec::new(queue.as_str()))
-        .await
-        .unwrap();
+    let (admin, queue, proxy) = queue_and_proxy("reconnect-health").await;
     let recoveries = recorder();
-    let proxy = Proxy::start(UPSTREAM).await;
     let name = unique("reconnect-health");
     let broker = through(&proxy, &name).await;
     let app = App::new("health")
@@ -699,13 +681,7 @@ async fn health_shows_the_mount_reconnecting_while_its_connection_is_lost_then_r
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reconnect_whose_handshake_gets_no_answer_is_cut_and_tried_again_until_the_broker_answers()
  {
-    let admin = common::broker().await;
-    let queue = unique("reconnect-handshake");
-    admin
-        .declare_queue(&QueueSpec::new(queue.as_str()))
-        .await
-        .unwrap();
-    let proxy = Proxy::start(UPSTREAM).await;
+    let (admin, queue, proxy) = queue_and_proxy("reconnect-handshake").await;
     let broker = through(&proxy, &unique("reconnect-handshake")).await;
     broker.publish(&queue, message(0)).await.unwrap();
 
