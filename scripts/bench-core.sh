@@ -21,17 +21,25 @@ modes=(sequential bytes keyed workers lanes any-worker batch end-to-end)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
-# Build in release (the bench profile) and find the bench binary.
+# Builds bench `name` in release (the bench profile), with the cargo options after it,
+# and prints its executable's path.
+bench_binary() {
+    local name=$1 path
+    shift
+    path=$(cargo bench -p conveyor-benches --bench "$name" "$@" --no-run --message-format=json \
+        | { grep -o "\"executable\":\"[^\"]*$name-[^\"]*\"" || true; } | tail -n 1 | cut -d'"' -f4)
+    if [[ -z "$path" || ! -x "$path" ]]; then
+        echo "bench-core: could not find the $name bench binary" >&2
+        exit 1
+    fi
+    echo "$path"
+}
+
 features=() observe=()
 if [[ ${OBSERVE:-0} == 1 ]]; then
     features=(--features observe) observe=(--observe)
 fi
-bin=$(cargo bench -p conveyor-benches --bench dispatch ${features[@]+"${features[@]}"} --no-run --message-format=json \
-    | { grep -o '"executable":"[^"]*dispatch-[^"]*"' || true; } | tail -n 1 | cut -d'"' -f4)
-if [[ -z "$bin" || ! -x "$bin" ]]; then
-    echo "bench-core: could not find the dispatch bench binary" >&2
-    exit 1
-fi
+bin=$(bench_binary dispatch ${features[@]+"${features[@]}"})
 
 # Ir inside the window of one run of `mode` with `messages` measured deliveries.
 window_ir() {
@@ -67,12 +75,7 @@ for mode in "${modes[@]}"; do
 done
 
 if [[ ${OBSERVE:-0} == 1 ]]; then
-    floor=$(cargo bench -p conveyor-benches --bench observe_floor --features observe --no-run --message-format=json \
-        | { grep -o '"executable":"[^"]*observe_floor-[^"]*"' || true; } | tail -n 1 | cut -d'"' -f4)
-    if [[ -z "$floor" || ! -x "$floor" ]]; then
-        echo "bench-core: could not find the observe_floor bench binary" >&2
-        exit 1
-    fi
+    floor=$(bench_binary observe_floor --features observe)
     echo
     echo "floor: the same calls into tracing and metrics, no Conveyor (benches/observe_floor.rs)"
     printf '%-11s %16s %16s %14s\n' calls "Ir(N)" "Ir(2N)" "instr/iteration"
