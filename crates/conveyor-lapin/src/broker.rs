@@ -334,6 +334,8 @@ impl LapinBrokerBuilder {
         };
         let connection = match outcome {
             Some(Ok(connection)) => {
+                let status = connection.status().clone();
+                dialer.follow(move || status.connected());
                 // The first connect: no recovery to count.
                 let _ = dialer.connected();
                 connection

@@ -13,7 +13,7 @@
 //! lapin's thread runs out of retries and ends within moments.
 
 use std::io;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
 use conveyor::Backoff;
@@ -78,6 +78,11 @@ pub(crate) struct Dialer {
     /// down, or a proxy, may accept the TCP connection and never answer; lapin would
     /// wait on it for ever.
     handshake_timeout: Duration,
+    /// Whether the connection is up, as lapin's own status says the moment a handshake
+    /// ends; set once the first connect has succeeded. The broker's events task reports
+    /// the same only later ([`Dialer::connected`]), and may lag: a reconnect's watchdog,
+    /// and that late report, look here to tell whether the latest handshake ended.
+    up: OnceLock<Box<dyn Fn() -> bool + Send + Sync>>,
     state: Mutex<State>,
     /// Wakes a dialer waiting between two attempts when it is to give up.
     wake: Notify,
@@ -132,6 +137,7 @@ impl Dialer {
         Dialer {
             url,
             handshake_timeout,
+            up: OnceLock::new(),
             state: Mutex::new(State {
                 phase: Phase::First { deadline },
                 attempt: Attempt::Idle,
@@ -149,6 +155,17 @@ impl Dialer {
 
     fn state(&self) -> MutexGuard<'_, State> {
         conveyor::support::lock(&self.state)
+    }
+
+    /// Follows the connection's status through `up` (lapin's `status().connected()`),
+    /// from its first connect on. Only the first call counts.
+    pub(crate) fn follow(&self, up: impl Fn() -> bool + Send + Sync + 'static) {
+        let _ = self.up.set(Box::new(up));
+    }
+
+    /// Whether the connection is up; `None` while the dialer follows no status.
+    fn connection_up(&self) -> Option<bool> {
+        self.up.get().map(|up| up())
     }
 
     /// Waits until the next attempt is due, and returns how long it may take; or fails
@@ -289,15 +306,24 @@ impl Dialer {
     /// A connection was established (the first, or a recovered one): later attempts are
     /// reconnects, paced from the shortest delay again. Returns whether it was a
     /// recovery (lapin may or may not report the first connect twice).
+    ///
+    /// The report may come late: after the connection was lost again, and even after
+    /// the next reconnect's stream was handed over, whose watchdog must stay armed. So the
+    /// attempt is left as it is unless the connection is up now. (A recovery reported
+    /// that late and the next one then count as one.)
     pub(crate) fn connected(&self) -> bool {
+        // lapin's status is read before the dialer's lock is taken, never under it.
+        let latest_ended = self.connection_up().unwrap_or(true);
         let mut state = self.state();
         let recovered = std::mem::take(&mut state.recovering);
         if !matches!(state.phase, Phase::GivenUp) {
             state.phase = Phase::Connected;
         }
         state.failures = 0;
-        // Drops the first connect's duplicate socket (the connection keeps its own).
-        state.attempt = Attempt::Idle;
+        if latest_ended {
+            // Drops the handshake's duplicate socket (the connection keeps its own).
+            state.attempt = Attempt::Idle;
+        }
         state.last_failure = None;
         recovered
     }
@@ -337,6 +363,11 @@ async fn cut_if_stalled(dialer: Weak<Dialer>, number: u64, timeout: Duration) {
     let Some(dialer) = dialer.upgrade() else {
         return;
     };
+    // Up, with no later stream handed over: this handshake ended, whether or not the
+    // events task has reported it yet.
+    if dialer.connection_up() == Some(true) {
+        return;
+    }
     let state = dialer.state();
     if state.handshakes != number {
         return;
@@ -487,29 +518,47 @@ mod tests {
         )
     }
 
+    /// lapin's status of a connection, as a test sets it.
+    type Up = Arc<std::sync::atomic::AtomicBool>;
+
+    fn set(up: &Up, value: bool) {
+        up.store(value, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// A dialer connected once, whose reconnect just handed lapin a stream to a silent
-    /// broker: that stream, and the broker's end of it.
-    async fn reconnect_handed_over() -> (Arc<Dialer>, tokio::net::TcpStream, tokio::net::TcpStream)
-    {
+    /// broker: that stream, the broker's end of it, and the connection's status (down).
+    async fn reconnect_handed_over() -> (
+        Arc<Dialer>,
+        Up,
+        tokio::net::TcpStream,
+        tokio::net::TcpStream,
+    ) {
         let dialer = Arc::new(Dialer::new(
             String::new(),
             Instant::now() + Duration::from_secs(60),
             HANDSHAKE,
         ));
+        let up = Up::default();
+        dialer.follow({
+            let up = up.clone();
+            move || up.load(std::sync::atomic::Ordering::SeqCst)
+        });
         assert!(dialer.next_attempt().await.is_ok());
         let (first, _broker) = silent_stream().await;
         assert!(dialer.opened(Some(&first)));
+        set(&up, true);
         dialer.connected();
         // The connection was lost: lapin asks for a stream again.
+        set(&up, false);
         assert!(dialer.next_attempt().await.is_ok());
         let (stream, broker) = silent_stream().await;
         assert!(dialer.opened(Some(&stream)));
-        (dialer, stream, broker)
+        (dialer, up, stream, broker)
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_reconnect_handshake_that_gets_no_answer_is_cut_after_its_timeout() {
-        let (_dialer, mut stream, _broker) = reconnect_handed_over().await;
+        let (_dialer, _up, mut stream, _broker) = reconnect_handed_over().await;
         let just_short = HANDSHAKE - Duration::from_millis(100);
         assert!(!ends_within(&mut stream, just_short).await, "cut too early");
         assert!(
@@ -520,10 +569,37 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_reconnect_handshake_that_ended_is_left_alone() {
-        let (dialer, mut stream, _broker) = reconnect_handed_over().await;
+        let (dialer, up, mut stream, _broker) = reconnect_handed_over().await;
+        set(&up, true);
         assert!(dialer.connected(), "a recovery");
         let well_past = HANDSHAKE * 3;
         assert!(!ends_within(&mut stream, well_past).await);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reconnect_handshake_that_ended_is_left_alone_though_its_report_never_came() {
+        let (_dialer, up, mut stream, _broker) = reconnect_handed_over().await;
+        // lapin's status says up; the events task has not said so (yet).
+        set(&up, true);
+        let well_past = HANDSHAKE * 3;
+        assert!(!ends_within(&mut stream, well_past).await);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_late_report_of_a_recovery_leaves_the_next_handshakes_watchdog_armed() {
+        let (dialer, up, _stream, _broker) = reconnect_handed_over().await;
+        // That reconnect's handshake ended, the connection was lost again, and the next
+        // stream was handed over, all before the events task reported the recovery.
+        set(&up, true);
+        set(&up, false);
+        assert!(dialer.next_attempt().await.is_ok());
+        let (mut next, _next_broker) = silent_stream().await;
+        assert!(dialer.opened(Some(&next)));
+        assert!(dialer.connected(), "the late report, of a recovery");
+        assert!(
+            ends_within(&mut next, HANDSHAKE + Duration::from_millis(100)).await,
+            "the next handshake was not cut at its timeout"
+        );
     }
 
     #[tokio::test(start_paused = true)]
