@@ -44,6 +44,7 @@ pub const SCENARIOS: &[&str] = &[
     "a_reject_reaches_the_dead_letter_queue_at_once_with_its_reason",
     "retry_after_comes_no_sooner_than_its_delay",
     "batches_are_never_empty_and_never_larger_than_their_size",
+    "a_batch_asking_for_retries_is_dead_lettered_after_max_attempts",
     "draining_hands_back_unstarted_deliveries_while_handlers_run",
     "stopping_and_restarting_mid_stream_loses_nothing",
     "a_panic_in_decode_an_extractor_or_a_handler_leaves_the_service_up",

@@ -440,6 +440,44 @@ pub async fn batches_are_never_empty_and_never_larger_than_their_size<F: Fixture
     fixture.delete(queue).await;
 }
 
+#[derive(Clone, Default)]
+struct Attempts(Arc<Mutex<Vec<u32>>>);
+
+/// Asks for every message of its batch again, noting each one's attempt.
+async fn retry_all(batch: Batch<Json<Job>>, State(seen): State<Attempts>) -> conveyor::Outcome {
+    let attempts = (0..batch.len()).filter_map(|index| batch.info(index).map(|info| info.attempt));
+    support::lock(&seen.0).extend(attempts);
+    conveyor::Outcome::Retry
+}
+
+/// A batch handler that asks for a retry on every attempt gets as many as
+/// `max_attempts` allows, as a single delivery's would, and its message is then
+/// dead-lettered: the retries it asks for do not go on until the broker's own limit.
+pub async fn a_batch_asking_for_retries_is_dead_lettered_after_max_attempts<F: Fixture>(
+    fixture: &F,
+) {
+    let queue = fixture.declare(QueueKind::with_dead_letter_queue()).await;
+    publish(fixture, &queue, vec![Job::new(7)], 1).await;
+    let seen = Attempts::default();
+    let app = App::new("conformance")
+        .with_state(seen.clone())
+        .mount(fixture.source(&queue), retry_all, |m| {
+            m.batch(4).max_attempts(3)
+        })
+        .start()
+        .await
+        .unwrap_or_else(|error| panic!("the app does not start: {error}"));
+    let dead = dead_lettered(fixture, &queue, 1).await;
+    stop(app).await;
+    assert_eq!(*support::lock(&seen.0), [1, 2, 3], "one run per attempt");
+    let reason = dead[0].reason.clone().unwrap_or_default();
+    assert!(
+        reason.contains("asked for a retry on attempt 3"),
+        "the dead letter carries the policy's reason, not {reason:?}"
+    );
+    fixture.delete(queue).await;
+}
+
 /// When the app starts draining, what it received but has not started goes back to the
 /// queue while the running handlers carry on; those then finish and are acked. For
 /// workers, for a sequential mount (whose transport may read ahead of it) and for

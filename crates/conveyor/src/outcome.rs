@@ -46,17 +46,6 @@ pub enum Settlement<'a> {
     Release,
 }
 
-impl Outcome {
-    pub(crate) fn settlement(self, reason: &str) -> Settlement<'_> {
-        match self {
-            Outcome::Ack => Settlement::Ack,
-            Outcome::Retry => Settlement::Retry,
-            Outcome::RetryAfter(delay) => Settlement::RetryAfter(delay),
-            Outcome::Reject => Settlement::Reject { reason },
-        }
-    }
-}
-
 /// Turns what a handler returns into an [`Outcome`], or an error for the failure policy.
 ///
 /// Implemented for `()` (ack), [`Outcome`], and `Result<T, E>` where `T: IntoOutcome` and

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use futures_util::FutureExt;
 
-use super::settle::{Failure, REJECTED_BY_HANDLER, settle_failed, within_timeout};
+use super::settle::{Failure, settle_failed, settle_outcome, within_timeout};
 use super::{End, Run, StopOnDrain, finish, pause_after, settle};
 use crate::batch::{Batch, BatchOutcome, IntoBatchOutcome, Metadata};
 use crate::delivery::Delivery;
@@ -146,13 +146,13 @@ async fn decode_and_run<H: CallBatch>(handler: &H, gathered: &mut Vec<Delivery>,
         Ok(Ok(outcome)) => match outcome {
             Ok(BatchOutcome::All(outcome)) => {
                 for delivery in deliveries {
-                    settle(delivery, outcome.settlement(REJECTED_BY_HANDLER), run);
+                    settle_outcome(delivery, outcome, run);
                 }
                 return;
             }
             Ok(BatchOutcome::Each(outcomes)) if outcomes.len() == deliveries.len() => {
                 for (delivery, outcome) in deliveries.into_iter().zip(outcomes) {
-                    settle(delivery, outcome.settlement(REJECTED_BY_HANDLER), run);
+                    settle_outcome(delivery, outcome, run);
                 }
                 return;
             }

@@ -19,7 +19,7 @@ use crate::policy::Verdict;
 use crate::telemetry::OutcomeKind;
 
 /// The reason recorded when a handler itself returns [`Outcome::Reject`](crate::Outcome).
-pub(crate) const REJECTED_BY_HANDLER: &str = "rejected by the handler";
+const REJECTED_BY_HANDLER: &str = "rejected by the handler";
 
 /// Whether a mount keeps each key's order across retries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -180,10 +180,7 @@ async fn run_once<H: CallOne>(
     };
     match result {
         Ok(outcome) => match outcome {
-            Ok(Outcome::Ack) => Fate::Ack,
-            Ok(Outcome::Retry) => asked_again(delivery, None, run),
-            Ok(Outcome::RetryAfter(delay)) => asked_again(delivery, Some(delay), run),
-            Ok(Outcome::Reject) => Fate::Reject(Cow::Borrowed(REJECTED_BY_HANDLER)),
+            Ok(outcome) => decided(outcome, delivery, run),
             Err(error) => failed(delivery, &Failure::Error(error), run),
         },
         Err(panic) => {
@@ -204,6 +201,16 @@ pub(crate) async fn within_timeout<F: Future>(call: F, run: &Run) -> Result<F::O
         Some(limit) => tokio::time::timeout(limit, call)
             .await
             .map_err(|_| Failure::TimedOut(limit)),
+    }
+}
+
+/// The fate of a delivery whose handler returned `outcome`.
+fn decided(outcome: Outcome, delivery: &Delivery, run: &Run) -> Fate {
+    match outcome {
+        Outcome::Ack => Fate::Ack,
+        Outcome::Retry => asked_again(delivery, None, run),
+        Outcome::RetryAfter(delay) => asked_again(delivery, Some(delay), run),
+        Outcome::Reject => Fate::Reject(Cow::Borrowed(REJECTED_BY_HANDLER)),
     }
 }
 
@@ -300,7 +307,20 @@ fn failed(delivery: &Delivery, failure: &Failure, run: &Run) -> Fate {
 /// Settles a delivery whose handler failed, as the mount's failure policy says; a retry
 /// goes back to the broker.
 pub(crate) fn settle_failed(delivery: Delivery, failure: &Failure, run: &Run) {
-    match failed(&delivery, failure, run) {
+    let fate = failed(&delivery, failure, run);
+    settle_as(delivery, fate, run);
+}
+
+/// Settles a delivery as the handler's `outcome` for it says (one of a batch's): a retry
+/// it asks for is granted while attempts are left, as for a single delivery, and goes
+/// back to the broker.
+pub(crate) fn settle_outcome(delivery: Delivery, outcome: Outcome, run: &Run) {
+    let fate = decided(outcome, &delivery, run);
+    settle_as(delivery, fate, run);
+}
+
+fn settle_as(delivery: Delivery, fate: Fate, run: &Run) {
+    match fate {
         Fate::Ack => settle(delivery, Settlement::Ack, run),
         Fate::Retry(None) => settle(delivery, Settlement::Retry, run),
         Fate::Retry(Some(delay)) => settle(delivery, Settlement::RetryAfter(delay), run),
