@@ -257,13 +257,10 @@ impl LapinBrokerBuilder {
     ) -> Result<(Connection, Arc<Dialer>), LapinError> {
         let shown_as = name.clone().unwrap_or_else(|| purpose.to_string());
         let redacted = redacted.to_string();
-        let uri: lapin::uri::AMQPUri =
-            self.url
-                .parse()
-                .map_err(|reason: String| LapinError::InvalidUrl {
-                    url: redacted.clone(),
-                    reason: reason.replace(&self.url, &redacted),
-                })?;
+        let uri = crate::url::parse(&self.url).map_err(|reason| LapinError::InvalidUrl {
+            url: redacted.clone(),
+            reason,
+        })?;
         let mut properties = ConnectionProperties::default()
             .enable_auto_recover()
             // Bounded and without delay: the dialer paces the attempts and keeps trying

@@ -54,3 +54,16 @@ async fn a_zero_reconnect_handshake_timeout_is_refused_before_connecting() {
         "invalid reconnect handshake timeout: it must be longer than zero"
     );
 }
+
+#[tokio::test]
+async fn a_url_mistyped_with_one_slash_is_refused_without_showing_its_password() {
+    // lapin alone reads it as the default host with the vhost `guest:s3cret@...`, and the
+    // broker's refusal names that vhost.
+    let error = LapinBroker::connect("amqp:/guest:s3cret@127.0.0.1:5672/%2f")
+        .await
+        .expect_err("not an amqp:// URL");
+    assert!(matches!(error, LapinError::InvalidUrl { .. }), "{error:?}");
+    for shown in [error.to_string(), format!("{error:?}")] {
+        assert!(!shown.contains("s3cret"), "{shown}");
+    }
+}
