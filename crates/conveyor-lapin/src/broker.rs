@@ -191,6 +191,9 @@ impl LapinBrokerBuilder {
     /// a connection it had opened is closed, and lapin's connection thread has ended.
     pub async fn connect(self) -> Result<LapinBroker, LapinError> {
         let redacted = redact_url(&self.url);
+        if self.prefetch == Some(0) {
+            return Err(zero_prefetch());
+        }
         if self.reconnect_handshake_timeout.is_zero() {
             // Every reconnect would be cut before the broker could answer.
             return Err(LapinError::Invalid {
@@ -284,7 +287,7 @@ impl LapinBrokerBuilder {
             url: redacted.clone(),
             source,
         })?;
-        let deadline = tokio::time::Instant::now() + self.first_connect_timeout;
+        let deadline = conveyor::support::due_after(self.first_connect_timeout);
         let dialer = Arc::new(Dialer::new(
             redacted.clone(),
             deadline,
@@ -386,6 +389,15 @@ impl LapinBrokerBuilder {
             unblocked,
         ));
         Ok((connection, dialer))
+    }
+}
+
+/// The error for a prefetch window of 0, which AMQP's `basic.qos` takes for no limit:
+/// the broker would push the whole queue to one consumer.
+pub(crate) fn zero_prefetch() -> LapinError {
+    LapinError::Invalid {
+        what: "prefetch",
+        reason: "it must be at least 1 (AMQP takes 0 for no limit at all)".into(),
     }
 }
 

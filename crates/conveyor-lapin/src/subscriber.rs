@@ -189,6 +189,9 @@ impl LapinSubscriber {
         let window = prefetch
             .or(broker.inner.prefetch)
             .unwrap_or_else(|| default_prefetch(&settings));
+        if window == 0 {
+            return Err(crate::broker::zero_prefetch());
+        }
         if usize::from(window) < settings.max_in_flight {
             // Workers and lanes then take turns, and batches never fill.
             tracing::warn!(

@@ -67,3 +67,14 @@ async fn a_url_mistyped_with_one_slash_is_refused_without_showing_its_password()
         assert!(!shown.contains("s3cret"), "{shown}");
     }
 }
+
+#[tokio::test]
+async fn a_first_connect_timeout_of_duration_max_waits_without_overflowing() {
+    // The broker that listens on this machine.
+    let broker = LapinBroker::builder("amqp://guest:guest@127.0.0.1:5672/%2f")
+        .first_connect_timeout(Duration::MAX)
+        .connect()
+        .await
+        .expect("connected");
+    broker.close().await.expect("closed");
+}

@@ -90,6 +90,38 @@ async fn lanes_or_a_batch_wider_than_the_prefetch_log_a_warning_and_sequential_m
     cleanup(&broker, &[&lanes, &batches, &sequential], &[]).await;
 }
 
+/// AMQP's `basic.qos` takes 0 for no limit: the broker would push the whole queue to one
+/// consumer. It is refused, on the broker and on a queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefetch_of_zero_is_refused_not_taken_for_no_limit() {
+    let refused = LapinBroker::builder(URL)
+        .prefetch(0)
+        .connect()
+        .await
+        .expect_err("a zero prefetch");
+    assert!(
+        matches!(
+            refused,
+            LapinError::Invalid {
+                what: "prefetch",
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+    let broker = LapinBroker::connect(URL).await.unwrap();
+    let queue = unique("zero-prefetch");
+    let started = App::new("warnings")
+        .mount(broker.queue(queue.as_str()).prefetch(0), ignore, |m| m)
+        .start()
+        .await;
+    let Err(error) = started else {
+        panic!("a queue with a zero prefetch does not start");
+    };
+    assert!(error.to_string().contains("prefetch"), "{error}");
+    cleanup(&broker, &[&queue], &[]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publish_whose_confirm_does_not_come_in_time_is_an_error() {
     let _ = logs();

@@ -191,7 +191,7 @@ impl SqsBrokerBuilder {
         // broker that stops answering fails the call instead of hanging the pump.
         let timeouts = TimeoutConfig::builder()
             .connect_timeout(settings.request_timeout)
-            .operation_attempt_timeout(settings.wait_time + settings.request_timeout)
+            .operation_attempt_timeout(settings.wait_time.saturating_add(settings.request_timeout))
             .build();
         let mut config = aws_sdk_sqs::config::Builder::from(&sdk).timeout_config(timeouts);
         if conveyor::telemetry::ENABLED {

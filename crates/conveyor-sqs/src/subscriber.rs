@@ -176,7 +176,10 @@ impl Source for SqsQueue {
             .batch_size
             .map_or(self.receive_batch, |size| size.min(self.receive_batch))
             .clamp(1, BATCH_LIMIT);
-        let pump_bound = broker_settings.wait_time + broker_settings.request_timeout + PUMP_GRACE;
+        let pump_bound = broker_settings
+            .wait_time
+            .saturating_add(broker_settings.request_timeout)
+            .saturating_add(PUMP_GRACE);
         let settler = Arc::new(Settler::new(in_flight.clone(), alive));
         let pump = tokio::spawn(
             Pump {

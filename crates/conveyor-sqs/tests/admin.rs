@@ -677,3 +677,29 @@ async fn sqs_settings_on_the_portable_spec_reach_the_queue() {
     assert!(error.to_string().contains("2048"), "{error}");
     delete(&broker, &[&queue]).await;
 }
+
+async fn ignore(Json(_): Json<u32>) {}
+
+/// A request timeout too long for the clock (the sums the broker makes with it
+/// overflowed) means no timeout in practice: the broker builds, and a mount runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_timeout_of_duration_max_builds_a_broker_that_works() {
+    let broker = SqsBroker::builder()
+        .endpoint(ENDPOINT)
+        .region("us-east-1")
+        .static_credentials("test", "test")
+        .wait_time(Duration::from_secs(1))
+        .request_timeout(Duration::MAX)
+        .build()
+        .await
+        .expect("a broker");
+    let queue = declare(&broker, QueueSpec::new(unique("long-timeout", false))).await;
+    let running = App::new("long-timeout")
+        .mount(broker.queue(&queue), ignore, |m| m)
+        .start()
+        .await
+        .expect("the mount starts");
+    running.shutdown().await.expect("a clean shutdown");
+    assert_eq!(broker.queue_depth(&queue).await.unwrap().ready, 0);
+    delete(&broker, &[&queue]).await;
+}

@@ -32,6 +32,24 @@ pub fn unique_id() -> String {
     format!("{nanos:x}-{:x}-{count:x}", std::process::id())
 }
 
+/// The instant `delay` from now, for a delay that comes from outside (user settings, a
+/// handler's retry-after): one too long for the clock means never, in practice, rather
+/// than the overflow panic of `Instant + Duration`.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// let far = conveyor::support::due_after(Duration::MAX);
+/// assert!(far > tokio::time::Instant::now() + Duration::from_secs(50 * 365 * 24 * 3600));
+/// ```
+pub fn due_after(delay: Duration) -> tokio::time::Instant {
+    const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+    let now = tokio::time::Instant::now();
+    now.checked_add(delay)
+        .or_else(|| now.checked_add(FAR))
+        .unwrap_or(now)
+}
+
 /// Locks `mutex`, even if a thread panicked while holding it.
 ///
 /// Conveyor's locks guard bookkeeping that a panic cannot leave half-changed in a way

@@ -16,7 +16,7 @@ use crate::headers::Headers;
 use crate::message::PartitionKey;
 use crate::outcome::Settlement;
 use crate::support;
-use crate::support::TagTable;
+use crate::support::{TagTable, due_after};
 use crate::telemetry::SentCounter;
 
 /// A message at rest in a queue.
@@ -352,15 +352,6 @@ impl State {
         }
         freed
     }
-}
-
-/// The instant `delay` from now; a delay too long for the clock means never, in practice.
-fn due_after(delay: Duration) -> Instant {
-    const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
-    let now = Instant::now();
-    now.checked_add(delay)
-        .or_else(|| now.checked_add(FAR))
-        .unwrap_or(now)
 }
 
 impl Settle for Queue {
