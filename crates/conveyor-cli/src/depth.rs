@@ -1,22 +1,21 @@
 //! `conveyor depth QUEUE… [--watch [SECONDS]]`.
 
-use std::io::Write;
 use std::time::Duration;
 
 use conveyor::{Broker, QueueDepth};
 
-use crate::Failure;
 use crate::interrupt::Interrupt;
+use crate::{Failure, out};
 
-/// Prints the queues' depths; with `every`, again in place until interrupted.
+/// Prints the queues' depths; with `every`, again in place until interrupted (or until
+/// standard output is closed).
 pub async fn run<B: Broker>(
     broker: &B,
     queues: &[String],
     every: Option<Duration>,
 ) -> Result<(), Failure> {
     let Some(every) = every else {
-        print!("{}", table(queues, &read(broker, queues).await?));
-        return Ok(());
+        return out::print(&table(queues, &read(broker, queues).await?));
     };
     if every.is_zero() {
         return Err(Failure::usage("--watch takes a positive number of seconds"));
@@ -29,13 +28,12 @@ pub async fn run<B: Broker>(
             depths = read(broker, queues) => depths?,
         };
         let text = table(queues, &depths);
-        let mut out = std::io::stdout().lock();
         // Back to the first line of the table shown before, and clear from there down.
         if shown_lines > 0 {
-            let _ = write!(out, "\x1b[{shown_lines}F\x1b[J");
+            out::print(&format!("\x1b[{shown_lines}F\x1b[J{text}"))?;
+        } else {
+            out::print(&text)?;
         }
-        let _ = write!(out, "{text}");
-        let _ = out.flush();
         shown_lines = text.lines().count();
         tokio::select! {
             () = interrupt.recv() => return Ok(()),

@@ -11,10 +11,12 @@
 //! The broker comes from `--broker` or `CONVEYOR_BROKER`: `amqp://…` or `amqps://…` for
 //! RabbitMQ, `sqs://region[/endpoint]` for SQS with the standard AWS credential chain.
 //! Every failure is one line on standard error and a non-zero exit code; a password in a
-//! URL is never printed.
+//! URL is never printed. Standard output closed by its reader (`| head`) ends the command
+//! early, with what it held handed back, and exits 0 without a word.
 
 mod depth;
 mod interrupt;
+mod out;
 mod pass;
 mod peek;
 mod publish;
@@ -24,6 +26,7 @@ mod show;
 mod target;
 
 use std::fmt;
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -140,6 +143,20 @@ impl Failure {
         Failure::broker(format!("{what}: {}", conveyor::Report(error)))
     }
 
+    /// Standard output was closed by its reader (`| head`): the command stops early, hands
+    /// back what it holds, and exits 0 without a word, as it would had the reader read on.
+    pub fn output_closed() -> Self {
+        Failure {
+            message: String::new(),
+            code: 0,
+        }
+    }
+
+    /// Whether this is `output_closed`: nothing to say, and exit code 0.
+    pub fn is_output_closed(&self) -> bool {
+        self.code == 0
+    }
+
     /// Interrupted before the work was done (exit code 130, as a shell reports SIGINT).
     pub fn interrupted(message: impl Into<String>) -> Self {
         Failure {
@@ -178,9 +195,12 @@ fn main() -> ExitCode {
 }
 
 fn fail(failure: &Failure) -> ExitCode {
-    // One line, whatever the causes said.
+    if failure.is_output_closed() {
+        return ExitCode::SUCCESS;
+    }
+    // One line, whatever the causes said; written so that a closed stderr cannot panic.
     let line = failure.message.replace('\n', " ");
-    eprintln!("conveyor: error: {line}");
+    let _ = writeln!(std::io::stderr(), "conveyor: error: {line}");
     ExitCode::from(failure.code)
 }
 
@@ -191,6 +211,12 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         (Ok(()), Some(report)) => Err(Failure::broker(format!(
             "the work is done, but Conveyor reported an error on the way: {report}"
         ))),
+        // Stopped early for a closed output: quiet only if the hand-back went well.
+        (Err(failure), Some(report)) if failure.is_output_closed() => {
+            Err(Failure::broker(format!(
+                "standard output was closed, and Conveyor reported an error on the way: {report}"
+            )))
+        }
         (result, _) => result,
     }
 }
@@ -273,5 +299,9 @@ async fn on<B: Inspect>(broker: B, command: Command) -> Result<(), Failure> {
         .close()
         .await
         .map_err(|error| Failure::call("closing the broker connection", &error));
-    result.and(closed)
+    match (result, closed) {
+        // A closed output says nothing: a failed close must not go unsaid behind it.
+        (Err(failure), Err(closed)) if failure.is_output_closed() => Err(closed),
+        (result, closed) => result.and(closed),
+    }
 }

@@ -5,18 +5,17 @@ use conveyor::Settlement;
 use crate::interrupt::Interrupt;
 use crate::pass::{open, ready};
 use crate::target::Inspect;
-use crate::{Failure, show};
+use crate::{Failure, out, show};
 
 /// Shows up to `count` ready messages of `queue`, then hands them all back (also when
-/// interrupted). Each is received once more by the broker's count: SQS counts the
-/// receive towards the queue's max receive count, and a quorum queue towards its
-/// delivery limit.
+/// interrupted, or when standard output is closed). Each is received once more by the
+/// broker's count: SQS counts the receive towards the queue's max receive count, and a
+/// quorum queue towards its delivery limit.
 pub async fn run<B: Inspect>(broker: &B, queue: &str, count: usize) -> Result<(), Failure> {
     let ready = ready(broker, queue).await?;
     let wanted = usize::try_from(ready).unwrap_or(usize::MAX).min(count);
     if wanted == 0 {
-        println!("`{queue}` has no message ready");
-        return Ok(());
+        return out::print(&format!("`{queue}` has no message ready\n"));
     }
     // Before any message is held: a signal from here on hands them back.
     let mut interrupt = Interrupt::listen()?;
@@ -24,6 +23,7 @@ pub async fn run<B: Inspect>(broker: &B, queue: &str, count: usize) -> Result<()
     // Held until all are shown: one handed back at once could come again in this pass.
     let mut held = Vec::with_capacity(wanted);
     let mut interrupted = false;
+    let mut output = Ok(());
     while held.len() < wanted {
         let next = tokio::select! {
             biased;
@@ -36,8 +36,12 @@ pub async fn run<B: Inspect>(broker: &B, queue: &str, count: usize) -> Result<()
         let Some(delivery) = next? else {
             break;
         };
-        print!("{}", show::delivery(held.len() + 1, &delivery));
+        output = out::print(&show::delivery(held.len() + 1, &delivery));
         held.push(delivery);
+        // Standard output gone (`| head`): stop, and hand back all that is held.
+        if output.is_err() {
+            break;
+        }
     }
     let shown = held.len();
     for delivery in held {
@@ -49,11 +53,13 @@ pub async fn run<B: Inspect>(broker: &B, queue: &str, count: usize) -> Result<()
         () = interrupt.recv() => return Err(Failure::interrupted("interrupted twice, before the messages were handed back")),
         () = pass.close() => {}
     }
+    output?;
     if interrupted {
         return Err(Failure::interrupted(format!(
             "interrupted after showing {shown}; all handed back"
         )));
     }
-    println!("--- {shown} shown of {ready} ready in `{queue}`; all handed back");
-    Ok(())
+    out::print(&format!(
+        "--- {shown} shown of {ready} ready in `{queue}`; all handed back\n"
+    ))
 }

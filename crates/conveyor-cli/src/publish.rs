@@ -7,7 +7,7 @@ use bytes::Bytes;
 use conveyor::{Broker, Message};
 use tokio::io::AsyncReadExt;
 
-use crate::Failure;
+use crate::{Failure, out};
 
 /// At most this many messages go in one batch (each batch is confirmed whole).
 const BATCH: usize = 500;
@@ -53,8 +53,7 @@ pub async fn run<B: Broker>(broker: &B, queue: &str, input: Input) -> Result<(),
             .map_err(|error| Failure::call(&format!("publishing to `{queue}`"), &error))?;
     }
     let noun = if count == 1 { "message" } else { "messages" };
-    println!("published {count} {noun} to `{queue}`");
-    Ok(())
+    out::print(&format!("published {count} {noun} to `{queue}`\n"))
 }
 
 fn message(input: &Input, body: Bytes) -> Message {

@@ -20,7 +20,7 @@ use tokio::time::MissedTickBehavior;
 use crate::interrupt::Interrupt;
 use crate::pass::{open, ready};
 use crate::target::Inspect;
-use crate::{Failure, show};
+use crate::{Failure, out, show};
 
 /// The header a redriven message carries: how many times it was redriven.
 pub const REDRIVEN_HEADER: &str = "x-conveyor-redriven";
@@ -70,8 +70,7 @@ pub async fn run<B: Inspect>(broker: &B, plan: &Plan) -> Result<(), Failure> {
     // A missing target fails here, before any message is taken.
     ready(broker, &plan.to).await?;
     if ready_now == 0 {
-        println!("`{}` has no message ready", plan.from);
-        return Ok(());
+        return out::print(&format!("`{}` has no message ready\n", plan.from));
     }
     // Before any message is held: a signal from here on ends the pass cleanly.
     let mut interrupt = Interrupt::listen()?;
@@ -115,9 +114,13 @@ pub async fn run<B: Inspect>(broker: &B, plan: &Plan) -> Result<(), Failure> {
         if plan.dry_run {
             moved += 1;
             let shown = usize::try_from(moved).unwrap_or(usize::MAX);
-            bar.suspend(|| print!("{}", show::delivery(shown, &delivery)));
+            let shown = bar.suspend(|| out::print(&show::delivery(shown, &delivery)));
             passed_over.push(delivery);
-            continue;
+            match shown {
+                Ok(()) => continue,
+                // Standard output gone (`| head`): stop, and hand back all that is held.
+                Err(failure) => break End::Failed(failure),
+            }
         }
         // Published and confirmed, then removed: never removed first. A delivery dropped
         // unsettled goes back to the dead-letter queue.
@@ -153,10 +156,7 @@ pub async fn run<B: Inspect>(broker: &B, plan: &Plan) -> Result<(), Failure> {
         plan.from, plan.to
     );
     match end {
-        End::Done => {
-            println!("{summary}");
-            Ok(())
-        }
+        End::Done => out::print(&format!("{summary}\n")),
         End::Stalled => Err(Failure::broker(format!(
             "stopped: {summary}, of {ready_now} ready; no more came within {} s (another consumer holds them, or they wait behind the {WINDOW} this redrive may hold); the rest stays in `{}`",
             crate::pass::IDLE.as_secs(),
@@ -166,6 +166,7 @@ pub async fn run<B: Inspect>(broker: &B, plan: &Plan) -> Result<(), Failure> {
             "interrupted: {summary}; the rest stays in `{}`",
             plan.from
         ))),
+        End::Failed(failure) if failure.is_output_closed() => Err(failure),
         End::Failed(failure) => Err(Failure::broker(format!(
             "{failure} ({summary}; the rest stays in `{}`)",
             plan.from

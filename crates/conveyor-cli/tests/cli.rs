@@ -159,7 +159,11 @@ impl<B: Broker> Live<B> {
     }
 
     async fn wait_ready(&self, queue: &str, count: u64) {
-        let deadline = tokio::time::Instant::now() + DEADLINE;
+        self.wait_ready_within(queue, count, DEADLINE).await;
+    }
+
+    async fn wait_ready_within(&self, queue: &str, count: u64, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
         loop {
             let ready = self.ready(queue).await;
             if ready == count {
@@ -332,6 +336,86 @@ async fn peek_shows_messages_and_leaves_them_in_the_queue<B: Broker>(live: Live<
     let ran = live.run(&["peek", &queue]).await;
     assert!(ran.stdout.contains("has no message ready"), "{ran:?}");
     live.delete(&[&queue, &dead]).await;
+}
+
+/// A run whose standard output is a pipe nobody reads any more (`| head`): it must end by
+/// itself, without a word on standard error, and exit 0.
+async fn ends_quietly(child: tokio::process::Child, what: &str) {
+    let output = tokio::time::timeout(DEADLINE, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("{what} ends within the deadline once its reader is gone"))
+        .expect("its output");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked"), "{what}: {stderr}");
+    assert_eq!(output.status.code(), Some(0), "{what}: {stderr}");
+    assert_eq!(stderr, "", "{what}");
+}
+
+/// A pipe whose reading end is closed already, for a child's standard output.
+fn closed_pipe() -> std::io::PipeWriter {
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    writer
+}
+
+/// `conveyor peek … | head`: when the reader goes away, peek stops showing, hands back
+/// every message it holds (at once, not after SQS's visibility timeout), and exits 0
+/// without a panic; `depth`, once and `--watch`, ends the same way.
+async fn peek_into_a_closed_pipe_hands_everything_back_and_exits_quietly<B: Broker>(live: Live<B>) {
+    use tokio::io::AsyncReadExt;
+
+    const COUNT: u64 = 6;
+    // Well inside SQS's visibility timeout (30 s): a message left held would not be back.
+    const BACK_WITHIN: Duration = Duration::from_secs(10);
+    let queue = live.declare("peek-pipe").await;
+    // 24 KiB a body: the six shown are more than a pipe holds (64 KiB), so a reader gone
+    // after the first bytes is seen while peek holds messages.
+    let padding = "x".repeat(24 * 1024);
+    for id in 0..COUNT {
+        let message = Message::builder()
+            .partition_key(format!("k{id}"))
+            .json(&serde_json::json!({ "id": id, "padding": padding }))
+            .expect("JSON encodes");
+        live.broker
+            .publish(&queue, message)
+            .await
+            .expect("published");
+    }
+    live.wait_ready(&queue, COUNT).await;
+    let count = COUNT.to_string();
+
+    // The reader gone before peek writes a byte.
+    let mut command = live.command(&["peek", &queue, "-n", &count]);
+    command.stdout(closed_pipe());
+    let child = command.spawn().expect("peek starts");
+    drop(command);
+    ends_quietly(child, "peek into a closed pipe").await;
+    live.wait_ready_within(&queue, COUNT, BACK_WITHIN).await;
+
+    // The reader gone after the first bytes, as `| head -1` does.
+    let mut child = live
+        .command(&["peek", &queue, "-n", &count])
+        .spawn()
+        .expect("peek starts");
+    let mut stdout = child.stdout.take().expect("a piped stdout");
+    let mut chunk = [0u8; 1024];
+    let read = tokio::time::timeout(DEADLINE, stdout.read(&mut chunk))
+        .await
+        .expect("peek writes within the deadline")
+        .expect("stdout reads");
+    assert!(read > 0, "peek wrote nothing");
+    drop(stdout);
+    ends_quietly(child, "peek whose reader went away").await;
+    live.wait_ready_within(&queue, COUNT, BACK_WITHIN).await;
+
+    for args in [&["depth", &queue][..], &["depth", &queue, "--watch", "0.1"]] {
+        let mut command = live.command(args);
+        command.stdout(closed_pipe());
+        let child = command.spawn().expect("depth starts");
+        drop(command);
+        ends_quietly(child, &args.join(" ")).await;
+    }
+    live.delete(&[&queue]).await;
 }
 
 async fn publish_sends_one_message_or_one_per_line<B: Broker>(live: Live<B>) {
@@ -594,6 +678,12 @@ mod rabbitmq {
     }
 
     #[tokio::test]
+    async fn peek_into_a_closed_pipe_hands_everything_back_and_exits_quietly() {
+        super::peek_into_a_closed_pipe_hands_everything_back_and_exits_quietly(rabbitmq().await)
+            .await;
+    }
+
+    #[tokio::test]
     async fn publish_sends_one_message_or_one_per_line() {
         super::publish_sends_one_message_or_one_per_line(rabbitmq().await).await;
     }
@@ -650,6 +740,11 @@ mod sqs {
     #[tokio::test]
     async fn peek_shows_messages_and_leaves_them_in_the_queue() {
         super::peek_shows_messages_and_leaves_them_in_the_queue(sqs().await).await;
+    }
+
+    #[tokio::test]
+    async fn peek_into_a_closed_pipe_hands_everything_back_and_exits_quietly() {
+        super::peek_into_a_closed_pipe_hands_everything_back_and_exits_quietly(sqs().await).await;
     }
 
     #[tokio::test]
