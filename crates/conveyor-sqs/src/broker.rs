@@ -158,7 +158,9 @@ impl SqsBrokerBuilder {
         self
     }
 
-    /// How long an ack waits for others to share its `DeleteMessageBatch` (default 5 ms).
+    /// How long an ack waits for others to share its `DeleteMessageBatch` (default 5 ms);
+    /// at most a sixth of the visibility timeout, or `build` refuses it: a message waiting
+    /// longer for its delete could be handed out again.
     pub fn settle_flush_interval(mut self, interval: Duration) -> Self {
         self.settings.flush_interval = interval;
         self
@@ -174,6 +176,14 @@ impl SqsBrokerBuilder {
             || settings.visibility_timeout > crate::settle::MAX_VISIBILITY
         {
             return Err(Error::config("visibility_timeout is between 1 s and 12 h"));
+        }
+        // A held message is renewed once it is within half the visibility timeout of
+        // showing, every third of it: a sixth is what it may have left when it is settled,
+        // and a settlement waiting longer would let it be handed out again.
+        if settings.flush_interval > settings.visibility_timeout / 6 {
+            return Err(Error::config(
+                "settle_flush_interval is at most a sixth of visibility_timeout",
+            ));
         }
         let mut loader =
             aws_config::defaults(BehaviorVersion::latest()).http_client(https_client());
@@ -504,6 +514,26 @@ mod tests {
             .expect_err("the answer is an error");
         server.await.unwrap();
         error
+    }
+
+    #[tokio::test]
+    async fn a_settle_flush_interval_over_a_sixth_of_the_visibility_timeout_is_refused() {
+        let build = |flush| {
+            SqsBroker::builder()
+                .endpoint("http://127.0.0.1:4566")
+                .region("us-east-1")
+                .static_credentials("key", "secret")
+                .visibility_timeout(Duration::from_secs(30))
+                .settle_flush_interval(flush)
+                .build()
+        };
+        match build(Duration::from_millis(5_001)).await {
+            Err(Error::Config(message)) => {
+                assert!(message.contains("settle_flush_interval"), "{message}")
+            }
+            other => panic!("{:?}", other.map(|_| ())),
+        }
+        assert!(build(Duration::from_secs(5)).await.is_ok());
     }
 
     #[tokio::test]

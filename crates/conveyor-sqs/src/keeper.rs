@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use crate::attributes::{self, Outgoing};
 use crate::calls::{Calls, Failed};
 use conveyor::Report;
+use conveyor::support::SettleQueue;
 
 use crate::error::SqsError;
 use crate::inflight::{InFlight, Op, Rejected};
@@ -95,6 +96,24 @@ impl<C: Calls> BatchCall<DeadLetterMessage> for SendDeadLetters<'_, C> {
     }
 }
 
+/// Waits until the settlements waiting in `queue` are worth a batch call: `enough` of
+/// them, or `linger` after the first was seen, at `first_waiting` (kept by the caller, so
+/// that a wait cut short and started again does not start the linger again).
+async fn batch_ready<T>(
+    queue: &SettleQueue<T>,
+    enough: usize,
+    linger: Duration,
+    first_waiting: &mut Option<Instant>,
+) {
+    if !queue.ready(1, Duration::ZERO).await {
+        return;
+    }
+    let first = *first_waiting.get_or_insert_with(Instant::now);
+    queue
+        .ready(enough, linger.saturating_sub(first.elapsed()))
+        .await;
+}
+
 impl<C: Calls> Keeper<C> {
     /// Runs until the subscription is closed (or every settler is gone) and every message
     /// is finished with.
@@ -108,6 +127,9 @@ impl<C: Calls> Keeper<C> {
         let mut renewals = tokio::time::interval_at(Instant::now() + tick, tick);
         renewals.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut closing = false;
+        // When the settlements waiting now were first seen: the flush interval counts from
+        // there, not from each turn of the loop, which a renewal may end.
+        let mut first_waiting = None;
         loop {
             if closing && self.in_flight.is_empty() {
                 return;
@@ -126,9 +148,13 @@ impl<C: Calls> Keeper<C> {
             tokio::select! {
                 biased;
                 _ = renewals.tick() => self.renew().await,
-                _ = in_flight.settled.ready(enough, linger) => self.flush().await,
+                _ = batch_ready(&in_flight.settled, enough, linger, &mut first_waiting) => {
+                    first_waiting = None;
+                    self.flush().await;
+                }
                 () = close_requested(&mut self.closing, &mut self.alive), if !closing => {
                     closing = true;
+                    first_waiting = None;
                     self.flush().await;
                 }
             }
@@ -197,7 +223,11 @@ impl<C: Calls> Keeper<C> {
             for (index, (tag, _, renew)) in held.iter().enumerate() {
                 match failed.iter().find(|(i, _)| *i == index) {
                     Some((_, reason)) => {
-                        tracing::debug!(queue = self.queue.name, reason, "visibility not renewed");
+                        tracing::warn!(
+                            queue = self.queue.name,
+                            reason,
+                            "visibility not renewed: the message may be handed out again while its handler runs"
+                        );
                     }
                     None => self.in_flight.renewed(*tag, *renew),
                 }
@@ -565,6 +595,14 @@ mod tests {
     const VISIBILITY: Duration = Duration::from_secs(30);
 
     fn start(script: &Script, queue: QueueInfo) -> Running {
+        start_flushing_after(script, queue, Duration::from_millis(5))
+    }
+
+    fn start_flushing_after(
+        script: &Script,
+        queue: QueueInfo,
+        flush_interval: Duration,
+    ) -> Running {
         let in_flight = Arc::new(InFlight::default());
         let (alive, alive_rx) = watch::channel(());
         let (closing, closing_rx) = watch::channel(false);
@@ -574,7 +612,7 @@ mod tests {
                 queue: Arc::new(queue),
                 in_flight: in_flight.clone(),
                 visibility: VISIBILITY,
-                flush_interval: Duration::from_millis(5),
+                flush_interval,
                 closing: closing_rx,
                 alive: alive_rx,
                 dead_letter_queue: None,
@@ -701,6 +739,23 @@ mod tests {
             .collect();
         assert_eq!(sizes.iter().sum::<usize>(), 12);
         assert!(sizes.iter().all(|n| *n <= BATCH_LIMIT), "{sizes:?}");
+    }
+
+    /// An ack waits for others no longer than the flush interval from when it came, though
+    /// a renewal tick (every 10 s here) comes in between.
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_tick_does_not_restart_an_acks_wait_for_others() {
+        let script = Script::new(true);
+        let running =
+            start_flushing_after(&script, QueueInfo::for_tests("q"), Duration::from_secs(4));
+        let tag = running.receive("a");
+        let started = Instant::now();
+        tokio::time::sleep_until(started + Duration::from_secs(8)).await;
+        running.settle(tag, Settlement::Ack);
+        // Due at 12 s; the tick at 10 s would have put it off to 14 s.
+        tokio::time::sleep_until(started + Duration::from_millis(12_100)).await;
+        assert_eq!(script.calls(), vec![Call::Delete(vec!["a".into()])]);
+        running.close().await;
     }
 
     /// A message held all along (a long handler, the hand-over, a lane retrying in place)
