@@ -53,13 +53,11 @@ pub(crate) fn received(properties: &BasicProperties) -> Headers {
 /// The core headers of an AMQP table. Text and byte values are kept as bytes; numbers
 /// and booleans as their decimal text; nested tables and arrays are skipped.
 pub(crate) fn from_table(table: &FieldTable) -> Headers {
-    let mut headers = Headers::new();
-    for (name, value) in table.inner() {
-        if let Some(bytes) = value_bytes(value) {
-            headers.insert(name.as_str().to_string(), bytes);
-        }
-    }
-    headers
+    table
+        .inner()
+        .iter()
+        .filter_map(|(name, value)| Some((name.as_str().to_string(), value_bytes(value)?)))
+        .collect()
 }
 
 fn value_bytes(value: &AMQPValue) -> Option<Bytes> {

@@ -120,12 +120,33 @@ impl fmt::Debug for Headers {
     }
 }
 
+/// As many headers as [`Headers::insert`] takes one by one when collecting; past that,
+/// collecting is linear in the count, where inserting each (which looks for its name
+/// among the others) is quadratic: a broker's header table, which the sender controls,
+/// can hold tens of thousands.
+const FEW_HEADERS: usize = 32;
+
 impl<N: Into<HeaderName>, V: Into<Bytes>> FromIterator<(N, V)> for Headers {
+    /// As if each were [inserted](Headers::insert) in turn: of a name given more than
+    /// once (in any case), the last value stays.
     fn from_iter<I: IntoIterator<Item = (N, V)>>(iter: I) -> Self {
+        let iter = iter.into_iter();
         let mut headers = Headers::new();
-        for (n, v) in iter {
-            headers.insert(n, v);
+        if iter.size_hint().1.is_some_and(|most| most <= FEW_HEADERS) {
+            for (name, value) in iter {
+                headers.insert(name, value);
+            }
+            return headers;
         }
+        let given: Vec<(HeaderName, Bytes)> = iter.map(|(n, v)| (n.into(), v.into())).collect();
+        let mut seen = std::collections::HashSet::with_capacity(given.len());
+        let mut kept: Vec<(HeaderName, Bytes)> = given
+            .into_iter()
+            .rev()
+            .filter(|(name, _)| seen.insert(name.to_ascii_lowercase()))
+            .collect();
+        kept.reverse();
+        headers.entries = Some(Arc::new(kept));
         headers
     }
 }
@@ -133,6 +154,35 @@ impl<N: Into<HeaderName>, V: Into<Bytes>> FromIterator<(N, V)> for Headers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn collecting_many_headers_keeps_the_last_value_of_each_name_as_inserting_does() {
+        for count in [3, 40, 20_000] {
+            let given: Vec<(String, String)> = (0..count)
+                .map(|i| {
+                    let name = format!("h{}", i % (count / 3 + 1));
+                    let name = if i % 2 == 0 {
+                        name.to_uppercase()
+                    } else {
+                        name
+                    };
+                    (name, i.to_string())
+                })
+                .collect();
+            let collected: Headers = given.iter().cloned().collect();
+            if count <= 40 {
+                let mut inserted = Headers::new();
+                for (name, value) in &given {
+                    inserted.insert(name.clone(), value.clone());
+                }
+                let pairs = |h: &Headers| -> Vec<(String, Bytes)> {
+                    h.iter().map(|(n, v)| (n.to_string(), v.clone())).collect()
+                };
+                assert_eq!(pairs(&collected), pairs(&inserted), "{count}");
+            }
+            assert_eq!(collected.len(), count / 3 + 1, "{count}");
+        }
+    }
 
     #[test]
     fn names_match_in_any_case() {
