@@ -1,14 +1,16 @@
-//! The SQS calls a subscription's keeper makes, behind a trait so that the order of its
-//! calls can be tested without SQS.
+//! The SQS calls a subscription's keeper (and a batch publish) makes, behind a trait so that
+//! the order of its calls can be tested without SQS.
 
 use std::future::Future;
 use std::sync::Arc;
 
+use aws_sdk_sqs::types::builders::SendMessageBatchRequestEntryBuilder;
 use aws_sdk_sqs::types::{
     ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry,
     SendMessageBatchRequestEntry,
 };
 
+use crate::attributes::Outgoing;
 use crate::broker::SqsBroker;
 use crate::error::SqsError;
 use crate::queue::{DeadLetterTarget, QueueInfo};
@@ -17,6 +19,23 @@ use crate::settle::failures;
 /// Each batch call answers with the entries that failed: their index in the request (the
 /// entry's id) and SQS's reason.
 pub(crate) type Failed = Vec<(usize, String)>;
+
+/// The `SendMessageBatch` entry `id` (its index in the call) for a message encoded as
+/// `outgoing`, with its FIFO group and deduplication id; the caller adds what else it
+/// sets, then builds it.
+pub(crate) fn send_entry(
+    id: usize,
+    outgoing: &Outgoing,
+    group: &Option<String>,
+    deduplication: &Option<String>,
+) -> SendMessageBatchRequestEntryBuilder {
+    SendMessageBatchRequestEntry::builder()
+        .id(id.to_string())
+        .message_body(outgoing.body.clone())
+        .set_message_attributes(Some(outgoing.attributes.clone()).filter(|a| !a.is_empty()))
+        .set_message_group_id(group.clone())
+        .set_message_deduplication_id(deduplication.clone())
+}
 
 /// What the keeper asks of SQS.
 pub(crate) trait Calls: Send + Sync + 'static {

@@ -77,6 +77,24 @@ pub enum SqsError {
         /// The first failure's code and message.
         first: String,
     },
+    /// Some messages of a batch publish were not sent: SQS failed their entries, also
+    /// when they were tried again, and the messages after them were not tried. The
+    /// others were sent.
+    #[error(
+        "SQS SendMessageBatch on `{}`: {} of {total} messages not sent: {first}",
+        shown(queue),
+        not_sent.len()
+    )]
+    NotSent {
+        /// The queue.
+        queue: String,
+        /// The indices, in the publish, of the messages not sent, in order.
+        not_sent: Vec<usize>,
+        /// How many messages the publish had.
+        total: usize,
+        /// The first failure's code and message.
+        first: String,
+    },
     /// SQS answered a call successfully but not as its API says it does (an attribute
     /// missing or not a number): the text says what was wrong.
     #[error("SQS {call} on `{}` answered unexpectedly: {detail}", shown(queue))]

@@ -10,12 +10,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::attributes::{self, Outgoing};
-use crate::calls::{Calls, Failed};
+use crate::calls::{Calls, Failed, send_entry};
 use conveyor::Report;
 use conveyor::support::SettleQueue;
 
@@ -75,15 +74,8 @@ impl<C: Calls> BatchCall<DeadLetterMessage> for SendDeadLetters<'_, C> {
         let mut entries = Vec::with_capacity(batch.len());
         let mut failed: Failed = Vec::new();
         for (i, message) in batch.iter().enumerate() {
-            let entry = SendMessageBatchRequestEntry::builder()
-                .id(i.to_string())
-                .message_body(message.outgoing.body.clone())
-                .set_message_attributes(
-                    Some(message.outgoing.attributes.clone()).filter(|a| !a.is_empty()),
-                )
-                .set_message_group_id(message.group.clone())
-                .set_message_deduplication_id(message.deduplication.clone())
-                .build();
+            let entry =
+                send_entry(i, &message.outgoing, &message.group, &message.deduplication).build();
             match entry {
                 Ok(entry) => entries.push(entry),
                 Err(error) => failed.push((i, error.to_string())),
@@ -455,6 +447,8 @@ mod tests {
     //! The keeper against scripted SQS calls: the order of its calls, and what a stalled
     //! call holds back.
     use std::sync::Mutex;
+
+    use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 
     use conveyor::{Headers, PartitionKey, REJECT_REASON_HEADER, Settle, Settled, Settlement};
     use tokio::sync::Semaphore;

@@ -3,15 +3,15 @@
 
 use std::time::Duration;
 
-use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 use conveyor::{Error, Message, MessageParts, Publisher};
 use tracing::Instrument;
 
 use crate::attributes::{self, Outgoing};
 use crate::broker::SqsBroker;
+use crate::calls::{Calls, Failed, send_entry};
 use crate::error::{SqsError, shown};
 use crate::queue::QueueInfo;
-use crate::settle::{BATCH_LIMIT, whole_seconds_up};
+use crate::settle::{BATCH_LIMIT, BatchCall, whole_seconds_up, with_retries};
 
 /// The longest delay SQS takes on a message (15 minutes).
 const MAX_DELAY: Duration = Duration::from_secs(900);
@@ -103,7 +103,9 @@ impl Publisher for SqsBroker {
 
     /// Sends with `SendMessageBatch`, ten messages or the queue's size limit per call,
     /// whichever comes first. Every message is checked before the first call, so a bad
-    /// one sends nothing.
+    /// one sends nothing. Entries SQS fails are tried again (up to three calls); if some
+    /// still fail, the error's source is [`SqsError::NotSent`], which names by index the
+    /// messages not sent (the others were), so that resending those sends nothing twice.
     async fn publish_batch(
         &self,
         destination: &str,
@@ -120,9 +122,18 @@ impl Publisher for SqsBroker {
     }
 }
 
-/// Counts a publish of `count` messages in the publish metrics. (A batch that fails part
-/// way counts as failed as a whole: which messages went is not known here.)
+/// Counts a publish of `count` messages in the publish metrics: of a batch that failed
+/// part way, those sent as sent, and the others as `not_sent`.
 fn record_sent(destination: &str, count: u64, sent: &Result<(), Error>) {
+    if let Err(Error::Publish { source, .. }) = sent
+        && let Some(SqsError::NotSent { not_sent, .. }) = source.downcast_ref::<SqsError>()
+    {
+        let refused = not_sent.len() as u64;
+        let went = count.saturating_sub(refused);
+        conveyor::telemetry::record_sent("aws_sqs", destination, went, None);
+        conveyor::telemetry::record_sent("aws_sqs", destination, refused, Some("not_sent"));
+        return;
+    }
     let error = match sent {
         Ok(()) => None,
         Err(Error::Publish { source, .. }) => Some(match source.downcast_ref::<SqsError>() {
@@ -171,15 +182,9 @@ impl SqsBroker {
             .map(|m| prepare(&queue, m.into_parts()))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| publish_error(destination, e))?;
-        let sizes: Vec<usize> = prepared.iter().map(|m| m.outgoing.size).collect();
-        let mut messages = prepared.into_iter();
-        for length in chunk_lengths(&sizes, queue.max_message_size) {
-            let chunk: Vec<Prepared> = messages.by_ref().take(length).collect();
-            self.send_batch(&queue, chunk)
-                .await
-                .map_err(|e| publish_error(destination, e))?;
-        }
-        Ok(())
+        send_in_batches(self, &queue, prepared)
+            .await
+            .map_err(|e| publish_error(destination, e))
     }
 }
 
@@ -202,53 +207,181 @@ pub(crate) fn chunk_lengths(sizes: &[usize], limit: usize) -> Vec<usize> {
     lengths
 }
 
-impl SqsBroker {
-    async fn send_batch(&self, queue: &QueueInfo, chunk: Vec<Prepared>) -> Result<(), SqsError> {
-        let total = chunk.len();
-        let entries = chunk
-            .into_iter()
-            .enumerate()
-            .map(|(i, message)| {
-                SendMessageBatchRequestEntry::builder()
-                    .id(i.to_string())
-                    .message_body(message.outgoing.body)
-                    .set_message_attributes(
-                        Some(message.outgoing.attributes).filter(|a| !a.is_empty()),
-                    )
-                    .set_message_group_id(message.group)
-                    .set_message_deduplication_id(message.deduplication)
-                    .set_delay_seconds(message.delay_seconds)
-                    .build()
-                    .map_err(|e| SqsError::InvalidMessage {
-                        queue: queue.name.clone(),
-                        reason: e.to_string(),
-                    })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let output = self
-            .client()
-            .send_message_batch()
-            .queue_url(&queue.url)
-            .set_entries(Some(entries))
-            .send()
-            .await
-            .map_err(|e| SqsError::call("SendMessageBatch", &queue.name, e))?;
-        match output.failed().first() {
-            None => Ok(()),
-            Some(first) => Err(SqsError::BatchEntries {
-                call: "SendMessageBatch",
+/// `SendMessageBatch` of published messages, each with its index in the whole publish.
+struct SendPublished<'a, C> {
+    calls: &'a C,
+    queue: &'a QueueInfo,
+}
+
+impl<C: Calls> BatchCall<(usize, Prepared)> for SendPublished<'_, C> {
+    const NAME: &'static str = "SendMessageBatch";
+
+    fn queue(&self) -> &QueueInfo {
+        self.queue
+    }
+
+    async fn call(&self, batch: &[(usize, Prepared)]) -> Result<Failed, SqsError> {
+        // Ids are indices into `batch`; an entry that cannot be built counts as failed.
+        let mut entries = Vec::with_capacity(batch.len());
+        let mut failed: Failed = Vec::new();
+        for (i, (_, message)) in batch.iter().enumerate() {
+            let entry = send_entry(i, &message.outgoing, &message.group, &message.deduplication)
+                .set_delay_seconds(message.delay_seconds)
+                .build();
+            match entry {
+                Ok(entry) => entries.push(entry),
+                Err(error) => failed.push((i, error.to_string())),
+            }
+        }
+        if !entries.is_empty() {
+            failed.extend(self.calls.send(self.queue, entries).await?);
+        }
+        Ok(failed)
+    }
+}
+
+/// Sends `prepared` to `queue` in batch calls, in order. The entries a call fails (SQS
+/// throttling, an internal error) are tried again, as settlements are; if some still
+/// fail, the error names by index every message not sent: those, and all after them.
+async fn send_in_batches<C: Calls>(
+    calls: &C,
+    queue: &QueueInfo,
+    prepared: Vec<Prepared>,
+) -> Result<(), SqsError> {
+    let total = prepared.len();
+    let sizes: Vec<usize> = prepared.iter().map(|m| m.outgoing.size).collect();
+    let mut messages = prepared.into_iter().enumerate();
+    for length in chunk_lengths(&sizes, queue.max_message_size) {
+        let chunk: Vec<(usize, Prepared)> = messages.by_ref().take(length).collect();
+        let failed = with_retries(&SendPublished { calls, queue }, chunk, |_| ()).await;
+        if let Some((_, first)) = failed.first() {
+            let first = first.clone();
+            let mut not_sent: Vec<usize> = failed.into_iter().map(|((i, _), _)| i).collect();
+            not_sent.extend(messages.map(|(i, _)| i));
+            return Err(SqsError::NotSent {
                 queue: queue.name.clone(),
-                failed: output.failed().len(),
+                not_sent,
                 total,
-                first: format!("{}: {}", first.code(), first.message().unwrap_or_default()),
-            }),
+                first,
+            });
         }
     }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::queue::DeadLetterTarget;
+    use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
+
+    /// SQS as a test scripts it: each `SendMessageBatch` is noted (its bodies), and fails
+    /// the entry whose body is in `failing` as many more times as it says.
+    #[derive(Default)]
+    struct Flaky {
+        failing: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+        sent: std::sync::Mutex<Vec<Vec<String>>>,
+    }
+
+    impl Flaky {
+        fn failing(body: &str, times: u32) -> Self {
+            let flaky = Flaky::default();
+            flaky.failing.lock().unwrap().insert(body.into(), times);
+            flaky
+        }
+
+        fn calls(&self) -> Vec<Vec<String>> {
+            self.sent.lock().unwrap().clone()
+        }
+    }
+
+    impl Calls for Flaky {
+        async fn change_visibility(
+            &self,
+            _: &QueueInfo,
+            _: &[(String, i32)],
+        ) -> Result<Failed, SqsError> {
+            unreachable!("publishing changes no visibility")
+        }
+
+        async fn delete(&self, _: &QueueInfo, _: &[String]) -> Result<Failed, SqsError> {
+            unreachable!("publishing deletes nothing")
+        }
+
+        async fn send(
+            &self,
+            _: &QueueInfo,
+            entries: Vec<SendMessageBatchRequestEntry>,
+        ) -> Result<Failed, SqsError> {
+            let mut failing = self.failing.lock().unwrap();
+            let mut failed = Vec::new();
+            let mut bodies = Vec::new();
+            for entry in &entries {
+                let body = entry.message_body().to_string();
+                if let Some(left) = failing.get_mut(&body).filter(|left| **left > 0) {
+                    *left -= 1;
+                    failed.push((entry.id().parse().unwrap(), "InternalError: busy".into()));
+                }
+                bodies.push(body);
+            }
+            self.sent.lock().unwrap().push(bodies);
+            Ok(failed)
+        }
+
+        async fn dead_letter_queue(
+            &self,
+            _: &DeadLetterTarget,
+        ) -> Result<std::sync::Arc<QueueInfo>, SqsError> {
+            unreachable!("publishing dead-letters nothing")
+        }
+    }
+
+    /// Messages whose bodies are `0`, `1`, ... `count - 1`, ready for `queue`.
+    fn numbered(queue: &QueueInfo, count: usize) -> Vec<Prepared> {
+        (0..count)
+            .map(|i| prepare(queue, Message::json(&i).unwrap().into_parts()).unwrap())
+            .collect()
+    }
+
+    fn bodies(range: std::ops::Range<usize>) -> Vec<String> {
+        range.map(|i| i.to_string()).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_entry_sqs_fails_once_is_sent_again_and_the_publish_succeeds() {
+        let (queue, sqs) = (queue(false, false), Flaky::failing("3", 1));
+        send_in_batches(&sqs, &queue, numbered(&queue, 12))
+            .await
+            .unwrap();
+        assert_eq!(
+            sqs.calls(),
+            vec![bodies(0..10), bodies(3..4), bodies(10..12)],
+            "the failed entry again, on its own, before the next batch"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_entry_that_keeps_failing_is_named_with_every_message_after_it() {
+        let (queue, sqs) = (queue(false, false), Flaky::failing("13", u32::MAX));
+        let error = send_in_batches(&sqs, &queue, numbered(&queue, 25))
+            .await
+            .expect_err("message 13 is never sent");
+        let SqsError::NotSent {
+            not_sent, total, ..
+        } = &error
+        else {
+            panic!("{error:?}");
+        };
+        let mut expected = vec![13];
+        expected.extend(20..25);
+        assert_eq!((not_sent, *total), (&expected, 25));
+        assert!(
+            error.to_string().contains("6 of 25 messages not sent"),
+            "{error}"
+        );
+        let sent: Vec<String> = sqs.calls().concat();
+        assert!(sent.contains(&"19".to_string()) && !sent.contains(&"20".to_string()));
+    }
 
     fn queue(fifo: bool, content_based_deduplication: bool) -> QueueInfo {
         QueueInfo {
