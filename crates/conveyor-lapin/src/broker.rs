@@ -110,8 +110,8 @@ impl std::fmt::Debug for LapinBrokerBuilder {
 
 impl LapinBrokerBuilder {
     /// The default prefetch window (basic.qos) of every subscription on this broker.
-    /// A mount's own `prefetch(..)` wins over it; without either, the window covers
-    /// what the mount can hold.
+    /// A queue's own prefetch (`broker.queue(q).prefetch(n)`) wins over it; without
+    /// either, the window covers what the mount can hold.
     pub fn prefetch(mut self, window: u16) -> Self {
         self.prefetch = Some(window);
         self

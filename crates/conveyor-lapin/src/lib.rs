@@ -42,9 +42,9 @@
 //!   confirms at once), so a slow confirm never stalls the prefetch window, and closing
 //!   the subscription waits for the confirms under way.
 //!
-//! Prefetch: a mount's `prefetch(..)` wins, then the queue's ([`LapinQueue::prefetch`]),
-//! then the broker's; without any, the window is twice what the mount can hold (at
-//! least 16). Lanes or workers with a window of 1 take turns, and the subscriber warns
+//! Prefetch: the queue's ([`LapinQueue::prefetch`]) wins, then the broker's
+//! ([`LapinBrokerBuilder::prefetch`]); without either, the window is twice what the
+//! mount can hold (at least 16). Lanes or workers with a window of 1 take turns, and the subscriber warns
 //! about it. A batch mount gets what the channel has already pushed, so its window must
 //! be at least the batch size.
 //!

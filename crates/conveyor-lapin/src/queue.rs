@@ -75,8 +75,8 @@ impl LapinQueue {
         &self.name
     }
 
-    /// The prefetch window for this queue's subscriptions, over the broker's default (a
-    /// mount's own `prefetch(..)` still wins).
+    /// The prefetch window for this queue's subscriptions; it wins over the broker's
+    /// default.
     pub fn prefetch(mut self, window: u16) -> Self {
         self.prefetch = Some(window);
         self
