@@ -111,7 +111,8 @@ impl std::fmt::Debug for LapinBrokerBuilder {
 impl LapinBrokerBuilder {
     /// The default prefetch window (basic.qos) of every subscription on this broker.
     /// A queue's own prefetch (`broker.queue(q).prefetch(n)`) wins over it; without
-    /// either, the window covers what the mount can hold.
+    /// either, the window covers what the mount can hold. At least 1: `connect` refuses
+    /// 0, which AMQP takes for no limit at all.
     pub fn prefetch(mut self, window: u16) -> Self {
         self.prefetch = Some(window);
         self

@@ -76,7 +76,7 @@ impl LapinQueue {
     }
 
     /// The prefetch window for this queue's subscriptions; it wins over the broker's
-    /// default.
+    /// default. At least 1: a mount on a queue with 0 (AMQP's "no limit") does not start.
     pub fn prefetch(mut self, window: u16) -> Self {
         self.prefetch = Some(window);
         self
