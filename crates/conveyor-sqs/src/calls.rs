@@ -37,6 +37,27 @@ pub(crate) fn send_entry(
         .set_message_deduplication_id(deduplication.clone())
 }
 
+/// One `SendMessageBatch` of `built`, each entry at its index in the call (its id), or
+/// why it could not be built: what failed, the building and the call's entries together.
+pub(crate) async fn send_built<C: Calls, E: std::fmt::Display>(
+    calls: &C,
+    queue: &QueueInfo,
+    built: impl ExactSizeIterator<Item = Result<SendMessageBatchRequestEntry, E>>,
+) -> Result<Failed, SqsError> {
+    let mut entries = Vec::with_capacity(built.len());
+    let mut failed: Failed = Vec::new();
+    for (i, entry) in built.enumerate() {
+        match entry {
+            Ok(entry) => entries.push(entry),
+            Err(error) => failed.push((i, error.to_string())),
+        }
+    }
+    if !entries.is_empty() {
+        failed.extend(calls.send(queue, entries).await?);
+    }
+    Ok(failed)
+}
+
 /// What the keeper asks of SQS.
 pub(crate) trait Calls: Send + Sync + 'static {
     /// One `ChangeMessageVisibilityBatch`: (receipt, seconds) per entry, ten at most.

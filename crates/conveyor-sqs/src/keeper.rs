@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::attributes::{self, Outgoing};
-use crate::calls::{Calls, Failed, send_entry};
+use crate::calls::{Calls, Failed, send_built, send_entry};
 use conveyor::Report;
 use conveyor::support::SettleQueue;
 
@@ -70,21 +70,10 @@ impl<C: Calls> BatchCall<DeadLetterMessage> for SendDeadLetters<'_, C> {
     }
 
     async fn call(&self, batch: &[DeadLetterMessage]) -> Result<Failed, SqsError> {
-        // Ids are indices into `batch`; an entry that cannot be built counts as failed.
-        let mut entries = Vec::with_capacity(batch.len());
-        let mut failed: Failed = Vec::new();
-        for (i, message) in batch.iter().enumerate() {
-            let entry =
-                send_entry(i, &message.outgoing, &message.group, &message.deduplication).build();
-            match entry {
-                Ok(entry) => entries.push(entry),
-                Err(error) => failed.push((i, error.to_string())),
-            }
-        }
-        if !entries.is_empty() {
-            failed.extend(self.calls.send(self.queue, entries).await?);
-        }
-        Ok(failed)
+        let built = batch.iter().enumerate().map(|(i, message)| {
+            send_entry(i, &message.outgoing, &message.group, &message.deduplication).build()
+        });
+        send_built(self.calls, self.queue, built).await
     }
 }
 

@@ -8,7 +8,7 @@ use tracing::Instrument;
 
 use crate::attributes::{self, Outgoing};
 use crate::broker::SqsBroker;
-use crate::calls::{Calls, Failed, send_entry};
+use crate::calls::{Calls, Failed, send_built, send_entry};
 use crate::error::{SqsError, shown};
 use crate::queue::QueueInfo;
 use crate::settle::{BATCH_LIMIT, BatchCall, whole_seconds_up, with_retries};
@@ -221,22 +221,12 @@ impl<C: Calls> BatchCall<(usize, Prepared)> for SendPublished<'_, C> {
     }
 
     async fn call(&self, batch: &[(usize, Prepared)]) -> Result<Failed, SqsError> {
-        // Ids are indices into `batch`; an entry that cannot be built counts as failed.
-        let mut entries = Vec::with_capacity(batch.len());
-        let mut failed: Failed = Vec::new();
-        for (i, (_, message)) in batch.iter().enumerate() {
-            let entry = send_entry(i, &message.outgoing, &message.group, &message.deduplication)
+        let built = batch.iter().enumerate().map(|(i, (_, message))| {
+            send_entry(i, &message.outgoing, &message.group, &message.deduplication)
                 .set_delay_seconds(message.delay_seconds)
-                .build();
-            match entry {
-                Ok(entry) => entries.push(entry),
-                Err(error) => failed.push((i, error.to_string())),
-            }
-        }
-        if !entries.is_empty() {
-            failed.extend(self.calls.send(self.queue, entries).await?);
-        }
-        Ok(failed)
+                .build()
+        });
+        send_built(self.calls, self.queue, built).await
     }
 }
 
