@@ -31,6 +31,30 @@ pub(crate) struct Settings {
     pub(crate) request_timeout: Duration,
 }
 
+impl Settings {
+    /// What one attempt of a call may take: the request timeout, a receive's long-poll
+    /// wait aside (see [`Settings::long_poll`]). A settlement or renewal that gets no
+    /// answer fails after this and is tried again, instead of holding the keeper's other
+    /// work for a whole long-poll wait more.
+    fn call_timeouts(&self) -> TimeoutConfig {
+        TimeoutConfig::builder()
+            .connect_timeout(self.request_timeout)
+            .operation_attempt_timeout(self.request_timeout)
+            .build()
+    }
+
+    /// The configuration a `ReceiveMessage` is sent with: it long-polls for `wait_time`,
+    /// so each attempt gets that on top of the request timeout, and a broker that stops
+    /// answering fails the receive instead of hanging the pump.
+    pub(crate) fn long_poll(&self) -> aws_sdk_sqs::config::Builder {
+        let timeouts = TimeoutConfig::builder()
+            .connect_timeout(self.request_timeout)
+            .operation_attempt_timeout(self.wait_time.saturating_add(self.request_timeout))
+            .build();
+        aws_sdk_sqs::config::Builder::default().timeout_config(timeouts)
+    }
+}
+
 impl Default for Settings {
     fn default() -> Self {
         Settings {
@@ -197,13 +221,8 @@ impl SqsBrokerBuilder {
             loader = loader.credentials_provider(credentials);
         }
         let sdk = loader.load().await;
-        // A receive long-polls for `wait_time`; give each attempt that and a margin, so a
-        // broker that stops answering fails the call instead of hanging the pump.
-        let timeouts = TimeoutConfig::builder()
-            .connect_timeout(settings.request_timeout)
-            .operation_attempt_timeout(settings.wait_time.saturating_add(settings.request_timeout))
-            .build();
-        let mut config = aws_sdk_sqs::config::Builder::from(&sdk).timeout_config(timeouts);
+        let mut config =
+            aws_sdk_sqs::config::Builder::from(&sdk).timeout_config(settings.call_timeouts());
         if conveyor::telemetry::ENABLED {
             config = config.interceptor(crate::call_metrics::TimeCalls);
         }

@@ -229,6 +229,8 @@ impl Pump {
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
             .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
             .message_attribute_names("All")
+            .customize()
+            .config_override(self.settings.long_poll())
             .send()
             .await
             .map_err(|e| Failure {

@@ -18,7 +18,7 @@ use conveyor::request::{Replies, ReplyReader};
 use conveyor::{Message, Publisher};
 
 use crate::attributes;
-use crate::broker::SqsBroker;
+use crate::broker::{Settings, SqsBroker};
 use crate::calls::delete_batch;
 use crate::error::SqsError;
 use crate::queue::QueueInfo;
@@ -46,8 +46,8 @@ impl Requester {
         let queue = broker.resolve(&name).await?;
         // The task holds the client, not the broker: the broker holds this requester,
         // whose drop stops the task.
-        let (client, wait) = (broker.client().clone(), broker.settings().wait_time);
-        let reader = ReplyReader::spawn(|replies| read(client, wait, queue.clone(), replies));
+        let (client, settings) = (broker.client().clone(), broker.settings().clone());
+        let reader = ReplyReader::spawn(|replies| read(client, settings, queue.clone(), replies));
         Ok(Requester { queue, reader })
     }
 
@@ -80,14 +80,16 @@ impl Requester {
 
 /// Receives replies until the requester closes: each goes to its request (or, late, is
 /// dropped), and what a receive brought is deleted in one call.
-async fn read(client: Client, wait: Duration, queue: Arc<QueueInfo>, replies: Arc<Replies>) {
+async fn read(client: Client, settings: Settings, queue: Arc<QueueInfo>, replies: Arc<Replies>) {
     loop {
         let received = client
             .receive_message()
             .queue_url(&queue.url)
             .max_number_of_messages(10)
-            .wait_time_seconds(i32::try_from(wait.as_secs()).unwrap_or(20))
+            .wait_time_seconds(i32::try_from(settings.wait_time.as_secs()).unwrap_or(20))
             .message_attribute_names("All")
+            .customize()
+            .config_override(settings.long_poll())
             .send()
             .await;
         let messages = match received {

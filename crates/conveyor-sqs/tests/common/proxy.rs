@@ -5,6 +5,9 @@
 //! It also stalls on demand: while stalled, nothing is forwarded either way (connections
 //! stay open and new ones are accepted, but requests and answers are held), as when the
 //! broker or the network stops answering; once it resumes, what was held goes on.
+//!
+//! It also counts how receives ended: answered by the emulator, or given up by the client
+//! (which closed its side of the connection while the receive was under way).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,6 +23,8 @@ pub struct Proxy {
     addr: SocketAddr,
     /// How many receives are under way at the emulator.
     receiving: watch::Receiver<usize>,
+    /// How many receives ended, and how.
+    ended: watch::Receiver<Ended>,
     /// Whether traffic is held.
     stalled: watch::Sender<bool>,
     accepting: JoinHandle<()>,
@@ -32,18 +37,25 @@ impl Proxy {
         let addr = listener.local_addr().expect("the proxy's address");
         let (count, receiving) = watch::channel(0usize);
         let count = Arc::new(count);
+        let (ends, ended) = watch::channel(Ended::default());
+        let ends = Arc::new(ends);
         let (stalled, held) = watch::channel(false);
         let accepting = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = TcpStream::connect(upstream).await else {
                     continue;
                 };
-                tokio::spawn(forward(client, server, count.clone(), held.clone()));
+                let receives = Receives {
+                    under_way: count.clone(),
+                    ended: ends.clone(),
+                };
+                tokio::spawn(forward(client, server, receives, held.clone()));
             }
         });
         Proxy {
             addr,
             receiving,
+            ended,
             stalled,
             accepting,
         }
@@ -62,6 +74,33 @@ impl Proxy {
             .await
             .expect("the proxy runs");
     }
+
+    /// Resolves with the counts once a receive has ended, either way.
+    pub async fn receive_ended(&self) -> Ended {
+        *self
+            .ended
+            .clone()
+            .wait_for(|ended| ended.answered + ended.given_up + ended.closed > 0)
+            .await
+            .expect("the proxy runs")
+    }
+}
+
+/// How the receives that ended did.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Ended {
+    /// The emulator's answer reached the client.
+    pub answered: usize,
+    /// The client closed the connection first.
+    pub given_up: usize,
+    /// The emulator closed the connection without answering.
+    pub closed: usize,
+}
+
+/// Where one connection reports its receive.
+struct Receives {
+    under_way: Arc<watch::Sender<usize>>,
+    ended: Arc<watch::Sender<Ended>>,
 }
 
 impl Proxy {
@@ -91,44 +130,52 @@ async fn flowing(held: &mut watch::Receiver<bool>) {
 
 /// One connection: requests are forwarded as they come and parsed (HTTP/1.1, one at a
 /// time, with a `content-length`); a whole `ReceiveMessage` counts as under way until the
-/// emulator's first byte of answer on that connection reaches the client. While the proxy
-/// is stalled, what is read either way is held, not forwarded.
+/// emulator's first byte of answer on that connection reaches the client (answered), or
+/// the client closes the connection (given up). While the proxy is stalled, what is read
+/// either way is held, not forwarded.
 async fn forward(
     client: TcpStream,
     server: TcpStream,
-    count: Arc<watch::Sender<usize>>,
+    receives: Receives,
     held: watch::Receiver<bool>,
 ) {
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
     let pending = Arc::new(AtomicBool::new(false));
-    let answered = {
-        let (pending, count) = (pending.clone(), count.clone());
-        move || {
+    let receives = Arc::new(receives);
+    // Ends the receive under way, if one is, as `how` says.
+    let end = {
+        let (pending, receives) = (pending.clone(), receives.clone());
+        move |how: fn(&mut Ended)| {
             if pending.swap(false, Ordering::SeqCst) {
-                count.send_modify(|n| *n -= 1);
+                receives.under_way.send_modify(|n| *n -= 1);
+                receives.ended.send_modify(how);
             }
         }
     };
     let requests = {
-        let (pending, count, mut held) = (pending.clone(), count.clone(), held.clone());
+        let (pending, receives, mut held) = (pending.clone(), receives.clone(), held.clone());
+        let end = end.clone();
         tokio::spawn(async move {
             let mut parsed = Vec::new();
             let mut buffer = vec![0u8; 64 * 1024];
-            while let Ok(read) = client_read.read(&mut buffer).await {
+            loop {
+                let read = client_read.read(&mut buffer).await.unwrap_or(0);
+                if read == 0 {
+                    // The client closed its side: a receive it was waiting on is given up,
+                    // whatever the emulator answers later.
+                    end(|ended| ended.given_up += 1);
+                }
                 // Even the end of the request stream waits: a stalled link passes nothing.
                 flowing(&mut held).await;
-                if read == 0 {
-                    break;
-                }
-                if server_write.write_all(&buffer[..read]).await.is_err() {
+                if read == 0 || server_write.write_all(&buffer[..read]).await.is_err() {
                     break;
                 }
                 parsed.extend_from_slice(&buffer[..read]);
                 while let Some((length, receive)) = whole_request(&parsed) {
                     parsed.drain(..length);
                     if receive && !pending.swap(true, Ordering::SeqCst) {
-                        count.send_modify(|n| *n += 1);
+                        receives.under_way.send_modify(|n| *n += 1);
                     }
                 }
             }
@@ -141,13 +188,13 @@ async fn forward(
         if read == 0 {
             break;
         }
-        answered();
+        end(|ended| ended.answered += 1);
         if client_write.write_all(&buffer[..read]).await.is_err() {
             break;
         }
     }
     requests.abort();
-    answered();
+    end(|ended| ended.closed += 1);
 }
 
 /// The length of the first request in `bytes` once it is whole, and whether it is a
