@@ -123,6 +123,10 @@
 //!   would close the whole connection over it, every delivery in flight on it coming
 //!   again. (A retry or dead letter whose headers grew over the limit is requeued, or
 //!   nacked to the broker's dead-lettering, instead of republished.)
+//! - A body over the broker's `max_message_size` (128 MiB by default, 16 MiB from
+//!   RabbitMQ 4.0) fails its publish with the broker's reason; the limit is not
+//!   negotiated, so only the broker can tell. The next publish goes through on a new
+//!   channel.
 //! - **lapin prints the password at TRACE**: its I/O loop logs each frame it writes, the
 //!   login (`Connection.StartOk`, whose SASL response holds the password as a list of
 //!   bytes) included. It logs from its own thread, through the global subscriber, so

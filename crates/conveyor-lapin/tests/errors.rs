@@ -465,3 +465,44 @@ async fn error_texts_say_each_thing_once_and_quote_oversize_names_by_their_start
     cleanup(&broker, &[&queue, &full], &[]).await;
     broker.close().await.unwrap();
 }
+
+/// RabbitMQ's `max_message_size`: 128 MiB by default since 3.8 (16 MiB since 4.0).
+const MAX_MESSAGE_SIZE: usize = 128 * 1024 * 1024;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_the_brokers_message_size_limit_is_refused_and_the_next_publish_goes_through() {
+    let _serial = SERIAL.lock().await;
+    let name = unique("errors-oversize-body");
+    let broker = broker_named(&name).await;
+    let target = unique("oversize-target");
+    broker.declare_queue(&target.as_str().into()).await.unwrap();
+
+    // The limit is the broker's alone (AMQP does not negotiate it), so only its refusal,
+    // which closes the publishing channel, can say a body is too large.
+    let body = vec![b'x'; MAX_MESSAGE_SIZE + 1];
+    let error = broker
+        .publish(&target, Message::new(body))
+        .await
+        .expect_err("the body is over the broker's limit");
+    assert!(
+        matches!(error, conveyor::Error::Publish { .. }),
+        "{error:?}"
+    );
+    let text = error.to_string();
+    assert!(
+        text.contains(&format!(
+            "is larger than configured max size {MAX_MESSAGE_SIZE}"
+        )),
+        "{text}"
+    );
+
+    // The next publish opens a channel again; the refused body was not queued.
+    broker.publish_json(&target, &2u32).await.unwrap();
+    assert_eq!(
+        ready(&broker, &target).await,
+        1,
+        "only the message that fits"
+    );
+    cleanup(&broker, &[&target], &[]).await;
+    broker.close().await.unwrap();
+}
