@@ -466,7 +466,8 @@ async fn error_texts_say_each_thing_once_and_quote_oversize_names_by_their_start
     broker.close().await.unwrap();
 }
 
-/// RabbitMQ's `max_message_size`: 128 MiB by default since 3.8 (16 MiB since 4.0).
+/// RabbitMQ's `max_message_size` by default from 3.8 to 3.13 (4.0 lowered it to 16 MiB),
+/// so a body over it is over any default.
 const MAX_MESSAGE_SIZE: usize = 128 * 1024 * 1024;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -490,9 +491,7 @@ async fn a_body_over_the_brokers_message_size_limit_is_refused_and_the_next_publ
     );
     let text = error.to_string();
     assert!(
-        text.contains(&format!(
-            "is larger than configured max size {MAX_MESSAGE_SIZE}"
-        )),
+        text.contains("is larger than configured max size"),
         "{text}"
     );
 
