@@ -171,6 +171,7 @@ impl InFlight {
 
     /// Held messages that become visible within `margin`, with the timeout to renew each
     /// to: `visibility`, cut so that no message stays hidden past `cap` from its receipt.
+    /// One already hidden up to the cap is left out: renewing it again changes nothing.
     pub(crate) fn due(
         &self,
         margin: Duration,
@@ -183,6 +184,10 @@ impl InFlight {
             .filter(|(_, entry)| matches!(entry.state, State::Held))
             .filter(|(_, entry)| entry.visible_at <= now + margin)
             .filter_map(|(tag, entry)| {
+                let hidden_for = entry.visible_at.checked_duration_since(entry.received_at);
+                if hidden_for.is_some_and(|hidden_for| hidden_for >= cap) {
+                    return None;
+                }
                 let left = cap.checked_sub(now - entry.received_at)?;
                 let renew = visibility.min(left);
                 (renew >= Duration::from_secs(1)).then(|| (tag, entry.receipt.clone(), renew))
@@ -228,6 +233,22 @@ mod tests {
         let due = in_flight.due(Duration::from_secs(15), Duration::from_secs(30), 12 * HOUR);
         assert_eq!(due, vec![(tag, "r".to_string(), Duration::from_secs(10))]);
         tokio::time::advance(Duration::from_secs(10)).await;
+        assert!(
+            in_flight
+                .due(Duration::from_secs(15), Duration::from_secs(30), 12 * HOUR)
+                .is_empty()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_message_hidden_up_to_twelve_hours_is_not_renewed_again() {
+        let in_flight = InFlight::default();
+        let tag = in_flight.insert("r".into(), None, Duration::from_secs(30));
+        tokio::time::advance(12 * HOUR - Duration::from_secs(10)).await;
+        let due = in_flight.due(Duration::from_secs(15), Duration::from_secs(30), 12 * HOUR);
+        assert_eq!(due, vec![(tag, "r".to_string(), Duration::from_secs(10))]);
+        in_flight.renewed(tag, Duration::from_secs(10));
+        tokio::time::advance(Duration::from_secs(5)).await;
         assert!(
             in_flight
                 .due(Duration::from_secs(15), Duration::from_secs(30), 12 * HOUR)

@@ -210,7 +210,16 @@ impl<C: Calls> Keeper<C> {
                             "visibility not renewed: the message may be handed out again while its handler runs"
                         );
                     }
-                    None => self.in_flight.renewed(*tag, *renew),
+                    None => {
+                        self.in_flight.renewed(*tag, *renew);
+                        if *renew < self.visibility {
+                            tracing::warn!(
+                                queue = self.queue.name,
+                                visible_in = ?renew,
+                                "a message has been held for as long as SQS allows (12 h from its receipt): it will be handed out again while its handler runs"
+                            );
+                        }
+                    }
                 }
             }
         }
@@ -654,6 +663,69 @@ mod tests {
                 Call::Visibility(vec![("a".into(), 0)]),
             ],
             "the retry's visibility 0 is the last word"
+        );
+    }
+
+    /// What a test logged, for assertions.
+    #[derive(Clone, Default)]
+    struct Logs(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Logs {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_message_held_for_twelve_hours_is_renewed_up_to_the_limit_once_and_a_warning_says_so()
+    {
+        let logs = Logs::default();
+        let writer = logs.clone();
+        // This runtime has one thread, so the keeper's task logs through this subscriber.
+        let _logging = tracing::subscriber::set_default(
+            tracing_subscriber::fmt()
+                .with_ansi(false)
+                .with_writer(move || writer.clone())
+                .finish(),
+        );
+        let script = Script::new(true);
+        let running = start(&script, QueueInfo::for_tests("q"));
+        let received = Instant::now();
+        let held = running.receive("held");
+        tokio::time::sleep(MAX_VISIBILITY + VISIBILITY).await;
+        running.settle(held, Settlement::Ack);
+        running.close().await;
+
+        let renewals: Vec<(Instant, i32)> = script
+            .timed_calls()
+            .into_iter()
+            .filter_map(|(at, call)| match call {
+                Call::Visibility(entries) => Some((at, entries[0].1)),
+                _ => None,
+            })
+            .collect();
+        let short: Vec<i32> = renewals
+            .iter()
+            .map(|&(_, seconds)| seconds)
+            .filter(|&seconds| seconds < 30)
+            .collect();
+        assert_eq!(short.len(), 1, "one renewal up to the limit: {short:?}");
+        let &(last_at, last) = renewals.last().unwrap();
+        assert_eq!(
+            last_at + Duration::from_secs(u64::try_from(last).unwrap()),
+            received + MAX_VISIBILITY,
+            "the last renewal hides it up to 12 h from its receipt, and is the short one"
+        );
+        let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(
+            text.matches("held for as long as SQS allows").count(),
+            1,
+            "{text}"
         );
     }
 

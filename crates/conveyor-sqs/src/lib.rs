@@ -47,8 +47,9 @@
 //!   been made yet: if SQS stops taking deletes, the pump stops taking messages.
 //! - **One keeper per subscription**, the visibility extender, keeps every received,
 //!   unsettled message hidden, running or waiting to be handed over (renewing ten per
-//!   `ChangeMessageVisibilityBatch`, never past SQS's 12 hours), and makes the settlement
-//!   calls. Renewals and settlements go out one call at a time from that one task, and a
+//!   `ChangeMessageVisibilityBatch`, never past SQS's 12 hours from receipt: a message
+//!   whose handler still runs then is handed out again, and a warning says so), and makes
+//!   the settlement calls. Renewals and settlements go out one call at a time from that one task, and a
 //!   renewal covers only messages unsettled when it is sent, so the visibility a settlement
 //!   sets always has the last word.
 //! - **FIFO**: the `MessageGroupId` is the delivery's partition key (also in the
