@@ -55,6 +55,8 @@ pub(crate) struct Entry {
     pub(crate) received_at: Instant,
     pub(crate) visible_at: Instant,
     state: State,
+    /// A renewal's call that covers it is under way: its settlement's call waits for it.
+    renewing: bool,
 }
 
 /// A settlement taken by the keeper, to carry out.
@@ -76,6 +78,8 @@ pub(crate) struct InFlight {
     pub(crate) settled: SettleQueue<u64>,
     /// Wakes the pump when messages are finished with, making room.
     pub(crate) room: Notify,
+    /// Wakes the keeper's settlements when a renewal's call has returned.
+    renewal_ended: Notify,
 }
 
 impl InFlight {
@@ -97,6 +101,7 @@ impl InFlight {
             received_at: now,
             visible_at: now + visibility,
             state: State::Held,
+            renewing: false,
         })
     }
 
@@ -162,11 +167,56 @@ impl InFlight {
         self.len() == 0
     }
 
-    /// Whether `tag` is still held (received, not settled).
-    pub(crate) fn is_held(&self, tag: u64) -> bool {
-        self.lock()
-            .get(tag)
-            .is_some_and(|entry| matches!(entry.state, State::Held))
+    /// The messages of `due` still held, marked as being renewed until
+    /// [`renewal_over`](Self::renewal_over): a settlement of one of them waits for that
+    /// ([`renewals_over`](Self::renewals_over)), so that its call lands after the
+    /// renewal's and the visibility it sets has the last word.
+    pub(crate) fn claim_for_renewal<'a>(
+        &self,
+        due: &'a [(u64, String, Duration)],
+    ) -> Vec<&'a (u64, String, Duration)> {
+        let mut entries = self.lock();
+        due.iter()
+            .filter(|(tag, _, _)| {
+                entries.get_mut(*tag).is_some_and(|entry| {
+                    let held = matches!(entry.state, State::Held);
+                    entry.renewing |= held;
+                    held
+                })
+            })
+            .collect()
+    }
+
+    /// The renewal's call covering `tags` has returned.
+    pub(crate) fn renewal_over(&self, tags: impl IntoIterator<Item = u64>) {
+        {
+            let mut entries = self.lock();
+            for tag in tags {
+                if let Some(entry) = entries.get_mut(tag) {
+                    entry.renewing = false;
+                }
+            }
+        }
+        self.renewal_ended.notify_waiters();
+    }
+
+    /// Resolves once no renewal's call under way covers any of `tags`.
+    pub(crate) async fn renewals_over(&self, tags: &[u64]) {
+        loop {
+            let ended = self.renewal_ended.notified();
+            tokio::pin!(ended);
+            // Registered before the check, so an end that comes between the two wakes it.
+            ended.as_mut().enable();
+            let renewing = {
+                let entries = self.lock();
+                tags.iter()
+                    .any(|tag| entries.get(*tag).is_some_and(|entry| entry.renewing))
+            };
+            if !renewing {
+                return;
+            }
+            ended.await;
+        }
     }
 
     /// Held messages that become visible within `margin`, with the timeout to renew each
@@ -267,7 +317,33 @@ mod tests {
                 .due(Duration::from_secs(15), Duration::from_secs(30), 12 * HOUR)
                 .is_empty()
         );
-        assert!(!in_flight.is_held(tag));
+        let due = [(tag, "r".to_string(), Duration::from_secs(30))];
+        assert!(in_flight.claim_for_renewal(&due).is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_settlement_waits_for_a_renewal_that_covers_its_message_and_no_other() {
+        let in_flight = InFlight::default();
+        let renewing = in_flight.insert("r".into(), None, Duration::from_secs(30));
+        let other = in_flight.insert("o".into(), None, Duration::from_secs(30));
+        let due = [(renewing, "r".to_string(), Duration::from_secs(30))];
+        assert_eq!(in_flight.claim_for_renewal(&due).len(), 1);
+
+        tokio::time::timeout(Duration::from_secs(1), in_flight.renewals_over(&[other]))
+            .await
+            .expect("no renewal covers it");
+        let both = [other, renewing];
+        let waiting = in_flight.renewals_over(&both);
+        tokio::pin!(waiting);
+        tokio::select! {
+            biased;
+            () = &mut waiting => panic!("its renewal is under way"),
+            () = tokio::time::sleep(Duration::from_secs(60)) => {}
+        }
+        in_flight.renewal_over([renewing]);
+        tokio::time::timeout(Duration::from_secs(1), waiting)
+            .await
+            .expect("its renewal is over");
     }
 
     #[test]

@@ -1,17 +1,19 @@
 //! The keeper: one task per subscription that keeps every received, unsettled message
-//! hidden (the visibility extender) and makes the settlement calls, one call at a time.
+//! hidden (the visibility extender) and makes the settlement calls.
 //!
-//! Doing both in one task orders them: a renewal is sent only for messages still held
-//! when it is sent, and a settlement recorded while a renewal is under way is carried out
-//! after that renewal has returned. So the visibility a settlement sets (0 for a retry or
-//! a release, the delay for a retry-after) is always the last word; a renewal can never
-//! land after it and hide the message for a whole visibility timeout.
+//! Renewals go out beside the settlements, so a settlement call that hangs or keeps
+//! failing never holds the renewals up. They are still ordered where it matters: a
+//! renewal is sent only for messages held when it is sent, and a settlement of a message
+//! whose renewal is under way waits for that renewal to return. So the visibility a
+//! settlement sets (0 for a retry or a release, the delay for a retry-after) is always the
+//! last word; a renewal can never land after it and hide the message for a whole
+//! visibility timeout.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
-use tokio::time::Instant;
+use tokio::sync::{OnceCell, watch};
+use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::attributes::{self, Outgoing};
 use crate::calls::{Calls, Failed, send_built, send_entry};
@@ -44,7 +46,7 @@ pub(crate) struct Keeper<C> {
     /// Closed when the last settler is gone: nothing more will be settled.
     pub(crate) alive: watch::Receiver<()>,
     /// The dead-letter queue, once resolved.
-    pub(crate) dead_letter_queue: Option<Arc<QueueInfo>>,
+    pub(crate) dead_letter_queue: OnceCell<Arc<QueueInfo>>,
 }
 
 /// A rejected message, ready for its dead-letter queue.
@@ -97,43 +99,55 @@ async fn batch_ready<T>(
 
 impl<C: Calls> Keeper<C> {
     /// Runs until the subscription is closed (or every settler is gone) and every message
-    /// is finished with.
-    ///
-    /// Every third of the visibility timeout it renews the held messages that would become
+    /// is finished with, renewing and settling side by side.
+    pub(crate) async fn run(self) {
+        let (mut closing, mut alive) = (self.closing.clone(), self.alive.clone());
+        tokio::select! {
+            () = self.renew_every_tick() => {}
+            () = self.settle_until_closed(&mut closing, &mut alive) => {}
+        }
+    }
+
+    /// Every third of the visibility timeout, renews the held messages that would become
     /// visible within half of it, ten per `ChangeMessageVisibilityBatch`, never past 12
-    /// hours from receipt. A settlement waits up to the flush interval for nine more to
-    /// share its batch call.
-    pub(crate) async fn run(mut self) {
+    /// hours from receipt. Never ends.
+    async fn renew_every_tick(&self) {
         let tick = (self.visibility / 3).max(Duration::from_millis(200));
         let mut renewals = tokio::time::interval_at(Instant::now() + tick, tick);
-        renewals.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        renewals.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            renewals.tick().await;
+            self.renew().await;
+        }
+    }
+
+    /// Carries out the settlements as they come, until `close` asks the keeper to finish
+    /// (or every settler is gone) and every message is finished with. A settlement waits
+    /// up to the flush interval for nine more to share its batch call (not when closing).
+    async fn settle_until_closed(
+        &self,
+        closing_asked: &mut watch::Receiver<bool>,
+        alive: &mut watch::Receiver<()>,
+    ) {
         let mut closing = false;
         // When the settlements waiting now were first seen: the flush interval counts from
-        // there, not from each turn of the loop, which a renewal may end.
+        // there, not from each turn of the loop.
         let mut first_waiting = None;
         loop {
             if closing && self.in_flight.is_empty() {
                 return;
             }
-            let in_flight = self.in_flight.clone();
-            // The renewal tick comes first: it is ready at most once a tick, while under a
-            // steady stream of settlements `settled` is ready after every flush (what
-            // arrived during it waits), and polled first it would keep the renewals from
-            // ever running. A batch call takes ten: a settlement waits up to the flush
-            // interval for nine more (not when closing).
             let (enough, linger) = if closing {
                 (1, Duration::ZERO)
             } else {
                 (BATCH_LIMIT, self.flush_interval)
             };
             tokio::select! {
-                biased;
-                _ = renewals.tick() => self.renew().await,
-                _ = batch_ready(&in_flight.settled, enough, linger, &mut first_waiting) => {
+                _ = batch_ready(&self.in_flight.settled, enough, linger, &mut first_waiting) => {
                     first_waiting = None;
                     self.flush().await;
                 }
-                () = close_requested(&mut self.closing, &mut self.alive), if !closing => {
+                () = close_requested(closing_asked, alive), if !closing => {
                     closing = true;
                     first_waiting = None;
                     self.flush().await;
@@ -143,17 +157,17 @@ impl<C: Calls> Keeper<C> {
     }
 
     /// Carries out every settlement recorded so far, then forgets those messages.
-    async fn flush(&mut self) {
+    async fn flush(&self) {
         let settled = self.in_flight.take_settled();
         if settled.is_empty() {
             return;
         }
-        let mut tags = Vec::with_capacity(settled.len());
+        let tags: Vec<u64> = settled.iter().map(|pending| pending.tag).collect();
+        self.in_flight.renewals_over(&tags).await;
         let mut deletes = Vec::new();
         let mut hides = Vec::new();
         let mut rejects = Vec::new();
         for pending in settled {
-            tags.push(pending.tag);
             match pending.op {
                 Op::Delete => deletes.push(pending.receipt),
                 Op::Hide { seconds } => hides.push((pending.receipt, seconds)),
@@ -178,47 +192,51 @@ impl<C: Calls> Keeper<C> {
             .in_flight
             .due(self.visibility / 2, self.visibility, MAX_VISIBILITY);
         for chunk in due.chunks(BATCH_LIMIT) {
-            let held: Vec<&(u64, String, Duration)> = chunk
-                .iter()
-                .filter(|(tag, _, _)| self.in_flight.is_held(*tag))
-                .collect();
+            let held = self.in_flight.claim_for_renewal(chunk);
             if held.is_empty() {
                 continue;
             }
-            let entries: Vec<(String, i32)> = held
-                .iter()
-                .map(|(_, receipt, renew)| {
-                    (
-                        receipt.clone(),
-                        i32::try_from(renew.as_secs()).unwrap_or(i32::MAX),
-                    )
-                })
-                .collect();
-            let failed = match self.calls.change_visibility(&self.queue, &entries).await {
-                Ok(failed) => failed,
-                Err(error) => {
-                    tracing::warn!(queue = self.queue.name, error = %Report(&error), "cannot renew visibility; trying again next tick");
-                    continue;
+            self.renew_held(&held).await;
+            self.in_flight
+                .renewal_over(held.iter().map(|(tag, _, _)| *tag));
+        }
+    }
+
+    /// One `ChangeMessageVisibilityBatch` for `held`, claimed for it.
+    async fn renew_held(&self, held: &[&(u64, String, Duration)]) {
+        let entries: Vec<(String, i32)> = held
+            .iter()
+            .map(|(_, receipt, renew)| {
+                (
+                    receipt.clone(),
+                    i32::try_from(renew.as_secs()).unwrap_or(i32::MAX),
+                )
+            })
+            .collect();
+        let failed = match self.calls.change_visibility(&self.queue, &entries).await {
+            Ok(failed) => failed,
+            Err(error) => {
+                tracing::warn!(queue = self.queue.name, error = %Report(&error), "cannot renew visibility; trying again next tick");
+                return;
+            }
+        };
+        for (index, (tag, _, renew)) in held.iter().enumerate() {
+            match failed.iter().find(|(i, _)| *i == index) {
+                Some((_, reason)) => {
+                    tracing::warn!(
+                        queue = self.queue.name,
+                        reason,
+                        "visibility not renewed: the message may be handed out again while its handler runs"
+                    );
                 }
-            };
-            for (index, (tag, _, renew)) in held.iter().enumerate() {
-                match failed.iter().find(|(i, _)| *i == index) {
-                    Some((_, reason)) => {
+                None => {
+                    self.in_flight.renewed(*tag, *renew);
+                    if *renew < self.visibility {
                         tracing::warn!(
                             queue = self.queue.name,
-                            reason,
-                            "visibility not renewed: the message may be handed out again while its handler runs"
+                            visible_in = ?renew,
+                            "a message has been held for as long as SQS allows (12 h from its receipt): it will be handed out again while its handler runs"
                         );
-                    }
-                    None => {
-                        self.in_flight.renewed(*tag, *renew);
-                        if *renew < self.visibility {
-                            tracing::warn!(
-                                queue = self.queue.name,
-                                visible_in = ?renew,
-                                "a message has been held for as long as SQS allows (12 h from its receipt): it will be handed out again while its handler runs"
-                            );
-                        }
                     }
                 }
             }
@@ -230,7 +248,7 @@ impl<C: Calls> Keeper<C> {
     /// error log. One that cannot be dead-lettered is made visible again, so that it is
     /// not lost (the queue's redrive policy still moves it after `maxReceiveCount`).
     async fn dead_letter(
-        &mut self,
+        &self,
         rejects: Vec<(String, Option<String>, Box<Rejected>)>,
         deletes: &mut Vec<String>,
         hides: &mut Vec<(String, i32)>,
@@ -329,20 +347,17 @@ impl<C: Calls> Keeper<C> {
     }
 
     /// The queue's dead-letter queue (resolved once), `None` without a redrive policy.
-    async fn dead_letter_queue(&mut self) -> Result<Option<Arc<QueueInfo>>, SqsError> {
+    async fn dead_letter_queue(&self) -> Result<Option<Arc<QueueInfo>>, SqsError> {
         match &self.queue.dead_letter {
             DeadLetter::None => Ok(None),
             DeadLetter::Unreadable(policy) => Err(SqsError::Config(format!(
                 "the queue's redrive policy names no dead-letter queue this transport can read: {policy}"
             ))),
-            DeadLetter::Target(target) => {
-                if let Some(known) = &self.dead_letter_queue {
-                    return Ok(Some(known.clone()));
-                }
-                let resolved = self.calls.dead_letter_queue(target).await?;
-                self.dead_letter_queue = Some(resolved.clone());
-                Ok(Some(resolved))
-            }
+            DeadLetter::Target(target) => self
+                .dead_letter_queue
+                .get_or_try_init(|| self.calls.dead_letter_queue(target))
+                .await
+                .map(|resolved| Some(resolved.clone())),
         }
     }
 }
@@ -474,6 +489,8 @@ mod tests {
         latency: Duration,
         dead_letter_queue: Option<Arc<QueueInfo>>,
         fail_sends: bool,
+        /// Deletes never return.
+        deletes_hang: bool,
     }
 
     impl Script {
@@ -489,6 +506,7 @@ mod tests {
                 latency: Duration::ZERO,
                 dead_letter_queue: None,
                 fail_sends: false,
+                deletes_hang: false,
             }
         }
 
@@ -530,6 +548,9 @@ mod tests {
             _: &QueueInfo,
             receipts: &[String],
         ) -> Result<Vec<(usize, String)>, SqsError> {
+            if self.deletes_hang {
+                std::future::pending::<()>().await;
+            }
             self.call(Call::Delete(receipts.to_vec())).await;
             Ok(Vec::new())
         }
@@ -607,7 +628,7 @@ mod tests {
                 flush_interval,
                 closing: closing_rx,
                 alive: alive_rx,
-                dead_letter_queue: None,
+                dead_letter_queue: OnceCell::new(),
             }
             .run(),
         );
@@ -650,9 +671,11 @@ mod tests {
         // and is held under way by the closed gate.
         started(&script, 1).await;
         running.settle(tag, Settlement::Retry);
-        assert!(
-            script.calls().is_empty(),
-            "the retry waits for the renewal under way"
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(
+            script.started.available_permits(),
+            0,
+            "the retry's call waits for the renewal under way"
         );
         script.gate.add_permits(Semaphore::MAX_PERMITS);
         running.close().await;
@@ -664,6 +687,27 @@ mod tests {
             ],
             "the retry's visibility 0 is the last word"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewals_go_on_while_a_settlement_call_hangs() {
+        let mut script = Script::new(true);
+        script.deletes_hang = true;
+        let running = start(&script, QueueInfo::for_tests("q"));
+        let acked = running.receive("acked");
+        running.receive("held");
+        running.settle(acked, Settlement::Ack);
+        tokio::time::sleep(3 * VISIBILITY).await;
+        // Renewed at 20 s, 40 s, 60 s and 80 s, each before it would have shown, while the
+        // ack's delete has not returned.
+        let renewals: Vec<Instant> = script
+            .timed_calls()
+            .into_iter()
+            .filter(|(_, call)| *call == Call::Visibility(vec![("held".into(), 30)]))
+            .map(|(at, _)| at)
+            .collect();
+        assert_eq!(renewals.len(), 4, "{:?}", script.calls());
+        assert_eq!(running.in_flight.len(), 2, "the ack's call never ended");
     }
 
     /// What a test logged, for assertions.

@@ -168,7 +168,7 @@ impl Source for SqsQueue {
                 flush_interval: broker_settings.flush_interval,
                 closing: closing_rx,
                 alive: alive_rx,
-                dead_letter_queue,
+                dead_letter_queue: tokio::sync::OnceCell::new_with(dead_letter_queue),
             }
             .run(),
         );
