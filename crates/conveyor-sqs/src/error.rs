@@ -77,22 +77,26 @@ pub enum SqsError {
         /// The first failure's code and message.
         first: String,
     },
-    /// Some messages of a batch publish were not sent: SQS failed their entries, also
-    /// when they were tried again, and the messages after them were not tried. The
-    /// others were sent.
+    /// Some messages of a batch publish were not sent, and the others were. SQS failed
+    /// the entries of those not sent, also when they were tried again, and the messages
+    /// after them were not tried. Where a call failed as a whole (no answer, or an error
+    /// for the call), its messages are `unconfirmed` instead: SQS may have stored them, so
+    /// they are not sent again, and sending them again yourself may store them twice.
     #[error(
-        "SQS SendMessageBatch on `{}`: {} of {total} messages not sent: {first}",
+        "SQS SendMessageBatch on `{}`: {}: {first}",
         shown(queue),
-        not_sent.len()
+        not_sent_counts(not_sent.len(), unconfirmed.len(), *total)
     )]
     NotSent {
         /// The queue.
         queue: String,
         /// The indices, in the publish, of the messages not sent, in order.
         not_sent: Vec<usize>,
+        /// The indices of the messages whose call failed as a whole, in order.
+        unconfirmed: Vec<usize>,
         /// How many messages the publish had.
         total: usize,
-        /// The first failure's code and message.
+        /// The first failure's code and message, or the failed call's error.
         first: String,
     },
     /// SQS answered a call successfully but not as its API says it does (an attribute
@@ -164,6 +168,19 @@ const MAX_SHOWN_NAME_CHARS: usize = 80;
 /// The most characters of a queue URL an error text quotes: more than any SQS queue URL
 /// has (an endpoint, an account and a name of at most 80 characters).
 const MAX_SHOWN_URL_CHARS: usize = 200;
+
+/// "3 of 25 messages not sent", with the unconfirmed ones where there are any.
+fn not_sent_counts(not_sent: usize, unconfirmed: usize, total: usize) -> String {
+    match (not_sent, unconfirmed) {
+        (_, 0) => format!("{not_sent} of {total} messages not sent"),
+        (0, _) => format!(
+            "{unconfirmed} of {total} messages unconfirmed (their call failed as a whole; SQS may have stored them)"
+        ),
+        _ => format!(
+            "{unconfirmed} of {total} messages unconfirmed (their call failed as a whole; SQS may have stored them) and {not_sent} not sent"
+        ),
+    }
+}
 
 /// `name` (a queue name or URL, an attribute name) as an error text quotes it: whole when
 /// it is no longer than a valid one can be, else its first characters and `…`, cut at a

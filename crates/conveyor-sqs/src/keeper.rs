@@ -377,7 +377,7 @@ async fn close_requested(closing: &mut watch::Receiver<bool>, alive: &mut watch:
     }
 }
 
-type Refused = (String, Box<Rejected>, SqsError);
+type Refused = (String, Box<Rejected>, Box<SqsError>);
 
 /// A rejected message as its dead-letter queue takes it: payload and headers as received,
 /// the reason in the `x-reject-reason` attribute (left out, with a warning, where it does
@@ -422,9 +422,9 @@ fn dead_letter_message(
                             outgoing.size, dead_letter_queue.max_message_size
                         ),
                     };
-                    return Err((receipt, rejected, error));
+                    return Err((receipt, rejected, Box::new(error)));
                 }
-                Err(error) => return Err((receipt, rejected, error)),
+                Err(error) => return Err((receipt, rejected, Box::new(error))),
             };
             tracing::warn!(
                 queue = queue.name,

@@ -1,6 +1,7 @@
 //! Publishing to SQS: `SendMessage`, and `SendMessageBatch` split by ten entries and by
 //! the queue's size limit.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use conveyor::{Error, Message, MessageParts, Publisher};
@@ -106,6 +107,8 @@ impl Publisher for SqsBroker {
     /// one sends nothing. Entries SQS fails are tried again (up to three calls); if some
     /// still fail, the error's source is [`SqsError::NotSent`], which names by index the
     /// messages not sent (the others were), so that resending those sends nothing twice.
+    /// A call that fails as a whole is not made again (SQS may have stored its messages);
+    /// `NotSent` names its messages as unconfirmed.
     async fn publish_batch(
         &self,
         destination: &str,
@@ -126,12 +129,23 @@ impl Publisher for SqsBroker {
 /// part way, those sent as sent, and the others as `not_sent`.
 fn record_sent(destination: &str, count: u64, sent: &Result<(), Error>) {
     if let Err(Error::Publish { source, .. }) = sent
-        && let Some(SqsError::NotSent { not_sent, .. }) = source.downcast_ref::<SqsError>()
+        && let Some(SqsError::NotSent {
+            not_sent,
+            unconfirmed,
+            ..
+        }) = source.downcast_ref::<SqsError>()
     {
-        let refused = not_sent.len() as u64;
-        let went = count.saturating_sub(refused);
-        conveyor::telemetry::record_sent("aws_sqs", destination, went, None);
-        conveyor::telemetry::record_sent("aws_sqs", destination, refused, Some("not_sent"));
+        let (refused, unknown) = (not_sent.len() as u64, unconfirmed.len() as u64);
+        let went = count.saturating_sub(refused).saturating_sub(unknown);
+        for (messages, error) in [
+            (went, None),
+            (refused, Some("not_sent")),
+            (unknown, Some("unconfirmed")),
+        ] {
+            if messages > 0 {
+                conveyor::telemetry::record_sent("aws_sqs", destination, messages, error);
+            }
+        }
         return;
     }
     let error = match sent {
@@ -211,10 +225,13 @@ pub(crate) fn chunk_lengths(sizes: &[usize], limit: usize) -> Vec<usize> {
 struct SendPublished<'a, C> {
     calls: &'a C,
     queue: &'a QueueInfo,
+    /// Whether the last call failed as a whole.
+    call_failed: AtomicBool,
 }
 
 impl<C: Calls> BatchCall<(usize, Prepared)> for SendPublished<'_, C> {
     const NAME: &'static str = "SendMessageBatch";
+    const REPEAT_FAILED_CALL: bool = false;
 
     fn queue(&self) -> &QueueInfo {
         self.queue
@@ -226,13 +243,16 @@ impl<C: Calls> BatchCall<(usize, Prepared)> for SendPublished<'_, C> {
                 .set_delay_seconds(message.delay_seconds)
                 .build()
         });
-        send_built(self.calls, self.queue, built).await
+        let answer = send_built(self.calls, self.queue, built).await;
+        self.call_failed.store(answer.is_err(), Ordering::Relaxed);
+        answer
     }
 }
 
 /// Sends `prepared` to `queue` in batch calls, in order. The entries a call fails (SQS
 /// throttling, an internal error) are tried again, as settlements are; if some still
-/// fail, the error names by index every message not sent: those, and all after them.
+/// fail, the error names by index every message not sent: those, and all after them. A
+/// call that fails as a whole is not made again: its messages are named unconfirmed.
 async fn send_in_batches<C: Calls>(
     calls: &C,
     queue: &QueueInfo,
@@ -243,14 +263,25 @@ async fn send_in_batches<C: Calls>(
     let mut messages = prepared.into_iter().enumerate();
     for length in chunk_lengths(&sizes, queue.max_message_size) {
         let chunk: Vec<(usize, Prepared)> = messages.by_ref().take(length).collect();
-        let failed = with_retries(&SendPublished { calls, queue }, chunk, |_| ()).await;
+        let send = SendPublished {
+            calls,
+            queue,
+            call_failed: AtomicBool::new(false),
+        };
+        let failed = with_retries(&send, chunk, |_| ()).await;
         if let Some((_, first)) = failed.first() {
             let first = first.clone();
-            let mut not_sent: Vec<usize> = failed.into_iter().map(|((i, _), _)| i).collect();
+            let failed: Vec<usize> = failed.into_iter().map(|((i, _), _)| i).collect();
+            let (mut not_sent, unconfirmed) = if send.call_failed.load(Ordering::Relaxed) {
+                (Vec::new(), failed)
+            } else {
+                (failed, Vec::new())
+            };
             not_sent.extend(messages.map(|(i, _)| i));
             return Err(SqsError::NotSent {
                 queue: queue.name.clone(),
                 not_sent,
+                unconfirmed,
                 total,
                 first,
             });
@@ -271,6 +302,8 @@ mod tests {
     struct Flaky {
         failing: std::sync::Mutex<std::collections::HashMap<String, u32>>,
         sent: std::sync::Mutex<Vec<Vec<String>>>,
+        /// A call with an entry of this body fails as a whole (as when no answer comes).
+        call_fails_on: Option<String>,
     }
 
     impl Flaky {
@@ -306,6 +339,13 @@ mod tests {
             let mut failing = self.failing.lock().unwrap();
             let mut failed = Vec::new();
             let mut bodies = Vec::new();
+            if let Some(body) = &self.call_fails_on
+                && entries.iter().any(|entry| entry.message_body() == body)
+            {
+                let bodies = entries.iter().map(|e| e.message_body().to_string());
+                self.sent.lock().unwrap().push(bodies.collect());
+                return Err(SqsError::Config("no answer".into()));
+            }
             for entry in &entries {
                 let body = entry.message_body().to_string();
                 if let Some(left) = failing.get_mut(&body).filter(|left| **left > 0) {
@@ -365,12 +405,49 @@ mod tests {
         let mut expected = vec![13];
         expected.extend(20..25);
         assert_eq!((not_sent, *total), (&expected, 25));
+        assert!(matches!(&error, SqsError::NotSent { unconfirmed, .. } if unconfirmed.is_empty()));
         assert!(
             error.to_string().contains("6 of 25 messages not sent"),
             "{error}"
         );
         let sent: Vec<String> = sqs.calls().concat();
         assert!(sent.contains(&"19".to_string()) && !sent.contains(&"20".to_string()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_call_that_fails_as_a_whole_is_not_made_again_and_its_messages_are_unconfirmed()
+    {
+        let queue = queue(false, false);
+        let sqs = Flaky {
+            call_fails_on: Some("13".into()),
+            ..Flaky::default()
+        };
+        let error = send_in_batches(&sqs, &queue, numbered(&queue, 25))
+            .await
+            .expect_err("the second call fails");
+        assert_eq!(
+            sqs.calls(),
+            vec![bodies(0..10), bodies(10..20)],
+            "the failed call once: SQS may have stored its messages"
+        );
+        let SqsError::NotSent {
+            not_sent,
+            unconfirmed,
+            total,
+            ..
+        } = &error
+        else {
+            panic!("{error:?}");
+        };
+        assert_eq!(unconfirmed, &(10..20).collect::<Vec<_>>());
+        assert_eq!(not_sent, &(20..25).collect::<Vec<_>>());
+        assert_eq!(*total, 25);
+        assert!(
+            error
+                .to_string()
+                .contains("10 of 25 messages unconfirmed (their call failed as a whole; SQS may have stored them) and 5 not sent"),
+            "{error}"
+        );
     }
 
     fn queue(fifo: bool, content_based_deduplication: bool) -> QueueInfo {

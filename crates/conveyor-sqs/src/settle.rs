@@ -98,6 +98,11 @@ pub(crate) trait BatchCall<T>: Sync {
     /// The API operation, for the logs.
     const NAME: &'static str;
 
+    /// Whether a call that failed as a whole (no answer, or an error for the call) is made
+    /// again. It may have been carried out all the same: that is harmless for a delete or
+    /// a visibility change, not for a send, whose messages would then be stored twice.
+    const REPEAT_FAILED_CALL: bool = true;
+
     /// The queue the call goes to.
     fn queue(&self) -> &QueueInfo;
 
@@ -170,9 +175,9 @@ pub(crate) async fn settle_all<T: Send, B: BatchCall<T>>(call: &B, entries: Vec<
 
 /// One batch call (`batch` is ten entries at most), and the entries that failed tried
 /// again, up to [`ATTEMPTS`] calls in all, pausing 200 ms then 400 ms before each retry.
-/// A call that fails as a whole fails each of its entries. Every entry that succeeds goes
-/// to `done`; those still failing after the last attempt come back, each with its last
-/// reason.
+/// A call that fails as a whole fails each of its entries (and is the last call unless
+/// [`BatchCall::REPEAT_FAILED_CALL`]). Every entry that succeeds goes to `done`; those
+/// still failing after the last call come back, each with its last reason.
 pub(crate) async fn with_retries<T: Send, B: BatchCall<T>>(
     call: &B,
     mut batch: Vec<T>,
@@ -181,6 +186,7 @@ pub(crate) async fn with_retries<T: Send, B: BatchCall<T>>(
     let mut attempt = 1;
     loop {
         let mut reasons: Vec<Option<String>> = vec![None; batch.len()];
+        let mut last = attempt == ATTEMPTS;
         match call.call(&batch).await {
             Ok(failed) => {
                 call.queue().calls.succeeded();
@@ -193,6 +199,7 @@ pub(crate) async fn with_retries<T: Send, B: BatchCall<T>>(
             Err(error) => {
                 call.queue().calls.failed();
                 reasons.fill(Some(Report(&error).to_string()));
+                last |= !B::REPEAT_FAILED_CALL;
             }
         }
         let mut failed = Vec::new();
@@ -202,7 +209,7 @@ pub(crate) async fn with_retries<T: Send, B: BatchCall<T>>(
                 None => done(entry),
             }
         }
-        if failed.is_empty() || attempt == ATTEMPTS {
+        if failed.is_empty() || last {
             return failed;
         }
         tracing::warn!(
