@@ -146,7 +146,8 @@ impl<N: Into<HeaderName>, V: Into<Bytes>> FromIterator<(N, V)> for Headers {
             .filter(|(name, _)| seen.insert(name.to_ascii_lowercase()))
             .collect();
         kept.reverse();
-        headers.entries = Some(Arc::new(kept));
+        // None while empty, as everywhere: an empty collection allocates nothing.
+        headers.entries = (!kept.is_empty()).then(|| Arc::new(kept));
         headers
     }
 }
@@ -154,6 +155,12 @@ impl<N: Into<HeaderName>, V: Into<Bytes>> FromIterator<(N, V)> for Headers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn collecting_nothing_from_an_iterator_of_unknown_length_allocates_nothing() {
+        let headers: Headers = std::iter::from_fn(|| None::<(String, String)>).collect();
+        assert!(headers.entries.is_none());
+    }
 
     #[test]
     fn collecting_many_headers_keeps_the_last_value_of_each_name_as_inserting_does() {
