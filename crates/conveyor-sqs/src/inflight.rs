@@ -59,6 +59,15 @@ pub(crate) struct Entry {
     renewing: bool,
 }
 
+impl Entry {
+    /// Whether the keeper keeps it hidden: while it is held, and once settled, until the
+    /// keeper takes its settlement (which may wait behind a slow call), so that it does
+    /// not show again before its settlement's call.
+    fn renewable(&self) -> bool {
+        matches!(self.state, State::Held | State::Settled(_))
+    }
+}
+
 /// A settlement taken by the keeper, to carry out.
 #[derive(Debug)]
 pub(crate) struct Pending {
@@ -122,11 +131,11 @@ impl InFlight {
         true
     }
 
-    /// Takes every settlement waiting for the keeper. Their entries stay (and count) until
-    /// [`finish`](Self::finish).
-    pub(crate) fn take_settled(&self) -> Vec<Pending> {
+    /// Takes up to `max` settlements waiting for the keeper, oldest first. Their entries
+    /// stay (and count) until [`finish`](Self::finish), and are no longer renewed.
+    pub(crate) fn take_settled(&self, max: usize) -> Vec<Pending> {
         let mut tags = Vec::new();
-        self.settled.take(usize::MAX, &mut tags);
+        self.settled.take(max, &mut tags);
         let mut entries = self.lock();
         tags.into_iter()
             .filter_map(|tag| {
@@ -167,7 +176,7 @@ impl InFlight {
         self.len() == 0
     }
 
-    /// The messages of `due` still held, marked as being renewed until
+    /// The messages of `due` still renewed, marked as being renewed until
     /// [`renewal_over`](Self::renewal_over): a settlement of one of them waits for that
     /// ([`renewals_over`](Self::renewals_over)), so that its call lands after the
     /// renewal's and the visibility it sets has the last word.
@@ -179,9 +188,9 @@ impl InFlight {
         due.iter()
             .filter(|(tag, _, _)| {
                 entries.get_mut(*tag).is_some_and(|entry| {
-                    let held = matches!(entry.state, State::Held);
-                    entry.renewing |= held;
-                    held
+                    let renewable = entry.renewable();
+                    entry.renewing |= renewable;
+                    renewable
                 })
             })
             .collect()
@@ -231,7 +240,7 @@ impl InFlight {
         let now = Instant::now();
         self.lock()
             .iter()
-            .filter(|(_, entry)| matches!(entry.state, State::Held))
+            .filter(|(_, entry)| entry.renewable())
             .filter(|(_, entry)| entry.visible_at <= now + margin)
             .filter_map(|(tag, entry)| {
                 let hidden_for = entry.visible_at.checked_duration_since(entry.received_at);
@@ -245,10 +254,10 @@ impl InFlight {
             .collect()
     }
 
-    /// Notes that `tag` is now hidden until `renew` from now (if it is still held).
+    /// Notes that `tag` is now hidden until `renew` from now (if it is still renewed).
     pub(crate) fn renewed(&self, tag: u64, renew: Duration) {
         if let Some(entry) = self.lock().get_mut(tag)
-            && matches!(entry.state, State::Held)
+            && entry.renewable()
         {
             entry.visible_at = Instant::now() + renew;
         }
@@ -307,17 +316,20 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_settled_message_is_never_renewed() {
+    async fn a_settled_message_is_renewed_until_the_keeper_takes_its_settlement() {
         let in_flight = InFlight::default();
         let tag = in_flight.insert("r".into(), None, Duration::from_secs(30));
         assert!(in_flight.settle(tag, |_| Op::Hide { seconds: 0 }));
         tokio::time::advance(Duration::from_secs(20)).await;
+        let due = in_flight.due(Duration::from_secs(15), Duration::from_secs(30), 12 * HOUR);
+        assert_eq!(due, vec![(tag, "r".to_string(), Duration::from_secs(30))]);
+
+        assert_eq!(in_flight.take_settled(usize::MAX).len(), 1);
         assert!(
             in_flight
                 .due(Duration::from_secs(15), Duration::from_secs(30), 12 * HOUR)
                 .is_empty()
         );
-        let due = [(tag, "r".to_string(), Duration::from_secs(30))];
         assert!(in_flight.claim_for_renewal(&due).is_empty());
     }
 
@@ -356,7 +368,7 @@ mod tests {
             "settled once only"
         );
         assert_eq!((in_flight.len(), in_flight.settled.len()), (1, 1));
-        let taken = in_flight.take_settled();
+        let taken = in_flight.take_settled(usize::MAX);
         assert_eq!(taken.len(), 1);
         assert_eq!(
             (taken[0].receipt.as_str(), taken[0].message_id.as_deref()),

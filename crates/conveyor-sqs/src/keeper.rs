@@ -2,12 +2,13 @@
 //! hidden (the visibility extender) and makes the settlement calls.
 //!
 //! Renewals go out beside the settlements, so a settlement call that hangs or keeps
-//! failing never holds the renewals up. They are still ordered where it matters: a
-//! renewal is sent only for messages held when it is sent, and a settlement of a message
-//! whose renewal is under way waits for that renewal to return. So the visibility a
-//! settlement sets (0 for a retry or a release, the delay for a retry-after) is always the
-//! last word; a renewal can never land after it and hide the message for a whole
-//! visibility timeout.
+//! failing never holds the renewals up. A settled message is renewed too until the keeper
+//! takes it for its call, ten at a time, so such a call leaves at most its own ten
+//! messages unrenewed. They are still ordered where it matters: a renewal is sent only for
+//! messages not taken for a call when it is sent, and a call waits for a renewal under way
+//! that covers one of its messages. So the visibility a settlement sets (0 for a retry or
+//! a release, the delay for a retry-after) is always the last word; a renewal can never
+//! land after it and hide the message for a whole visibility timeout.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -156,9 +157,11 @@ impl<C: Calls> Keeper<C> {
         }
     }
 
-    /// Carries out every settlement recorded so far, then forgets those messages.
+    /// Carries out the oldest settlements recorded so far, as many as one batch call takes,
+    /// then forgets those messages. The others stay renewed meanwhile, however long the
+    /// calls take.
     async fn flush(&self) {
-        let settled = self.in_flight.take_settled();
+        let settled = self.in_flight.take_settled(BATCH_LIMIT);
         if settled.is_empty() {
             return;
         }
@@ -185,8 +188,9 @@ impl<C: Calls> Keeper<C> {
         self.in_flight.finish(tags);
     }
 
-    /// Renews the held messages close to becoming visible. A message settled meanwhile is
-    /// left out: its settlement's call comes next and sets its visibility.
+    /// Renews the messages close to becoming visible: held, or settled with their call not
+    /// taken yet. One whose settlement the keeper has taken is left out: its call sets its
+    /// visibility.
     async fn renew(&self) {
         let due = self
             .in_flight
@@ -696,18 +700,44 @@ mod tests {
         let running = start(&script, QueueInfo::for_tests("q"));
         let acked = running.receive("acked");
         running.receive("held");
+        let acked_later = running.receive("acked later");
         running.settle(acked, Settlement::Ack);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // Settled while the first ack's delete hangs: its own delete waits behind it.
+        running.settle(acked_later, Settlement::Ack);
         tokio::time::sleep(3 * VISIBILITY).await;
         // Renewed at 20 s, 40 s, 60 s and 80 s, each before it would have shown, while the
-        // ack's delete has not returned.
-        let renewals: Vec<Instant> = script
-            .timed_calls()
+        // first ack's delete has not returned; the later ack with them, until its delete.
+        let renewals = script
+            .calls()
             .into_iter()
-            .filter(|(_, call)| *call == Call::Visibility(vec![("held".into(), 30)]))
-            .map(|(at, _)| at)
+            .filter(|call| {
+                *call == Call::Visibility(vec![("held".into(), 30), ("acked later".into(), 30)])
+            })
+            .count();
+        assert_eq!(renewals, 4, "{:?}", script.calls());
+        assert_eq!(
+            running.in_flight.len(),
+            3,
+            "the first ack's call never ended"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flush_takes_one_batch_so_the_settlements_after_it_stay_renewed() {
+        let mut script = Script::new(true);
+        script.deletes_hang = true;
+        let running = start(&script, QueueInfo::for_tests("q"));
+        let tags: Vec<u64> = (0..15)
+            .map(|i| running.receive(&format!("r{i:02}")))
             .collect();
-        assert_eq!(renewals.len(), 4, "{:?}", script.calls());
-        assert_eq!(running.in_flight.len(), 2, "the ack's call never ended");
+        for tag in &tags {
+            running.settle(*tag, Settlement::Ack);
+        }
+        tokio::time::sleep(VISIBILITY).await;
+        // The first ten are in the delete that hangs; the other five are renewed at 20 s.
+        let renewed: Vec<(String, i32)> = (10..15).map(|i| (format!("r{i:02}"), 30)).collect();
+        assert_eq!(script.calls(), vec![Call::Visibility(renewed)]);
     }
 
     /// What a test logged, for assertions.

@@ -49,10 +49,11 @@
 //!   unsettled message hidden, running or waiting to be handed over (renewing ten per
 //!   `ChangeMessageVisibilityBatch`, never past SQS's 12 hours from receipt: a message
 //!   whose handler still runs then is handed out again, and a warning says so), and makes
-//!   the settlement calls. Renewals go out beside settlements, so a settlement call that
-//!   hangs never holds them up. A renewal covers only messages unsettled when it is sent,
-//!   and a settlement waits for a renewal under way that covers its message, so the
-//!   visibility a settlement sets always has the last word.
+//!   the settlement calls. Renewals go out beside settlements, and a settled message stays
+//!   renewed until the keeper takes it for its call (ten at a time), so a settlement call
+//!   that hangs exposes only its own messages. A settlement waits for a renewal under way
+//!   that covers its message, so the visibility a settlement sets always has the last
+//!   word.
 //! - **FIFO**: the `MessageGroupId` is the delivery's partition key (also in the
 //!   [`PARTITION_KEY_HEADER`] header), so `workers(n).by_key()` keeps each group in
 //!   order. Publishing to a FIFO queue takes the group from the message's partition key

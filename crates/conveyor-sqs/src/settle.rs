@@ -364,7 +364,7 @@ mod tests {
         let tag = in_flight.insert("r".into(), None, Duration::from_secs(30));
         settler.settle(Settled::new(tag, settlement));
         settler.settle(Settled::new(tag, Settlement::Ack)); // a second settle of the same tag is ignored
-        let mut taken = in_flight.take_settled();
+        let mut taken = in_flight.take_settled(usize::MAX);
         assert_eq!(taken.len(), 1);
         taken.remove(0).op
     }
