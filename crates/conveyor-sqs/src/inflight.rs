@@ -176,7 +176,7 @@ impl InFlight {
         self.len() == 0
     }
 
-    /// The messages of `due` still renewed, marked as being renewed until
+    /// The messages of `due` the keeper still keeps hidden, marked as being renewed until
     /// [`renewal_over`](Self::renewal_over): a settlement of one of them waits for that
     /// ([`renewals_over`](Self::renewals_over)), so that its call lands after the
     /// renewal's and the visibility it sets has the last word.
@@ -228,9 +228,10 @@ impl InFlight {
         }
     }
 
-    /// Held messages that become visible within `margin`, with the timeout to renew each
-    /// to: `visibility`, cut so that no message stays hidden past `cap` from its receipt.
-    /// One already hidden up to the cap is left out: renewing it again changes nothing.
+    /// Messages the keeper keeps hidden (held, or settled and not yet taken) that become
+    /// visible within `margin`, with the timeout to renew each to: `visibility`, cut so
+    /// that no message stays hidden past `cap` from its receipt. One already hidden up to
+    /// the cap is left out: renewing it again changes nothing.
     pub(crate) fn due(
         &self,
         margin: Duration,
@@ -254,7 +255,8 @@ impl InFlight {
             .collect()
     }
 
-    /// Notes that `tag` is now hidden until `renew` from now (if it is still renewed).
+    /// Notes that `tag` is now hidden until `renew` from now (if the keeper still keeps it
+    /// hidden).
     pub(crate) fn renewed(&self, tag: u64, renew: Duration) {
         if let Some(entry) = self.lock().get_mut(tag)
             && entry.renewable()
