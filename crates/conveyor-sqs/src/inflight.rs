@@ -255,13 +255,12 @@ impl InFlight {
             .collect()
     }
 
-    /// Notes that `tag` is now hidden until `renew` from now (if the keeper still keeps it
-    /// hidden).
-    pub(crate) fn renewed(&self, tag: u64, renew: Duration) {
+    /// Notes that `tag` is now hidden until `until` (if the keeper still keeps it hidden).
+    pub(crate) fn renewed(&self, tag: u64, until: Instant) {
         if let Some(entry) = self.lock().get_mut(tag)
             && entry.renewable()
         {
-            entry.visible_at = Instant::now() + renew;
+            entry.visible_at = until;
         }
     }
 }
@@ -308,7 +307,7 @@ mod tests {
         tokio::time::advance(12 * HOUR - Duration::from_secs(10)).await;
         let due = in_flight.due(Duration::from_secs(15), Duration::from_secs(30), 12 * HOUR);
         assert_eq!(due, vec![(tag, "r".to_string(), Duration::from_secs(10))]);
-        in_flight.renewed(tag, Duration::from_secs(10));
+        in_flight.renewed(tag, Instant::now() + Duration::from_secs(10));
         tokio::time::advance(Duration::from_secs(5)).await;
         assert!(
             in_flight

@@ -29,6 +29,11 @@ use crate::settle::{
     BATCH_LIMIT, BatchCall, ChangeVisibility, Delete, MAX_VISIBILITY, settle_all, with_retries,
 };
 
+/// How much sooner than SQS's 12 h limit, counted from when a receive's answer came, a
+/// renewal stops: SQS counts from its own receipt, a little earlier, and refuses a renewal
+/// past the limit.
+const RECEIPT_SLACK: Duration = Duration::from_secs(5);
+
 /// The longest reject reason a dead letter carries; a longer one is cut (at a character
 /// boundary) and ends with `…`.
 const MAX_REASON_BYTES: usize = 1024;
@@ -192,9 +197,11 @@ impl<C: Calls> Keeper<C> {
     /// taken yet. One whose settlement the keeper has taken is left out: its call sets its
     /// visibility.
     async fn renew(&self) {
-        let due = self
-            .in_flight
-            .due(self.visibility / 2, self.visibility, MAX_VISIBILITY);
+        let due = self.in_flight.due(
+            self.visibility / 2,
+            self.visibility,
+            MAX_VISIBILITY.saturating_sub(RECEIPT_SLACK),
+        );
         for chunk in due.chunks(BATCH_LIMIT) {
             let held = self.in_flight.claim_for_renewal(chunk);
             if held.is_empty() {
@@ -217,6 +224,8 @@ impl<C: Calls> Keeper<C> {
                 )
             })
             .collect();
+        // SQS hides each from when it takes the call, no sooner than now.
+        let sent = Instant::now();
         let failed = match self.calls.change_visibility(&self.queue, &entries).await {
             Ok(failed) => failed,
             Err(error) => {
@@ -234,7 +243,7 @@ impl<C: Calls> Keeper<C> {
                     );
                 }
                 None => {
-                    self.in_flight.renewed(*tag, *renew);
+                    self.in_flight.renewed(*tag, sent + *renew);
                     if *renew < self.visibility {
                         tracing::warn!(
                             queue = self.queue.name,
@@ -724,6 +733,32 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_slow_renewal_counts_its_visibility_from_when_it_was_sent() {
+        let mut script = Script::new(true);
+        script.latency = Duration::from_secs(10);
+        let running = start(&script, QueueInfo::for_tests("q"));
+        let received = Instant::now();
+        running.receive("held");
+        tokio::time::sleep(4 * VISIBILITY).await;
+        // SQS hides the message for 30 s from each renewal's arrival, so each must be sent
+        // within 30 s of the one before (each call is recorded when it returns, 10 s on).
+        let mut hidden_until = received + VISIBILITY;
+        let mut renewals = 0;
+        for (returned, call) in script.timed_calls() {
+            assert!(matches!(call, Call::Visibility(_)), "{call:?}");
+            let sent = returned - script.latency;
+            assert!(
+                sent < hidden_until,
+                "renewal {renewals} sent {:?} after the message showed",
+                sent - hidden_until
+            );
+            hidden_until = sent + VISIBILITY;
+            renewals += 1;
+        }
+        assert!(renewals >= 4, "{renewals} renewals");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_flush_takes_one_batch_so_the_settlements_after_it_stay_renewed() {
         let mut script = Script::new(true);
         script.deletes_hang = true;
@@ -792,8 +827,8 @@ mod tests {
         let &(last_at, last) = renewals.last().unwrap();
         assert_eq!(
             last_at + Duration::from_secs(u64::try_from(last).unwrap()),
-            received + MAX_VISIBILITY,
-            "the last renewal hides it up to 12 h from its receipt, and is the short one"
+            received + MAX_VISIBILITY - RECEIPT_SLACK,
+            "the last renewal hides it up to (just short of) 12 h from its receipt, and is the short one"
         );
         let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
         assert_eq!(
