@@ -264,7 +264,8 @@ impl SqsBroker {
         let failed = with_retries(&delete, receipts, |receipt| {
             deleted.insert(receipt);
         })
-        .await;
+        .await
+        .entries;
         if let Some((_, first)) = failed.first() {
             let error = SqsError::BatchEntries {
                 call: "DeleteMessageBatch",

@@ -37,21 +37,23 @@ impl Settings {
     /// answer fails after this and is tried again, instead of holding the keeper's other
     /// work for a whole long-poll wait more.
     fn call_timeouts(&self) -> TimeoutConfig {
-        TimeoutConfig::builder()
-            .connect_timeout(self.request_timeout)
-            .operation_attempt_timeout(self.request_timeout)
-            .build()
+        self.timeouts(self.request_timeout)
     }
 
     /// The configuration a `ReceiveMessage` is sent with: it long-polls for `wait_time`,
     /// so each attempt gets that on top of the request timeout, and a broker that stops
     /// answering fails the receive instead of hanging the pump.
     pub(crate) fn long_poll(&self) -> aws_sdk_sqs::config::Builder {
-        let timeouts = TimeoutConfig::builder()
+        let attempt = self.wait_time.saturating_add(self.request_timeout);
+        aws_sdk_sqs::config::Builder::default().timeout_config(self.timeouts(attempt))
+    }
+
+    /// Connecting may take the request timeout, and each attempt `attempt`.
+    fn timeouts(&self, attempt: Duration) -> TimeoutConfig {
+        TimeoutConfig::builder()
             .connect_timeout(self.request_timeout)
-            .operation_attempt_timeout(self.wait_time.saturating_add(self.request_timeout))
-            .build();
-        aws_sdk_sqs::config::Builder::default().timeout_config(timeouts)
+            .operation_attempt_timeout(attempt)
+            .build()
     }
 }
 

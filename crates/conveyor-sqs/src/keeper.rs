@@ -114,8 +114,8 @@ impl<C: Calls> Keeper<C> {
         }
     }
 
-    /// Every third of the visibility timeout, renews the held messages that would become
-    /// visible within half of it, ten per `ChangeMessageVisibilityBatch`, never past 12
+    /// Every third of the visibility timeout, renews the messages it keeps hidden that
+    /// would become visible within half of it, ten per `ChangeMessageVisibilityBatch`, never past 12
     /// hours from receipt. Never ends.
     async fn renew_every_tick(&self) {
         let tick = (self.visibility / 3).max(Duration::from_millis(200));
@@ -345,7 +345,7 @@ impl<C: Calls> Keeper<C> {
             calls: &self.calls,
             queue: dead_letter_queue,
         };
-        let failed = with_retries(&send, chunk, sent).await;
+        let failed = with_retries(&send, chunk, sent).await.entries;
         for (message, error) in failed {
             tracing::error!(
                 queue = self.queue.name,

@@ -1,7 +1,6 @@
 //! Publishing to SQS: `SendMessage`, and `SendMessageBatch` split by ten entries and by
 //! the queue's size limit.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use conveyor::{Error, Message, MessageParts, Publisher};
@@ -225,8 +224,6 @@ pub(crate) fn chunk_lengths(sizes: &[usize], limit: usize) -> Vec<usize> {
 struct SendPublished<'a, C> {
     calls: &'a C,
     queue: &'a QueueInfo,
-    /// Whether the last call failed as a whole.
-    call_failed: AtomicBool,
 }
 
 impl<C: Calls> BatchCall<(usize, Prepared)> for SendPublished<'_, C> {
@@ -243,9 +240,7 @@ impl<C: Calls> BatchCall<(usize, Prepared)> for SendPublished<'_, C> {
                 .set_delay_seconds(message.delay_seconds)
                 .build()
         });
-        let answer = send_built(self.calls, self.queue, built).await;
-        self.call_failed.store(answer.is_err(), Ordering::Relaxed);
-        answer
+        send_built(self.calls, self.queue, built).await
     }
 }
 
@@ -263,16 +258,12 @@ async fn send_in_batches<C: Calls>(
     let mut messages = prepared.into_iter().enumerate();
     for length in chunk_lengths(&sizes, queue.max_message_size) {
         let chunk: Vec<(usize, Prepared)> = messages.by_ref().take(length).collect();
-        let send = SendPublished {
-            calls,
-            queue,
-            call_failed: AtomicBool::new(false),
-        };
-        let failed = with_retries(&send, chunk, |_| ()).await;
-        if let Some((_, first)) = failed.first() {
+        let failed = with_retries(&SendPublished { calls, queue }, chunk, |_| ()).await;
+        if let Some((_, first)) = failed.entries.first() {
             let first = first.clone();
-            let failed: Vec<usize> = failed.into_iter().map(|((i, _), _)| i).collect();
-            let (mut not_sent, unconfirmed) = if send.call_failed.load(Ordering::Relaxed) {
+            let call_failed = failed.call_failed;
+            let failed: Vec<usize> = failed.entries.into_iter().map(|((i, _), _)| i).collect();
+            let (mut not_sent, unconfirmed) = if call_failed {
                 (Vec::new(), failed)
             } else {
                 (failed, Vec::new())

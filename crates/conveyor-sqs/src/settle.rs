@@ -160,7 +160,7 @@ pub(crate) async fn settle_all<T: Send, B: BatchCall<T>>(call: &B, entries: Vec<
         if batch.is_empty() {
             return;
         }
-        let failed = with_retries(call, batch, |_| {}).await;
+        let failed = with_retries(call, batch, |_| {}).await.entries;
         if let Some((_, first)) = failed.first() {
             tracing::error!(
                 queue = call.queue().name,
@@ -173,6 +173,14 @@ pub(crate) async fn settle_all<T: Send, B: BatchCall<T>>(call: &B, entries: Vec<
     }
 }
 
+/// What [`with_retries`] could not do.
+pub(crate) struct Failures<T> {
+    /// The entries still failing after the last call, each with its last reason.
+    pub(crate) entries: Vec<(T, String)>,
+    /// Whether that last call failed as a whole, so that SQS may have carried it out.
+    pub(crate) call_failed: bool,
+}
+
 /// One batch call (`batch` is ten entries at most), and the entries that failed tried
 /// again, up to [`ATTEMPTS`] calls in all, pausing 200 ms then 400 ms before each retry.
 /// A call that fails as a whole fails each of its entries (and is the last call unless
@@ -182,11 +190,11 @@ pub(crate) async fn with_retries<T: Send, B: BatchCall<T>>(
     call: &B,
     mut batch: Vec<T>,
     mut done: impl FnMut(T),
-) -> Vec<(T, String)> {
+) -> Failures<T> {
     let mut attempt = 1;
     loop {
         let mut reasons: Vec<Option<String>> = vec![None; batch.len()];
-        let mut last = attempt == ATTEMPTS;
+        let mut call_failed = false;
         match call.call(&batch).await {
             Ok(failed) => {
                 call.queue().calls.succeeded();
@@ -199,7 +207,7 @@ pub(crate) async fn with_retries<T: Send, B: BatchCall<T>>(
             Err(error) => {
                 call.queue().calls.failed();
                 reasons.fill(Some(Report(&error).to_string()));
-                last |= !B::REPEAT_FAILED_CALL;
+                call_failed = true;
             }
         }
         let mut failed = Vec::new();
@@ -209,8 +217,11 @@ pub(crate) async fn with_retries<T: Send, B: BatchCall<T>>(
                 None => done(entry),
             }
         }
-        if failed.is_empty() || last {
-            return failed;
+        if failed.is_empty() || attempt == ATTEMPTS || (call_failed && !B::REPEAT_FAILED_CALL) {
+            return Failures {
+                entries: failed,
+                call_failed,
+            };
         }
         tracing::warn!(
             queue = call.queue().name,
@@ -291,7 +302,9 @@ mod tests {
     /// Runs `with_retries`; answers the entries done and those that kept failing.
     async fn retried(call: &Scripted, batch: &[&str]) -> (Vec<String>, Vec<(String, String)>) {
         let mut done = Vec::new();
-        let failed = with_retries(call, receipts(batch), |entry| done.push(entry)).await;
+        let failed = with_retries(call, receipts(batch), |entry| done.push(entry))
+            .await
+            .entries;
         (done, failed)
     }
 

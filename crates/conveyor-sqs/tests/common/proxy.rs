@@ -98,6 +98,7 @@ pub struct Ended {
 }
 
 /// Where one connection reports its receive.
+#[derive(Clone)]
 struct Receives {
     under_way: Arc<watch::Sender<usize>>,
     ended: Arc<watch::Sender<Ended>>,
@@ -142,7 +143,6 @@ async fn forward(
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
     let pending = Arc::new(AtomicBool::new(false));
-    let receives = Arc::new(receives);
     // Ends the receive under way, if one is, as `how` says.
     let end = {
         let (pending, receives) = (pending.clone(), receives.clone());
