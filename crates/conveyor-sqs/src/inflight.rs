@@ -271,17 +271,18 @@ mod tests {
 
     const HOUR: Duration = Duration::from_secs(3600);
 
+    /// What is due with a 30 s visibility, renewed within 15 s of showing, up to 12 h.
+    fn due_now(in_flight: &InFlight) -> Vec<(u64, String, Duration)> {
+        in_flight.due(Duration::from_secs(15), Duration::from_secs(30), 12 * HOUR)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn only_messages_close_to_visible_are_renewed() {
         let in_flight = InFlight::default();
         let tag = in_flight.insert("r".into(), None, Duration::from_secs(30));
-        assert!(
-            in_flight
-                .due(Duration::from_secs(15), Duration::from_secs(30), 12 * HOUR)
-                .is_empty()
-        );
+        assert!(due_now(&in_flight).is_empty());
         tokio::time::advance(Duration::from_secs(16)).await;
-        let due = in_flight.due(Duration::from_secs(15), Duration::from_secs(30), 12 * HOUR);
+        let due = due_now(&in_flight);
         assert_eq!(due, vec![(tag, "r".to_string(), Duration::from_secs(30))]);
     }
 
@@ -290,14 +291,10 @@ mod tests {
         let in_flight = InFlight::default();
         let tag = in_flight.insert("r".into(), None, Duration::from_secs(30));
         tokio::time::advance(12 * HOUR - Duration::from_secs(10)).await;
-        let due = in_flight.due(Duration::from_secs(15), Duration::from_secs(30), 12 * HOUR);
+        let due = due_now(&in_flight);
         assert_eq!(due, vec![(tag, "r".to_string(), Duration::from_secs(10))]);
         tokio::time::advance(Duration::from_secs(10)).await;
-        assert!(
-            in_flight
-                .due(Duration::from_secs(15), Duration::from_secs(30), 12 * HOUR)
-                .is_empty()
-        );
+        assert!(due_now(&in_flight).is_empty());
     }
 
     #[tokio::test(start_paused = true)]
@@ -305,15 +302,11 @@ mod tests {
         let in_flight = InFlight::default();
         let tag = in_flight.insert("r".into(), None, Duration::from_secs(30));
         tokio::time::advance(12 * HOUR - Duration::from_secs(10)).await;
-        let due = in_flight.due(Duration::from_secs(15), Duration::from_secs(30), 12 * HOUR);
+        let due = due_now(&in_flight);
         assert_eq!(due, vec![(tag, "r".to_string(), Duration::from_secs(10))]);
         in_flight.renewed(tag, Instant::now() + Duration::from_secs(10));
         tokio::time::advance(Duration::from_secs(5)).await;
-        assert!(
-            in_flight
-                .due(Duration::from_secs(15), Duration::from_secs(30), 12 * HOUR)
-                .is_empty()
-        );
+        assert!(due_now(&in_flight).is_empty());
     }
 
     #[tokio::test(start_paused = true)]
@@ -322,15 +315,11 @@ mod tests {
         let tag = in_flight.insert("r".into(), None, Duration::from_secs(30));
         assert!(in_flight.settle(tag, |_| Op::Hide { seconds: 0 }));
         tokio::time::advance(Duration::from_secs(20)).await;
-        let due = in_flight.due(Duration::from_secs(15), Duration::from_secs(30), 12 * HOUR);
+        let due = due_now(&in_flight);
         assert_eq!(due, vec![(tag, "r".to_string(), Duration::from_secs(30))]);
 
         assert_eq!(in_flight.take_settled(usize::MAX).len(), 1);
-        assert!(
-            in_flight
-                .due(Duration::from_secs(15), Duration::from_secs(30), 12 * HOUR)
-                .is_empty()
-        );
+        assert!(due_now(&in_flight).is_empty());
         assert!(in_flight.claim_for_renewal(&due).is_empty());
     }
 
