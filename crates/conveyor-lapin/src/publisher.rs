@@ -115,6 +115,15 @@ impl std::fmt::Debug for LapinPublisher {
     }
 }
 
+/// Whether `channel` can still publish: open, or waiting for the connection to recover
+/// (a publish then waits for the recovery). A channel the broker closed (a publish to a
+/// missing exchange, say) stays closed: lapin reopens channels only with their
+/// connection.
+pub(crate) fn can_publish(channel: &Channel) -> bool {
+    let status = channel.status();
+    status.connected() || status.reconnecting() || status.initializing()
+}
+
 impl LapinPublisher {
     pub(crate) async fn open(broker: LapinBroker) -> Result<Self, LapinError> {
         Self::open_for(broker, "publisher").await
@@ -131,12 +140,9 @@ impl LapinPublisher {
         })
     }
 
-    /// Whether the channel can still publish: open, or waiting for the connection to
-    /// recover (a publish then waits for the recovery). A channel the broker closed (a
-    /// publish to a missing exchange, say) or that was closed for good cannot.
+    /// Whether its channel can still publish ([`can_publish`]).
     pub(crate) fn is_open(&self) -> bool {
-        let status = self.channel.status();
-        status.connected() || status.reconnecting() || status.initializing()
+        can_publish(&self.channel)
     }
 
     /// The options [`Publisher::publish`] uses (default: persistent, mandatory).

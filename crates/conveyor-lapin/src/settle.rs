@@ -29,10 +29,15 @@
 //! window keeps moving. [`Settler::flush`] waits for everything queued before it,
 //! confirms included.
 //!
+//! A copy keeps the message's properties but `user_id`, which RabbitMQ checks against
+//! the publishing login (another producer's would have every copy refused); a dead
+//! letter also drops the message's TTL, as RabbitMQ's own dead-lettering does.
+//!
 //! Republishing happens on one confirm-mode channel per subscription, on the broker's
-//! publishing connection, opened for the first copy. When a republish fails or is not
-//! confirmed within the confirm timeout, the original is settled the plain AMQP way
-//! instead (requeued, or nacked to the dead-letter exchange) and a warning says so.
+//! publishing connection, opened for the first copy and again after the broker closed it
+//! over a copy it refused. When a republish fails or is not confirmed within the confirm
+//! timeout, the original is settled the plain AMQP way instead (requeued, or nacked to
+//! the dead-letter exchange) and a warning says so.
 //!
 //! Every delivery carries lapin's acker for the channel it came on. When that channel
 //! dies, its ackers turn into no-ops and the broker delivers the message again: so a
@@ -59,7 +64,7 @@ use crate::ack_window::{AckWindow, Place};
 use crate::broker::LapinBroker;
 use crate::error::LapinError;
 use crate::headers::{ATTEMPTS_HEADER, DELIVERY_COUNT_HEADER, oversize_header_frame};
-use crate::publisher::PERSISTENT;
+use crate::publisher::{PERSISTENT, can_publish};
 
 /// The longest per-message TTL RabbitMQ accepts, in milliseconds (2^32 - 1); a longer
 /// `expiration` would close the channel.
@@ -85,8 +90,9 @@ pub(crate) struct Pending {
 pub(crate) struct Routes {
     /// Opened for the first copy, not with the subscription: while a resource alarm
     /// blocks the publishing connection, nothing can be opened on it, and the
-    /// subscription must still start and ack.
-    pub(crate) channel: tokio::sync::OnceCell<Channel>,
+    /// subscription must still start and ack. Opened again after the broker closed it
+    /// (over a copy it refused): lapin reopens a channel only with its connection.
+    pub(crate) channel: tokio::sync::Mutex<Option<Channel>>,
     pub(crate) broker: LapinBroker,
     /// The subscription's queue: where a retry goes.
     pub(crate) queue: ShortString,
@@ -98,17 +104,24 @@ pub(crate) struct Routes {
 }
 
 impl Routes {
-    /// The channel copies go out on, opened at the first call.
-    async fn channel(&self) -> Result<&Channel, String> {
-        self.channel
-            .get_or_try_init(|| self.broker.open_publishing_channel("republishing"))
+    /// The channel copies go out on, opened at the first call and again once closed.
+    async fn channel(&self) -> Result<Channel, String> {
+        let mut channel = self.channel.lock().await;
+        if let Some(open) = channel.as_ref().filter(|open| can_publish(open)) {
+            return Ok(open.clone());
+        }
+        let opened = self
+            .broker
+            .open_publishing_channel("republishing")
             .await
-            .map_err(|error| error.to_string())
+            .map_err(|error| error.to_string())?;
+        *channel = Some(opened.clone());
+        Ok(opened)
     }
 
-    /// Closes the channel, if it was ever opened.
+    /// Closes the channel, if one is open.
     pub(crate) async fn close(&self) {
-        if let Some(channel) = self.channel.get() {
+        if let Some(channel) = self.channel.lock().await.take() {
             let _ = channel.close(200, "subscription closed".into()).await;
         }
     }
@@ -492,10 +505,10 @@ impl Perform for Settling {
                     (Some(delay), Some(delay_queue)) => {
                         let ttl = delay.as_millis().clamp(1, MAX_EXPIRATION_MS).to_string();
                         let properties =
-                            retry_copy(properties, attempt).with_expiration(ttl.into());
+                            retry_copy(&properties, attempt).with_expiration(ttl.into());
                         (delay_queue, properties)
                     }
-                    _ => (&routes.queue, retry_copy(properties, attempt)),
+                    _ => (&routes.queue, retry_copy(&properties, attempt)),
                 };
                 let copy = Copy {
                     exchange: ShortString::from(""),
@@ -517,7 +530,7 @@ impl Perform for Settling {
                     let copy = Copy {
                         exchange: exchange.clone(),
                         routing_key: routing_key.clone(),
-                        properties: dead_letter_copy(properties, &reason),
+                        properties: dead_letter_copy(&properties, &reason),
                     };
                     let fallback = Fallback::DeadLetter {
                         exchange: exchange.clone(),
@@ -654,25 +667,25 @@ fn header_map(properties: &BasicProperties) -> BTreeMap<ShortString, AMQPValue> 
 }
 
 /// The properties of a retried copy: the received ones, with the attempt count in place
-/// of the queue's delivery count.
-fn retry_copy(properties: BasicProperties, attempt: u32) -> BasicProperties {
-    let mut headers = header_map(&properties);
+/// of the queue's delivery count. The message's own TTL, if any, counts afresh (a delayed
+/// retry's is replaced by the delay, and the delay queue's dead-lettering removes it).
+fn retry_copy(properties: &BasicProperties, attempt: u32) -> BasicProperties {
+    let mut headers = header_map(properties);
     headers.remove(DELIVERY_COUNT_HEADER);
     headers.insert(
         ATTEMPTS_HEADER.into(),
         AMQPValue::LongLongInt(attempt.into()),
     );
-    properties
-        .with_headers(FieldTable::from(headers))
-        .with_delivery_mode(PERSISTENT)
+    copy_of(properties, headers, properties.expiration().clone())
 }
 
 /// The properties of a dead letter: the received ones with the reason, and without the
 /// broker's dead-lettering history (`x-death`, `x-first-death-*`, `x-last-death-*`, left
 /// by the delay queue) nor the attempt counts, so a message moved back from the
-/// dead-letter queue starts afresh.
-fn dead_letter_copy(properties: BasicProperties, reason: &str) -> BasicProperties {
-    let mut headers = header_map(&properties);
+/// dead-letter queue starts afresh. Without the message's TTL either, as RabbitMQ's own
+/// dead-lettering does: a dead letter must not expire from the dead-letter queue.
+fn dead_letter_copy(properties: &BasicProperties, reason: &str) -> BasicProperties {
+    let mut headers = header_map(properties);
     headers.retain(|name, _| {
         let name = name.as_str();
         name != "x-death"
@@ -685,9 +698,55 @@ fn dead_letter_copy(properties: BasicProperties, reason: &str) -> BasicPropertie
         REJECT_REASON_HEADER.into(),
         AMQPValue::LongString(LongString::from(reason.as_bytes())),
     );
-    properties
+    copy_of(properties, headers, None)
+}
+
+/// A persistent copy of the received properties with `headers` and `expiration`, and
+/// without `user_id`: RabbitMQ refuses a publish whose `user_id` is not the publishing
+/// connection's login, so another producer's would have every copy refused (and their
+/// channel closed).
+fn copy_of(
+    received: &BasicProperties,
+    headers: BTreeMap<ShortString, AMQPValue>,
+    expiration: Option<ShortString>,
+) -> BasicProperties {
+    let mut copy = BasicProperties::default()
         .with_headers(FieldTable::from(headers))
-        .with_delivery_mode(PERSISTENT)
+        .with_delivery_mode(PERSISTENT);
+    if let Some(value) = received.content_type().clone() {
+        copy = copy.with_content_type(value);
+    }
+    if let Some(value) = received.content_encoding().clone() {
+        copy = copy.with_content_encoding(value);
+    }
+    if let Some(value) = *received.priority() {
+        copy = copy.with_priority(value);
+    }
+    if let Some(value) = received.correlation_id().clone() {
+        copy = copy.with_correlation_id(value);
+    }
+    if let Some(value) = received.reply_to().clone() {
+        copy = copy.with_reply_to(value);
+    }
+    if let Some(value) = expiration {
+        copy = copy.with_expiration(value);
+    }
+    if let Some(value) = received.message_id().clone() {
+        copy = copy.with_message_id(value);
+    }
+    if let Some(value) = *received.timestamp() {
+        copy = copy.with_timestamp(value);
+    }
+    if let Some(value) = received.kind().clone() {
+        copy = copy.with_type(value);
+    }
+    if let Some(value) = received.app_id().clone() {
+        copy = copy.with_app_id(value);
+    }
+    if let Some(value) = received.cluster_id().clone() {
+        copy = copy.with_cluster_id(value);
+    }
+    copy
 }
 
 /// A copy of a message to publish, and where.
@@ -754,6 +813,33 @@ mod tests {
         BasicProperties::default()
             .with_headers(table)
             .with_message_id("m1".into())
+            .with_content_type("application/json".into())
+            .with_correlation_id("c1".into())
+            .with_priority(3)
+            .with_timestamp(1_700_000_000)
+            .with_app_id("producer-app".into())
+            .with_expiration("60000".into())
+            .with_user_id("another-producer".into())
+    }
+
+    /// Asserts that `copy` kept the properties [`received`] sets, but for `user_id`.
+    fn assert_kept_but_user_id(copy: &BasicProperties) {
+        let text = |value: &Option<ShortString>| value.as_ref().map(|v| v.as_str().to_string());
+        assert_eq!(text(copy.message_id()).as_deref(), Some("m1"));
+        assert_eq!(
+            text(copy.content_type()).as_deref(),
+            Some("application/json")
+        );
+        assert_eq!(text(copy.correlation_id()).as_deref(), Some("c1"));
+        assert_eq!(*copy.priority(), Some(3));
+        assert_eq!(*copy.timestamp(), Some(1_700_000_000));
+        assert_eq!(text(copy.app_id()).as_deref(), Some("producer-app"));
+        assert_eq!(*copy.delivery_mode(), Some(PERSISTENT));
+        assert_eq!(
+            *copy.user_id(),
+            None,
+            "the broker would refuse another login's"
+        );
     }
 
     fn text(value: &str) -> AMQPValue {
@@ -989,9 +1075,9 @@ mod tests {
     }
 
     #[test]
-    fn a_retried_copy_counts_the_attempt_instead_of_the_delivery_count() {
+    fn a_retried_copy_counts_the_attempt_instead_of_the_delivery_count_and_drops_user_id() {
         let copy = retry_copy(
-            received(&[
+            &received(&[
                 (DELIVERY_COUNT_HEADER, AMQPValue::LongLongInt(4)),
                 ("app", text("kept")),
             ]),
@@ -1004,14 +1090,18 @@ mod tests {
         );
         assert!(!headers.contains_key(DELIVERY_COUNT_HEADER));
         assert_eq!(headers.get("app"), Some(&text("kept")));
-        assert_eq!(copy.message_id().as_ref().map(|m| m.as_str()), Some("m1"));
-        assert_eq!(*copy.delivery_mode(), Some(PERSISTENT));
+        assert_kept_but_user_id(&copy);
+        assert_eq!(
+            copy.expiration().as_ref().map(ShortString::as_str),
+            Some("60000"),
+            "an immediate retry keeps the message's TTL"
+        );
     }
 
     #[test]
-    fn a_dead_letter_carries_the_reason_and_no_death_history() {
+    fn a_dead_letter_carries_the_reason_and_neither_death_history_nor_ttl_nor_user_id() {
         let copy = dead_letter_copy(
-            received(&[
+            &received(&[
                 ("x-death", AMQPValue::FieldArray(Default::default())),
                 ("x-first-death-reason", text("expired")),
                 ("x-first-death-queue", text("q.delay")),
@@ -1025,5 +1115,7 @@ mod tests {
         let names: Vec<&str> = headers.keys().map(ShortString::as_str).collect();
         assert_eq!(names, vec!["app", REJECT_REASON_HEADER]);
         assert_eq!(headers.get(REJECT_REASON_HEADER), Some(&text("bad input")));
+        assert_kept_but_user_id(&copy);
+        assert_eq!(*copy.expiration(), None, "a dead letter does not expire");
     }
 }

@@ -135,7 +135,7 @@ fn routes(
         None => None,
     };
     Ok(Routes {
-        channel: tokio::sync::OnceCell::new(),
+        channel: tokio::sync::Mutex::default(),
         broker: broker.clone(),
         queue: short("queue name", queue)?,
         delay_queue: delay_queue
@@ -264,7 +264,11 @@ impl LapinSubscriber {
         let headers = headers::received(&properties);
         let key = headers::partition_key(table);
         let earlier_attempts = headers::int_value(table, ATTEMPTS_HEADER);
-        let delivery_count = headers::int_value(table, DELIVERY_COUNT_HEADER);
+        // A quorum queue's count of earlier deliveries; a first delivery has none, so a
+        // header another producer set (or copied from elsewhere) is not taken for one.
+        let delivery_count = redelivered
+            .then(|| headers::int_value(table, DELIVERY_COUNT_HEADER))
+            .flatten();
         let count = match (earlier_attempts, delivery_count) {
             (None, None) => None,
             (earlier, here) => {

@@ -12,14 +12,14 @@ use conveyor::{
     App, Backoff, Batch, DeliveryInfo, Json, Message, MountOptions, Outcome, Publisher, QueueSpec,
     REJECT_REASON_HEADER, State,
 };
-use conveyor_lapin::{ExchangeType, LapinBroker, LapinQueue, RabbitQueueSpec};
+use conveyor_lapin::{ExchangeType, LapinBroker, LapinQueue, PublishOptions, RabbitQueueSpec};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use common::proxy::Proxy;
 use common::{
-    Seen, Taken, broker, broker_named, cleanup, close_connections_named, declare_bound_queue,
-    publish_one, ready, take_all, unacked_count, unique, wait_for, wait_until,
+    Seen, Taken, TempUser, broker, broker_named, cleanup, close_connections_named,
+    declare_bound_queue, publish_one, ready, take_all, unacked_count, unique, wait_for, wait_until,
 };
 
 type Attempt = (u32, Option<u32>, bool, Instant);
@@ -107,6 +107,43 @@ async fn a_quorum_queue_counts_redeliveries() {
     // The handlers never finish: the shutdown timeout cancels them.
     running.shutdown().await.unwrap();
     cleanup(&publishing, &[&queue], &[]).await;
+}
+
+async fn record_attempt(
+    _: Json<u32>,
+    info: DeliveryInfo,
+    State(seen): State<Seen<(u32, Option<u32>)>>,
+) {
+    seen.push((info.attempt, info.receive_count));
+}
+
+/// Only a redelivery has a count of earlier deliveries: an `x-delivery-count` header on
+/// a first delivery (set by another producer, or copied from a quorum queue) is not the
+/// queue's. (It was counted: attempt 11 of a message never handled.)
+#[tokio::test]
+async fn a_first_delivery_is_attempt_1_whatever_delivery_count_its_headers_claim() {
+    let broker = broker().await;
+    let queue = unique("claimed-count");
+    broker
+        .declare_queue(&QueueSpec::new(queue.as_str()))
+        .await
+        .unwrap();
+    let seen = Seen::<(u32, Option<u32>)>::default();
+    let running = App::new("claimed-count")
+        .with_state(seen.clone())
+        .mount(broker.queue(&queue), record_attempt, |m| m)
+        .start()
+        .await
+        .unwrap();
+    let message = Message::builder()
+        .header("x-delivery-count", "10")
+        .json(&1u32)
+        .unwrap();
+    broker.publish(&queue, message).await.unwrap();
+    wait_until("handled", || seen.len() == 1).await;
+    running.shutdown().await.unwrap();
+    assert_eq!(seen.all(), vec![(1, None)]);
+    cleanup(&broker, &[&queue], &[]).await;
 }
 
 async fn retry_twice_later(
@@ -302,6 +339,169 @@ async fn max_attempts_ends_in_the_dead_letter_queue_when_a_sequential_mount_retr
         |m| m.retry_after(Backoff::fixed(Duration::from_millis(50))),
     )
     .await;
+}
+
+/// Publishes 7 to `queue` as `user` would, with the `user_id` property RabbitMQ checks
+/// against the login.
+async fn publish_as(user: &TempUser, queue: &str) {
+    let connection = lapin::Connection::connect(&user.url(), Default::default())
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    channel.confirm_select(Default::default()).await.unwrap();
+    let confirm = channel
+        .basic_publish(
+            "".into(),
+            queue.into(),
+            Default::default(),
+            b"7",
+            lapin::BasicProperties::default()
+                .with_user_id(user.name.as_str().into())
+                .with_delivery_mode(2),
+        )
+        .await
+        .unwrap();
+    assert!(confirm.await.unwrap().is_ack(), "the broker took it");
+    let _ = connection.close(200, "done".into()).await;
+}
+
+/// RabbitMQ refuses a publish whose `user_id` is not the publishing login's, so a copy of
+/// another producer's message leaves the property out: its retries are counted and
+/// `max_attempts` ends in the dead-letter queue. (Every copy was refused, every retry
+/// requeued uncounted: on a classic queue the attempt stayed at 2, for ever.)
+#[tokio::test]
+async fn another_users_message_is_retried_with_its_attempts_counted_then_dead_lettered() {
+    let producer = TempUser::add("conveyor-producer");
+    let broker = broker().await;
+    let queue = unique("user-id");
+    let dlx = unique("user-id-dlx");
+    let dlq = unique("user-id-dead");
+    declare_bound_queue(&broker, &dlx, ExchangeType::Fanout, &dlq, "").await;
+    broker
+        .declare_queue(&QueueSpec::new(queue.as_str()).dead_letter_exchange(dlx.as_str()))
+        .await
+        .unwrap();
+    let seen = Seen::<u32>::default();
+    let running = App::new("user-id")
+        .with_state(seen.clone())
+        .mount(broker.queue(&queue), always_fail, |m| {
+            m.workers(1).retry().max_attempts(3)
+        })
+        .start()
+        .await
+        .unwrap();
+    publish_as(&producer, &queue).await;
+
+    wait_for("the message in the dead-letter queue", || async {
+        ready(&broker, &dlq).await == 1
+    })
+    .await;
+    running.shutdown().await.unwrap();
+    assert_eq!(seen.all(), vec![1, 2, 3], "three attempts, counted");
+    assert_dead_letter(&take_all(&dlq).await, "cannot handle this");
+    cleanup(&broker, &[&queue, &dlq], &[&dlx]).await;
+}
+
+async fn reject_1_fail_others(
+    Json(n): Json<u32>,
+    info: DeliveryInfo,
+    State(seen): State<Seen<(u32, u32)>>,
+) -> Result<Outcome, String> {
+    seen.push((n, info.attempt));
+    match n {
+        1 => Ok(Outcome::Reject),
+        _ => Err("cannot handle this".into()),
+    }
+}
+
+/// A copy the broker refuses outright (here a dead letter to an exchange that was
+/// deleted) closes the channel copies go out on; the next copy opens another. (The
+/// channel stayed closed: every later retry of the subscription was requeued uncounted,
+/// and every reject lost its reason.)
+#[tokio::test]
+async fn a_copy_the_broker_refuses_leaves_later_copies_going_out() {
+    let broker = broker().await;
+    let queue = unique("refused-copy");
+    let dlx = unique("refused-copy-dlx");
+    let dlq = unique("refused-copy-dead");
+    declare_bound_queue(&broker, &dlx, ExchangeType::Fanout, &dlq, "").await;
+    broker
+        .declare_queue(&QueueSpec::new(queue.as_str()).dead_letter_exchange(dlx.as_str()))
+        .await
+        .unwrap();
+    broker.delete_exchange(&dlx).await.unwrap();
+    let seen = Seen::<(u32, u32)>::default();
+    let running = App::new("refused-copy")
+        .with_state(seen.clone())
+        .mount(broker.queue(&queue), reject_1_fail_others, |m| {
+            m.workers(1).retry().max_attempts(3)
+        })
+        .start()
+        .await
+        .unwrap();
+    publish_one(&broker, &queue, 1).await;
+    wait_until("message 1 handled", || seen.len() == 1).await;
+    // Its dead letter was refused (no such exchange): the broker's own dead-lettering
+    // then drops it, for the same reason.
+    wait_until("message 1 settled", || unacked_count(&queue) == 0).await;
+
+    declare_bound_queue(&broker, &dlx, ExchangeType::Fanout, &dlq, "").await;
+    publish_one(&broker, &queue, 7).await;
+    wait_for("message 7 in the dead-letter queue", || async {
+        ready(&broker, &dlq).await == 1
+    })
+    .await;
+    running.shutdown().await.unwrap();
+    assert_eq!(seen.all(), vec![(1, 1), (7, 1), (7, 2), (7, 3)]);
+    assert_dead_letter(&take_all(&dlq).await, "cannot handle this");
+    cleanup(&broker, &[&queue, &dlq], &[&dlx]).await;
+}
+
+async fn reject(_: Json<u32>) -> Outcome {
+    Outcome::Reject
+}
+
+/// A dead letter keeps no per-message TTL, as with RabbitMQ's own dead-lettering: it
+/// must not expire from the dead-letter queue. (It kept the original's.)
+#[tokio::test]
+async fn a_dead_letter_does_not_keep_the_messages_ttl() {
+    let broker = broker().await;
+    let queue = unique("dead-ttl");
+    let dlq = unique("dead-ttl-dead");
+    broker
+        .declare_queue(&QueueSpec::new(dlq.as_str()))
+        .await
+        .unwrap();
+    broker
+        .declare_queue(&QueueSpec::new(queue.as_str()).dead_letter_queue(dlq.as_str(), 10))
+        .await
+        .unwrap();
+    let running = App::new("dead-ttl")
+        .mount(broker.queue(&queue), reject, |m| m)
+        .start()
+        .await
+        .unwrap();
+    broker
+        .publisher()
+        .await
+        .unwrap()
+        .publish_to(
+            "",
+            &queue,
+            Message::json(&7u32).unwrap(),
+            PublishOptions::default().expiration(Duration::from_secs(600)),
+        )
+        .await
+        .unwrap();
+    wait_for("the dead letter", || async {
+        ready(&broker, &dlq).await == 1
+    })
+    .await;
+    running.shutdown().await.unwrap();
+    let dead = take_all(&dlq).await;
+    assert_eq!(dead[0].expiration, None);
+    assert_eq!(dead[0].number(), 7);
+    cleanup(&broker, &[&queue, &dlq], &[]).await;
 }
 
 async fn retry_later_then_reject(

@@ -8,10 +8,10 @@
 //! events, so comparing their captures is deterministic: the unfiltered one proves that
 //! the password was printed, the others that it was dropped, and only it.
 
+mod common;
+
 use std::io;
-use std::process::Command;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use conveyor::{Message, Publisher, QueueSpec};
 use conveyor_lapin::{HIDE_CREDENTIALS_DIRECTIVES, LapinBroker, hide_credentials};
@@ -22,6 +22,8 @@ use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::fmt::format::{DefaultFields, Format};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::{EnvFilter, Layer, fmt};
+
+use common::TempUser;
 
 /// A log captured in memory.
 #[derive(Clone, Default)]
@@ -87,55 +89,6 @@ fn captures() -> &'static Captures {
     })
 }
 
-/// A RabbitMQ user of its own, so that its password is found in the logs only where
-/// it leaked (guest's would also match the user name); deleted on drop.
-struct User {
-    name: String,
-    password: String,
-}
-
-impl User {
-    fn add() -> User {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let user = User {
-            name: format!("conveyor-trace-{}-{nanos}", std::process::id()),
-            password: format!("Pw{nanos}xyz"),
-        };
-        rabbitmqctl(&["add_user", &user.name, &user.password]);
-        rabbitmqctl(&["set_permissions", "-p", "/", &user.name, ".*", ".*", ".*"]);
-        user
-    }
-
-    fn url(&self) -> String {
-        format!("amqp://{}:{}@127.0.0.1:5672/%2f", self.name, self.password)
-    }
-}
-
-impl Drop for User {
-    fn drop(&mut self) {
-        let _ = Command::new("rabbitmqctl")
-            .args(["-q", "delete_user", &self.name])
-            .output();
-    }
-}
-
-fn rabbitmqctl(args: &[&str]) {
-    let output = Command::new("rabbitmqctl")
-        .arg("-q")
-        .args(args)
-        .output()
-        .expect("rabbitmqctl (run scripts/services/rabbitmq.sh)");
-    assert!(
-        output.status.success(),
-        "rabbitmqctl {} failed: {}",
-        args[0],
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
 /// How lapin prints a secret: amq-protocol's `LongString` is a list of bytes
 /// (`LongString([0, 117, 115, ...])`).
 fn as_byte_list(secret: &str) -> String {
@@ -154,7 +107,9 @@ fn shows(log: &str, secret: &str) -> bool {
 #[tokio::test(flavor = "multi_thread")]
 async fn lapin_traces_show_the_password_unless_filtered() {
     let captures = captures();
-    let user = User::add();
+    // A user of its own, so that its password is found in the logs only where it
+    // leaked (guest's would also match the user name).
+    let user = TempUser::add("conveyor-trace");
     let queue = format!("conveyor-test.trace.{}", user.name);
 
     // Conveyor's connection: the login (Connection.StartOk, SASL PLAIN), then a

@@ -207,10 +207,12 @@ pub fn unacked_count(queue: &str) -> usize {
         .unwrap_or_else(|| panic!("no queue {queue} on the broker"))
 }
 
-/// A message taken from a queue by [`take_all`]: its payload and AMQP headers.
+/// A message taken from a queue by [`take_all`]: its payload, AMQP headers and TTL.
 pub struct Taken {
     pub payload: Vec<u8>,
     pub headers: lapin::types::FieldTable,
+    /// Its per-message TTL, if it has one.
+    pub expiration: Option<String>,
 }
 
 impl Taken {
@@ -257,6 +259,7 @@ pub async fn take_all(queue: &str) -> Vec<Taken> {
         let delivery = message.delivery;
         taken.push(Taken {
             headers: delivery.properties.headers().clone().unwrap_or_default(),
+            expiration: (delivery.properties.expiration().as_ref()).map(|e| e.to_string()),
             payload: delivery.data,
         });
     }
@@ -317,4 +320,55 @@ impl<T: Clone> Seen<T> {
     pub fn all(&self) -> Vec<T> {
         self.0.lock().unwrap().clone()
     }
+}
+
+/// A RabbitMQ user added for one test (all permissions on `/`), deleted on drop.
+pub struct TempUser {
+    pub name: String,
+    pub password: String,
+}
+
+impl TempUser {
+    /// Adds a user named after `prefix`, this process and the time.
+    pub fn add(prefix: &str) -> TempUser {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let user = TempUser {
+            name: format!("{prefix}-{}-{nanos}", std::process::id()),
+            password: format!("Pw{nanos}xyz"),
+        };
+        rabbitmqctl(&["add_user", &user.name, &user.password]);
+        rabbitmqctl(&["set_permissions", "-p", "/", &user.name, ".*", ".*", ".*"]);
+        user
+    }
+
+    /// The URL that logs in as this user.
+    pub fn url(&self) -> String {
+        format!("amqp://{}:{}@127.0.0.1:5672/%2f", self.name, self.password)
+    }
+}
+
+impl Drop for TempUser {
+    fn drop(&mut self) {
+        let _ = Command::new("rabbitmqctl")
+            .args(["-q", "delete_user", &self.name])
+            .output();
+    }
+}
+
+/// Runs `rabbitmqctl -q <args>`, failing the test if it fails.
+pub fn rabbitmqctl(args: &[&str]) {
+    let output = Command::new("rabbitmqctl")
+        .arg("-q")
+        .args(args)
+        .output()
+        .expect("rabbitmqctl (run scripts/services/rabbitmq.sh)");
+    assert!(
+        output.status.success(),
+        "rabbitmqctl {} failed: {}",
+        args[0],
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
