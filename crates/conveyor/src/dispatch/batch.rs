@@ -114,6 +114,9 @@ async fn decode_and_run<H: CallBatch>(handler: &H, gathered: &mut Vec<Delivery>,
     if deliveries.is_empty() {
         return;
     }
+    // Back in `gathered` until settled: should the shutdown timeout cancel the handler,
+    // the caller counts and releases what is left there.
+    std::mem::swap(gathered, &mut deliveries);
     let started = run.metrics.run_started();
     let called = catch_unwind(AssertUnwindSafe(|| {
         handler.call(Batch::new(payloads, metadata), &run.cx)
@@ -123,7 +126,7 @@ async fn decode_and_run<H: CallBatch>(handler: &H, gathered: &mut Vec<Delivery>,
         Err(panic) => {
             run.metrics.panicked();
             let failure = Failure::Panic(panic);
-            for delivery in deliveries {
+            for delivery in gathered.drain(..) {
                 settle_failed(delivery, &failure, run);
             }
             return;
@@ -131,7 +134,7 @@ async fn decode_and_run<H: CallBatch>(handler: &H, gathered: &mut Vec<Delivery>,
         Ok(Err(rejection)) => {
             tracing::error!(queue = run.cx.queue(), error = %rejection, "rejecting a batch the handler cannot take");
             let reason = rejection.to_string();
-            for delivery in deliveries {
+            for delivery in gathered.drain(..) {
                 settle(delivery, Settlement::Reject { reason: &reason }, run);
             }
             return;
@@ -145,20 +148,20 @@ async fn decode_and_run<H: CallBatch>(handler: &H, gathered: &mut Vec<Delivery>,
         Err(timed_out) => timed_out,
         Ok(Ok(outcome)) => match outcome {
             Ok(BatchOutcome::All(outcome)) => {
-                for delivery in deliveries {
+                for delivery in gathered.drain(..) {
                     settle_outcome(delivery, outcome, run);
                 }
                 return;
             }
-            Ok(BatchOutcome::Each(outcomes)) if outcomes.len() == deliveries.len() => {
-                for (delivery, outcome) in deliveries.into_iter().zip(outcomes) {
+            Ok(BatchOutcome::Each(outcomes)) if outcomes.len() == gathered.len() => {
+                for (delivery, outcome) in gathered.drain(..).zip(outcomes) {
                     settle_outcome(delivery, outcome, run);
                 }
                 return;
             }
             Ok(BatchOutcome::Each(outcomes)) => Failure::Mismatch {
                 outcomes: outcomes.len(),
-                messages: deliveries.len(),
+                messages: gathered.len(),
             },
             Err(error) => Failure::Error(error),
         },
@@ -167,7 +170,7 @@ async fn decode_and_run<H: CallBatch>(handler: &H, gathered: &mut Vec<Delivery>,
             Failure::Panic(panic)
         }
     };
-    for delivery in deliveries {
+    for delivery in gathered.drain(..) {
         settle_failed(delivery, &failure, run);
     }
 }
