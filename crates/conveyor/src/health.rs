@@ -159,9 +159,8 @@ impl std::fmt::Debug for MountStatus {
 
 impl MountStatus {
     /// A receive failed: the mount is reconnecting while it pauses before the next.
-    /// Returns whether it was not already.
-    pub(crate) fn receive_failed(&self) -> bool {
-        !self.receive_failing.swap(true, Ordering::Relaxed)
+    pub(crate) fn receive_failed(&self) {
+        self.receive_failing.store(true, Ordering::Relaxed);
     }
 
     /// The pause after a failed receive is over: receiving again.

@@ -428,6 +428,11 @@ impl RetryPause {
         self.backoff.delay(self.failures.saturating_add(1))
     }
 
+    /// How many failures in a row it has counted.
+    pub fn failures(&self) -> u32 {
+        self.failures
+    }
+
     /// Back to the shortest pause, after a call that worked.
     pub fn reset(&mut self) {
         self.failures = 0;

@@ -73,6 +73,8 @@ struct Flaky {
     down: Arc<AtomicBool>,
     /// Deliveries handed out.
     delivered: Arc<AtomicUsize>,
+    /// Receives failed.
+    failed: Arc<AtomicUsize>,
     ends: bool,
     panics: bool,
 }
@@ -91,6 +93,7 @@ impl Subscriber for Flaky {
         assert!(!self.panics, "a transport bug");
         tokio::time::sleep(Duration::from_millis(5)).await;
         if self.down.load(Ordering::SeqCst) {
+            self.failed.fetch_add(1, Ordering::SeqCst);
             return Some(Err(Error::config("the broker is away")));
         }
         self.delivered.fetch_add(1, Ordering::SeqCst);
@@ -119,18 +122,20 @@ impl Source for Flaky {
 }
 
 #[tokio::test]
-async fn a_mount_whose_receives_fail_is_reconnecting_until_one_succeeds() {
+async fn a_mount_whose_receives_fail_is_reconnecting_until_one_succeeds_and_counts_one_reconnect() {
     // The runtime is current-thread: the app's tasks record here.
     let recorder = metrics_util::debugging::DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let _recording = metrics::set_default_local_recorder(&recorder);
     let down = Arc::new(AtomicBool::new(false));
     let delivered = Arc::new(AtomicUsize::new(0));
+    let failed = Arc::new(AtomicUsize::new(0));
     let app = App::new("flaky")
         .mount(
             Flaky {
                 down: down.clone(),
                 delivered: delivered.clone(),
+                failed: failed.clone(),
                 ..Flaky::default()
             },
             ignore,
@@ -147,6 +152,11 @@ async fn a_mount_whose_receives_fail_is_reconnecting_until_one_succeeds() {
     })
     .await;
     assert!(health.is_live() && !health.is_ready(), "{health:?}");
+    // Several failed receives in a row: one outage, which counted a reconnect per receive.
+    health_until(&app, "three receives failed", |_| {
+        failed.load(Ordering::SeqCst) >= 3
+    })
+    .await;
 
     down.store(false, Ordering::SeqCst);
     // A receive succeeds again (ready shows between failed receives too).
@@ -157,7 +167,7 @@ async fn a_mount_whose_receives_fail_is_reconnecting_until_one_succeeds() {
     .await;
     health_until(&app, "running again", Health::is_ready).await;
     app.shutdown().await.unwrap();
-    // Several receives failed in a row: one reconnect.
+    // Receives failed in a row: one reconnect.
     let reconnects: Vec<_> = snapshotter
         .snapshot()
         .into_vec()

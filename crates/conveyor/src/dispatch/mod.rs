@@ -222,9 +222,11 @@ impl From<Received> for End {
 /// requested meanwhile.
 ///
 /// The mount shows as reconnecting while it waits (a receive that succeeds, or one that
-/// waits without failing, is up again).
+/// waits without failing, is up again). A reconnect is counted at the first failure of
+/// a run, not at each: `pause` counts them until a receive succeeds.
 pub(crate) async fn pause_after(pause: &mut RetryPause, error: &Error, run: &mut Run) -> bool {
-    if run.status.receive_failed() {
+    run.status.receive_failed();
+    if pause.failures() == 0 {
         run.metrics.reconnecting();
     }
     let retry_in = pause.failed();
