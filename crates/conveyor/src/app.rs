@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::asyncapi::QueueDescription;
-use crate::dispatch::{Phase, Run, Shutdown};
+use crate::dispatch::{MAX_WORKERS, Phase, Run, Shutdown};
 use crate::error::Error;
 use crate::extract::Context;
 use crate::handler::{Endpoint, Handler, Unlayered};
@@ -387,6 +387,13 @@ fn validate(queue: &str, options: &MountOptions, batch_handler: bool) -> Result<
     match options.dispatch() {
         Dispatch::Workers(0) | Dispatch::Lanes(0) | Dispatch::AnyWorker { workers: 0, .. } => {
             return bad("workers(0) can run nothing; use at least 1".into());
+        }
+        Dispatch::Workers(n) | Dispatch::Lanes(n) | Dispatch::AnyWorker { workers: n, .. }
+            if n > MAX_WORKERS =>
+        {
+            return bad(format!(
+                "workers({n}) is over the most a mount runs, {MAX_WORKERS}"
+            ));
         }
         Dispatch::AnyWorker {
             workers,

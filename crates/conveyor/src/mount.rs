@@ -160,7 +160,8 @@ impl<L> MountOptions<L> {
 
     /// Runs up to `n` handlers at once, finishing in any order. While `n` are in flight
     /// the subscription reads nothing further. A retry goes back to the broker. Follow
-    /// with [`by_key`](Self::by_key) for ordered lanes.
+    /// with [`by_key`](Self::by_key) for ordered lanes. At most
+    /// [`MAX_WORKERS`](crate::dispatch::MAX_WORKERS).
     pub fn workers(mut self, n: usize) -> Self {
         self.workers = Some(n);
         self

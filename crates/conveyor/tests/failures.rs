@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use conveyor::testing::TestApp;
-use conveyor::{App, Backoff, DeliveryInfo, Error, Json, MemoryBroker, Message, State};
+use conveyor::{App, Backoff, DeliveryInfo, Error, Json, MemoryBroker, Message, Publisher, State};
 use tokio::time::Instant;
 
 #[derive(serde::Deserialize)]
@@ -230,6 +230,9 @@ async fn impossible_mount_settings_fail_startup() {
         |m| m.workers(0).by_key().any_worker(),
         // A zero timeout would cancel every handler before it runs.
         |m| m.timeout(Duration::ZERO),
+        // More than a mount runs: its tasks and lanes would be made up front.
+        |m| m.workers(usize::MAX),
+        |m| m.workers(conveyor::dispatch::MAX_WORKERS + 1).by_key(),
     ] {
         let error = App::new("bad")
             .mount(broker.queue("jobs"), any, configure)
@@ -238,6 +241,39 @@ async fn impossible_mount_settings_fail_startup() {
             .unwrap_err();
         assert!(matches!(error, Error::Config(_)), "{error}");
     }
+}
+
+async fn many(_batch: conveyor::Batch<conveyor::Bytes>) {}
+
+/// A batch size or read-ahead far beyond what comes is a limit, not an allocation made up
+/// front: both mounts run. (Each panicked on its first allocation: capacity overflow.)
+#[tokio::test]
+async fn a_huge_batch_size_or_read_ahead_runs_like_any_other() {
+    let broker = MemoryBroker::new();
+    broker.publish("batches", Message::new("1")).await.unwrap();
+    broker
+        .publish(
+            "keyed",
+            Message::builder().partition_key("k").json(&1u64).unwrap(),
+        )
+        .await
+        .unwrap();
+    let test = TestApp::start(
+        App::new("huge")
+            .mount(broker.queue("batches"), many, |m| m.batch(usize::MAX))
+            .mount(broker.queue("keyed"), any, |m| {
+                m.workers(2).by_key().any_worker().read_ahead(usize::MAX)
+            }),
+        &broker,
+    )
+    .await
+    .unwrap();
+    test.settled().await.unwrap();
+    test.stop().await.unwrap();
+    assert_eq!(
+        broker.stats("batches").ready + broker.stats("keyed").ready,
+        0
+    );
 }
 
 #[test]

@@ -27,8 +27,8 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
 use super::{
-    End, Received, Retries, Run, finish, handle_one, join_tasks, lanes::key_hash, receive,
-    task_died, task_error,
+    End, PREALLOCATED_MAX, Received, Retries, Run, finish, handle_one, join_tasks, lanes::key_hash,
+    receive, task_died, task_error,
 };
 use crate::delivery::Delivery;
 use crate::error::Error;
@@ -108,7 +108,7 @@ impl<T> Board<T> {
         let read_ahead = read_ahead.max(workers).max(1);
         Board {
             held: Mutex::new(Held {
-                ready: BinaryHeap::with_capacity(read_ahead),
+                ready: BinaryHeap::with_capacity(read_ahead.min(PREALLOCATED_MAX)),
                 behind: HashMap::new(),
                 held: 0,
                 next_seq: 0,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use futures_util::FutureExt;
 
 use super::settle::{Failure, settle_failed, settle_outcome, within_timeout};
-use super::{End, Run, StopOnDrain, finish, pause_after, settle};
+use super::{End, PREALLOCATED_MAX, Run, StopOnDrain, finish, pause_after, settle};
 use crate::batch::{Batch, BatchOutcome, IntoBatchOutcome, Metadata};
 use crate::delivery::Delivery;
 use crate::error::Error;
@@ -24,7 +24,7 @@ pub(super) async fn drive<H: CallBatch, S: Subscriber>(
     mut run: Run,
 ) -> Result<(), Error> {
     let size = run.options.batch_size().unwrap_or(DEFAULT_BATCH_SIZE);
-    let mut gathered = Vec::with_capacity(size);
+    let mut gathered = Vec::with_capacity(size.min(PREALLOCATED_MAX));
     let mut pause = RetryPause::new();
     let mut stop = StopOnDrain::new(&run);
     let end = loop {

@@ -42,6 +42,15 @@ pub(crate) use settle::{Retries, handle_one};
 
 pub(crate) use run::Run;
 
+/// The most workers (or lanes) a mount may run: more handlers at once than RabbitMQ's
+/// largest prefetch window (65,535) hands a consumer. A larger `workers(n)` is a
+/// startup error, where it would otherwise make `n` tasks and their state up front.
+pub const MAX_WORKERS: usize = 65_536;
+
+/// The most room a mount's buffers take up front: a larger batch or read-ahead grows
+/// them only as deliveries come, so a huge setting costs nothing until used.
+const PREALLOCATED_MAX: usize = 1024;
+
 /// Public in name, because the sealed `Endpoint` trait mentions it, but in a private
 /// module, so no one outside the crate can name it.
 mod run {
