@@ -7,11 +7,16 @@
 //! ahead, so nothing is reordered and read-ahead stays at `n` running, `n` waiting in
 //! lanes and one in the dispatcher's hand. A lane retries a failed delivery in place
 //! (`Retries::InPlace`), so a key keeps its order across retries.
+//!
+//! At shutdown each lane hands back at once what waits in it, and the delivery the
+//! dispatcher held for it, except what waits behind the lane's running delivery of the
+//! same key: that goes back, in order, once the running one is settled, so no other
+//! consumer can run it first.
 
 use std::sync::Arc;
 
-use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
 use super::{
@@ -54,6 +59,11 @@ pub(crate) fn key_hash(key: &str) -> u64 {
     })
 }
 
+/// What the dispatcher hands a lane: a delivery and its key's [`key_hash`] (`None` for a
+/// keyless one), which the lane keeps while it runs the delivery, to tell at shutdown what
+/// waits behind it.
+type Handed = (Delivery, Option<u64>);
+
 pub(super) async fn drive<H: CallOne, S: Subscriber>(
     handler: Arc<H>,
     mut subscriber: S,
@@ -61,21 +71,27 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
     n: usize,
 ) -> Result<(), Error> {
     let mut lanes = Vec::with_capacity(n);
+    let mut drains = Vec::with_capacity(n);
     let stats = run.status.lane_stats(n);
     // Dropping the set aborts the lanes, so an aborted mount leaves none behind.
     let mut tasks = JoinSet::new();
     for number in 0..n {
-        let (lane, queue) = mpsc::channel::<Delivery>(LANE_BUFFER);
+        let (lane, queue) = mpsc::channel::<Handed>(LANE_BUFFER);
+        let (drain, drained) = oneshot::channel();
         lanes.push(lane);
+        drains.push(drain);
         let lane = Lane {
             number,
             queue,
+            drain: drained,
             stats: stats.clone(),
         };
         tasks.spawn(run_lane(handler.clone(), lane, run.clone()));
     }
 
     let mut rotation = 0usize;
+    // The delivery the dispatcher holds for a full lane when the loop ends, and its lane.
+    let mut in_hand = None;
     let end: End = loop {
         let received = tokio::select! {
             biased;
@@ -87,82 +103,188 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
             other => break other.into(),
         };
         delivery.note_arrival();
-        let lane = match delivery.partition_key() {
+        let (lane, hash) = match delivery.partition_key() {
             Some(key) => {
                 let hash = key_hash(key);
                 let lane = lane_for_hash(hash, n);
                 stats.queued(Some(lane), Some((key, hash)));
                 run.metrics.lane_queued(lane);
-                lane
+                (lane, Some(hash))
             }
             None => {
                 rotation = rotation.wrapping_add(1);
                 stats.queued(Some(rotation % n), None);
                 run.metrics.lane_queued(rotation % n);
-                rotation % n
+                (rotation % n, None)
             }
         };
         delivery.set_lane(lane);
         // A lane with room takes the delivery at once, without the shutdown's future
         // being made (see `receive`).
-        let delivery = match lanes[lane].try_send(delivery) {
+        let handed = match lanes[lane].try_send((delivery, hash)) {
             Ok(()) => continue,
-            Err(TrySendError::Full(delivery)) => delivery,
+            Err(TrySendError::Full(handed)) => handed,
             Err(TrySendError::Closed(_)) => break hand_over_lost(&mut tasks, &run).await,
         };
         stats.waited_for_full_lane();
-        // The delivery inside a dropped send is released.
+        // The delivery stays in hand while the lane has no room: should shutdown end the
+        // wait, it goes to its lane's drain, behind what the lane holds (see below).
         tokio::select! {
             biased;
-            sent = lanes[lane].send(delivery) => if sent.is_err() {
-                break hand_over_lost(&mut tasks, &run).await;
+            permit = lanes[lane].reserve() => match permit {
+                Ok(permit) => permit.send(handed),
+                Err(_) => break hand_over_lost(&mut tasks, &run).await,
             },
-            () = run.shutdown.requested() => break End::Stopped,
-            died = task_died(&mut tasks) => break End::Failed(task_error(&died, &run)),
+            () = run.shutdown.requested() => {
+                in_hand = Some((lane, handed));
+                break End::Stopped;
+            }
+            died = task_died(&mut tasks) => {
+                in_hand = Some((lane, handed));
+                break End::Failed(task_error(&died, &run));
+            }
         }
     };
     drop(lanes);
+    // At shutdown the lanes learn it at once, even with a handler running (see
+    // `run_lane`); the delivery in hand goes to its lane, to go back in its key's order.
+    let drain = Drain { drains, in_hand };
+    let drain = if run.shutdown.is_requested() {
+        drain.send();
+        None
+    } else {
+        Some(drain)
+    };
     subscriber.stop_receiving().await;
-    let joined = join_tasks(tasks, &run).await;
+    // The mount ended without a shutdown (its subscription ended, a lane died): the lanes
+    // run what they hold, unless shutdown comes meanwhile.
+    let joining = join_tasks(tasks, &run);
+    tokio::pin!(joining);
+    let joined = match drain {
+        None => joining.await,
+        Some(drain) => {
+            let mut shutdown = run.shutdown.clone();
+            tokio::select! {
+                biased;
+                joined = &mut joining => joined,
+                () = shutdown.requested() => {
+                    drain.send();
+                    joining.await
+                }
+            }
+        }
+    };
     stats.stopped();
     run.metrics.lanes_stopped();
     finish(subscriber, &run, end).await.and(joined)
 }
 
+/// How the mount tells its lanes that it is draining.
+struct Drain {
+    /// One per lane, in lane order.
+    drains: Vec<oneshot::Sender<Option<Handed>>>,
+    /// The delivery the dispatcher held for a full lane, and that lane.
+    in_hand: Option<(usize, Handed)>,
+}
+
+impl Drain {
+    /// Tells every lane, handing the delivery in hand to its lane. A lane that has ended
+    /// already refuses it: it goes back now, after what that lane held.
+    fn send(self) {
+        let Drain {
+            drains,
+            mut in_hand,
+        } = self;
+        for (number, drain) in drains.into_iter().enumerate() {
+            let handed = in_hand
+                .take_if(|(lane, _)| *lane == number)
+                .map(|(_, handed)| handed);
+            drop(drain.send(handed));
+        }
+    }
+}
+
 /// One lane's end of the hand-over.
 struct Lane {
     number: usize,
-    queue: mpsc::Receiver<Delivery>,
+    queue: mpsc::Receiver<Handed>,
+    /// Resolves once the mount drains, with the delivery the dispatcher held for this
+    /// lane, if any: it came after everything in `queue`.
+    drain: oneshot::Receiver<Option<Handed>>,
     stats: Arc<LaneStats>,
 }
 
 /// One lane: runs its deliveries in order, each to its end, retries included, before the
-/// next. At shutdown it starts no new one; those still waiting in it are released when
-/// its queue is dropped.
+/// next. At shutdown it starts no new one. What waits in it then goes back at once, unless
+/// it waits behind the running delivery's key: that goes back, in order, once the running
+/// one is settled.
 async fn run_lane<H: CallOne>(handler: Arc<H>, lane: Lane, run: Run) {
     let Lane {
         number,
         mut queue,
+        mut drain,
         stats,
     } = lane;
     loop {
         // No wait on the shutdown here: the mount's loop sees it and drops the lanes'
         // senders, which ends this wait (polling the shutdown beside the queue cost about
         // 300 instructions per delivery). A shutdown is looked at once a delivery is taken.
-        let Some(delivery) = queue.recv().await else {
-            return;
+        let Some((delivery, key)) = queue.recv().await else {
+            break;
         };
-        // Shutdown came as it was taken: it goes back unstarted (the lane's queue, with
-        // the rest of its keys' deliveries, goes back after it).
+        // Shutdown came as it was taken: nothing of this lane's keys runs, so it goes back
+        // unstarted, then the rest of the lane's queue and what was held for it (below).
         if run.shutdown.is_requested() {
-            return;
+            drop(delivery);
+            break;
         }
         stats.started(number, false);
         run.metrics.lane_started(number);
-        handle_one(&*handler, delivery, &run, Retries::InPlace).await;
+        let handling = handle_one(&*handler, delivery, &run, Retries::InPlace);
+        tokio::pin!(handling);
+        // The handler is polled first: one that finishes at once never polls the drain,
+        // and waiting on it costs no lock (a oneshot, unlike the shutdown's watch).
+        let behind = tokio::select! {
+            biased;
+            () = &mut handling => None,
+            held = &mut drain => {
+                let behind = hold_behind(&mut queue, held.ok().flatten(), key);
+                handling.await;
+                Some(behind)
+            }
+        };
         run.metrics.lane_finished(number);
         stats.finished(number);
+        if let Some(behind) = behind {
+            // The delivery before them is settled: they go back now, in order.
+            drop(behind);
+            return;
+        }
     }
+    // In order: what waited in the lane, then what the dispatcher held for it.
+    drop(queue);
+    drop(drain);
+}
+
+/// At drain, with a delivery of key `running` still running: takes what waits in the lane
+/// and what the dispatcher held for it (`in_hand`, the last to arrive), releases at once
+/// each whose key is not `running`'s, and returns the others, in order, to release once
+/// the running one is settled. Keys whose hashes collide only wait for each other.
+fn hold_behind(
+    queue: &mut mpsc::Receiver<Handed>,
+    in_hand: Option<Handed>,
+    running: Option<u64>,
+) -> Vec<Delivery> {
+    let mut behind = Vec::new();
+    let waiting = std::iter::from_fn(|| queue.try_recv().ok()).chain(in_hand);
+    for (delivery, key) in waiting {
+        if running.is_some() && key == running {
+            behind.push(delivery);
+        } else {
+            drop(delivery);
+        }
+    }
+    behind
 }
 
 #[cfg(test)]
