@@ -36,7 +36,9 @@ static CONSUMERS: AtomicU64 = AtomicU64::new(0);
 ///
 /// When the app starts draining, [`stop_receiving`](Subscriber::stop_receiving) cancels
 /// the consumer and hands the deliveries still waiting in the prefetch window back to
-/// the queue, while the handlers in flight finish and settle on the same channel.
+/// the queue, while the handlers in flight finish and settle on the same channel. If the
+/// connection is lost at that moment, the cancel is owed: lapin restores the consumer
+/// with the channel, and a task cancels it then and hands back what it was pushed.
 pub struct LapinSubscriber {
     queue: Arc<str>,
     channel: Channel,
@@ -57,6 +59,9 @@ pub struct LapinSubscriber {
     receiving: bool,
     /// Whether the broker has confirmed the consumer's cancellation.
     cancelled: bool,
+    /// Cancels the consumer once lapin has restored it, where stopping receiving found
+    /// the channel down ([`cancel_when_restored`]).
+    owed_cancel: Option<tokio::task::JoinHandle<()>>,
     /// The queue's consumer timeout, where this broker declared one.
     consumer_timeout: Option<Duration>,
 }
@@ -245,6 +250,7 @@ impl LapinSubscriber {
             places: Places::default(),
             receiving: true,
             cancelled: false,
+            owed_cancel: None,
             consumer_timeout: known.as_deref().and_then(Declaration::consumer_timeout),
         })
     }
@@ -297,8 +303,9 @@ impl LapinSubscriber {
     }
 
     /// Cancels the consumer (`basic.cancel`) unless the broker has confirmed that already.
-    /// When the channel is down the cancel fails: what the channel held goes back to the
-    /// queue with it, and the next call (closing the subscription) tries again.
+    /// When the channel is down the cancel fails (lapin sends nothing on a channel it is
+    /// recovering): what the channel held goes back to the queue with it, and the next
+    /// call (closing the subscription) tries again.
     async fn cancel_consumer(&mut self) {
         if self.cancelled {
             return;
@@ -330,6 +337,63 @@ impl LapinSubscriber {
             .into()),
         }
     }
+}
+
+/// Owes the cancel of a consumer that [`Subscriber::stop_receiving`] could not cancel,
+/// its channel being down, until the subscription closes.
+///
+/// lapin restores every consumer of a channel it recovers, this one too, and the broker
+/// then fills its prefetch window for a subscription that no longer reads. Each delivery
+/// it gets goes back to the queue at once (`basic.nack` with requeue), after a cancel:
+/// the first delivery of the restored consumer proves that the broker has it again, so
+/// a cancel sent then reaches it (one sent as soon as the channel is open could come
+/// before lapin's own `basic.consume`, cancel nothing and leave the consumer restored
+/// after it), and the broker pushes nothing after its `cancel-ok`. A cancel that fails
+/// (the connection lost again) is sent again at the next delivery. The consumer's stream
+/// ends once lapin has dropped the consumer, on the broker's `cancel-ok`.
+///
+/// Deliveries from before the loss are still in the stream, or dropped by lapin as it
+/// restores the consumer; their ackers are dead, so they cause no cancel and their nack
+/// does nothing: the broker took them back with the connection.
+///
+/// Until its first delivery, a restored consumer of an empty queue stays subscribed:
+/// it holds nothing, and the first message pushed to it is handed back within a round
+/// trip. Closing the subscription cancels it in any case.
+async fn cancel_when_restored(
+    channel: Channel,
+    mut consumer: Consumer,
+    consumer_tag: ShortString,
+    queue: Arc<str>,
+) {
+    let mut cancelled = false;
+    let mut released = 0usize;
+    while let Some(next) = consumer.next().await {
+        // An error is the channel's, which lapin recovers (the stream goes on) or not
+        // (the stream ends, and the channel's deliveries are back in the queue).
+        let Ok(delivery) = next else { continue };
+        if !cancelled && delivery.acker.usable() {
+            match channel
+                .basic_cancel(consumer_tag.clone(), BasicCancelOptions::default())
+                .await
+            {
+                Ok(()) => {
+                    cancelled = true;
+                    tracing::info!(queue = %queue, "cancelled the consumer lapin restored after the subscription stopped receiving");
+                }
+                Err(error) => {
+                    tracing::debug!(queue = %queue, %error, "cancelling the restored consumer failed");
+                }
+            }
+        }
+        match settle::nack(&delivery.acker, true).await {
+            Ok(true) => released += 1,
+            Ok(false) => {}
+            Err(error) => {
+                tracing::debug!(queue = %queue, %error, "releasing a delivery of the restored consumer failed");
+            }
+        }
+    }
+    tracing::debug!(queue = %queue, released, "the restored consumer is cancelled");
 }
 
 /// A consuming connection's status, as a probe: lost while it is not connected (lapin
@@ -404,12 +468,26 @@ impl Subscriber for LapinSubscriber {
     /// every delivery the broker had already pushed into the consumer's buffer, so the
     /// prefetch window goes back to the queue at once. Deliveries already returned by
     /// `recv` stay valid, and are settled on the same channel later.
+    ///
+    /// When the channel is down the cancel cannot be sent, and what the channel held is
+    /// back in the queue already; lapin will restore the consumer with the channel, so a
+    /// task cancels it then and releases what it is pushed ([`cancel_when_restored`]).
     async fn stop_receiving(&mut self) {
         if !self.receiving {
             return;
         }
         self.receiving = false;
         self.cancel_consumer().await;
+        if !self.cancelled {
+            self.owed_cancel = Some(tokio::spawn(cancel_when_restored(
+                self.channel.clone(),
+                self.consumer.clone(),
+                self.consumer_tag.clone(),
+                self.queue.clone(),
+            )));
+            tracing::info!(queue = %self.queue, "stopped receiving; the consumer is cancelled once its channel is back");
+            return;
+        }
         // The broker sends nothing after its cancel-ok, and lapin queues what came before
         // it, then the end of the stream: all that is left to release is here now.
         let mut released = 0usize;
@@ -427,6 +505,11 @@ impl Subscriber for LapinSubscriber {
     }
 
     async fn close(mut self) {
+        // Closing the channel below returns whatever the restored consumer still holds.
+        if let Some(owed) = self.owed_cancel.take() {
+            owed.abort();
+            let _ = owed.await;
+        }
         self.cancel_consumer().await;
         let LapinSubscriber {
             queue,

@@ -1,7 +1,8 @@
 //! Connections cut under load by a fault-injecting proxy (`common::proxy`): consumption
 //! resumes within a bound and loses nothing, confirmed publishes survive a cut, a broker
 //! that refuses connections fails `connect` instead of hanging, and a reconnect whose
-//! handshake gets no answer is cut and tried again.
+//! handshake gets no answer is cut and tried again, and a subscription that stops
+//! receiving while its connection is lost holds nothing once lapin restores its consumer.
 //!
 //! Every fault is provoked by the proxy at a point the test chooses by a condition (so
 //! many messages handled, so many publishes confirmed), never by a sleep, so the tests
@@ -14,7 +15,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use conveyor::{App, ConnectionState, DeliveryInfo, Json, Message, Publisher, QueueSpec, State};
+use conveyor::{
+    App, ConnectionState, DeliveryInfo, Json, Message, Publisher, QueueSpec, Source, State,
+    SubscribeSettings, Subscriber,
+};
 use conveyor_lapin::{LapinBroker, LapinError};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::sync::watch;
@@ -718,6 +722,93 @@ async fn a_reconnect_whose_handshake_gets_no_answer_is_cut_and_tried_again_until
         at_resume,
         "recovered on the streams already open"
     );
+    broker.close().await.unwrap();
+    cleanup(&admin, &[&queue], &[]).await;
+}
+
+/// The state of `broker`'s consuming connection.
+fn consuming(broker: &LapinBroker) -> ConnectionState {
+    conveyor::Broker::connections(broker)
+        .into_iter()
+        .find(|connection| connection.name == "consuming")
+        .expect("a consuming connection")
+        .state
+}
+
+/// How many messages of `queue` are ready, and how many consumers it has, from a passive
+/// declare on a connection of its own (straight to RabbitMQ, not through a proxy).
+async fn ready_and_consumers(queue: &str) -> (u32, u32) {
+    let connection = lapin::Connection::connect(common::URL, Default::default())
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let declared = channel
+        .queue_declare(
+            queue.into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let _ = connection.close(200, "done".into()).await;
+    (declared.message_count(), declared.consumer_count())
+}
+
+/// Stopping receiving while the connection is lost cannot send the consumer's cancel.
+/// lapin restores the consumer with the connection, and the broker fills its prefetch
+/// window again for a subscription that no longer reads: those deliveries go back to the
+/// queue within a second and the consumer is cancelled, rather than both staying until
+/// the subscription closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_stopped_while_its_connection_is_lost_hands_back_what_the_restored_consumer_gets()
+ {
+    let (admin, queue, proxy) = queue_and_proxy("reconnect-stopped").await;
+    for id in 0..20 {
+        admin.publish(&queue, message(id)).await.unwrap();
+    }
+    let broker = through(&proxy, &unique("reconnect-stopped")).await;
+    let mut subscriber = broker
+        .queue(queue.as_str())
+        .prefetch(5)
+        .subscribe(SubscribeSettings::new(1))
+        .await
+        .unwrap();
+    // Held as a running handler holds it; it goes back to the queue with the connection.
+    let running = subscriber.recv().await.unwrap().unwrap();
+    wait_until("the prefetch window to fill", || proxy.deliveries() >= 5).await;
+
+    proxy.refuse_new_connections();
+    proxy.cut_connections().await;
+    wait_until("the consuming connection to be lost", || {
+        consuming(&broker) == ConnectionState::Reconnecting
+    })
+    .await;
+    subscriber.stop_receiving().await;
+    proxy.accept_new_connections();
+    // lapin restores the consumer with the channel, and the broker fills its window again.
+    wait_until("the restored consumer's deliveries", || {
+        proxy.deliveries() >= 10
+    })
+    .await;
+    // Then every message is ready again and the queue has no consumer: nothing is held,
+    // and nothing more will be pushed to this subscription.
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        let (ready, consumers) = ready_and_consumers(&queue).await;
+        if (ready, consumers) == (20, 0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a second after the restored consumer's deliveries: {ready} of 20 ready, {consumers} consumers"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(running);
+    subscriber.close().await;
     broker.close().await.unwrap();
     cleanup(&admin, &[&queue], &[]).await;
 }

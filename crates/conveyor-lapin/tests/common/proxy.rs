@@ -16,7 +16,8 @@
 //! - refuse new connections ([`refuse_new_connections`](Proxy::refuse_new_connections)):
 //!   each is reset as soon as it is accepted, before a byte is exchanged.
 //!
-//! It also counts the `basic.ack` frames the client sends ([`acks`](Proxy::acks)).
+//! It also counts the `basic.ack` frames the client sends ([`acks`](Proxy::acks)), and the
+//! `basic.deliver` frames the broker sends ([`deliveries`](Proxy::deliveries)).
 //!
 //! (`noxious`, a Rust port of Toxiproxy, was considered: it runs as a server with its own
 //! control API, has not been released since 2021 and brings old versions of `tokio-util`
@@ -82,6 +83,7 @@ struct Shared {
     accepted: AtomicUsize,
     refused: AtomicUsize,
     acks: Arc<AckCounts>,
+    deliveries: Arc<AtomicUsize>,
 }
 
 /// The `basic.ack` frames clients have sent through the proxy.
@@ -112,6 +114,7 @@ impl Proxy {
             accepted: AtomicUsize::new(0),
             refused: AtomicUsize::new(0),
             acks: Arc::default(),
+            deliveries: Arc::default(),
         });
         let accepting = tokio::spawn(accept(listener, shared.clone()));
         Proxy {
@@ -243,6 +246,13 @@ impl Proxy {
         )
     }
 
+    /// How many `basic.deliver` frames the broker has sent through the proxy since it
+    /// started (counted once past any latency or stall, as they are passed on or held
+    /// back with a confirm).
+    pub fn deliveries(&self) -> usize {
+        self.shared.deliveries.load(Ordering::SeqCst)
+    }
+
     /// How many connections the proxy has refused since it started.
     pub fn refused(&self) -> usize {
         self.shared.refused.load(Ordering::SeqCst)
@@ -306,7 +316,12 @@ async fn link(
             faults.clone(),
             Direction::Requests(shared.acks.clone()),
         );
-        let replies = pump(server_read, client_write, faults, Direction::Replies);
+        let replies = pump(
+            server_read,
+            client_write,
+            faults,
+            Direction::Replies(shared.deliveries.clone()),
+        );
         tokio::select! {
             _ = async { tokio::join!(requests, replies) } => None,
             // The proxy dropped: cut too.
@@ -324,15 +339,15 @@ async fn link(
 enum Direction {
     /// From the client to the broker, whose acks are counted.
     Requests(Arc<AckCounts>),
-    /// From the broker to the client.
-    Replies,
+    /// From the broker to the client, whose deliveries are counted.
+    Replies(Arc<AtomicUsize>),
 }
 
 impl Direction {
     fn stalled(&self, faults: &Faults) -> bool {
         match self {
             Direction::Requests(_) => faults.requests_stalled,
-            Direction::Replies => faults.replies == Replies::Stalled,
+            Direction::Replies(_) => faults.replies == Replies::Stalled,
         }
     }
 }
@@ -393,11 +408,14 @@ async fn pump(
                         }
                         bytes
                     }
-                    Direction::Replies => {
+                    Direction::Replies(deliveries) => {
                         let holding = now.replies == Replies::ConfirmsHeld;
                         frames.push(&bytes);
                         let mut out = if holding { Vec::new() } else { held.release() };
                         while let Some(frame) = frames.next_frame() {
+                            if is_method(&frame, BASIC_DELIVER) {
+                                deliveries.fetch_add(1, Ordering::SeqCst);
+                            }
                             if !(holding && held.keeps(&frame)) {
                                 out.extend_from_slice(&frame);
                             }
@@ -413,7 +431,7 @@ async fn pump(
                 if changed.is_err() {
                     return;
                 }
-                let released = matches!(direction, Direction::Replies)
+                let released = matches!(direction, Direction::Replies(_))
                     && faults.borrow().replies == Replies::Flowing;
                 if released && !send(&mut to, &held.release()).await {
                     return;
@@ -433,6 +451,7 @@ async fn send(to: &mut (impl AsyncWrite + Unpin), bytes: &[u8]) -> bool {
 const FRAME_HEADER: usize = 7;
 const METHOD_FRAME: u8 = 1;
 const BASIC_CLASS: u16 = 60;
+const BASIC_DELIVER: u16 = 60;
 const BASIC_ACK: u16 = 80;
 const BASIC_NACK: u16 = 120;
 /// `AMQP\x00\x00\x09\x01`, which the client sends before its first frame.
