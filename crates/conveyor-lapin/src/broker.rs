@@ -1014,17 +1014,21 @@ impl conveyor::Broker for LapinBroker {
         message: Message,
         timeout: std::time::Duration,
     ) -> Result<Message, conveyor::Error> {
-        let requester = self
-            .requester()
-            .await
-            .map_err(|e| no_channel(e, destination, 1))?;
-        requester
-            .reader
-            .replies()
-            .request(destination, timeout, |correlation_id| {
-                requester.send(destination, message, correlation_id)
-            })
-            .await
+        // The timeout covers opening the requester: a stalled broker holds no one past it.
+        conveyor::request::within(destination, timeout, async {
+            let requester = self
+                .requester()
+                .await
+                .map_err(|e| no_channel(e, destination, 1))?;
+            requester
+                .reader
+                .replies()
+                .request(destination, timeout, |correlation_id| {
+                    requester.send(destination, message, correlation_id)
+                })
+                .await
+        })
+        .await
     }
 
     /// The consuming connection and the publishing one.

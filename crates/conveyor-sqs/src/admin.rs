@@ -161,14 +161,18 @@ impl conveyor::Broker for SqsBroker {
         message: conveyor::Message,
         timeout: std::time::Duration,
     ) -> Result<conveyor::Message, Error> {
-        let requester = self.requester().await.map_err(transport)?;
-        requester
-            .reader
-            .replies()
-            .request(destination, timeout, |correlation_id| {
-                requester.send(self, destination, message, correlation_id)
-            })
-            .await
+        // The timeout covers making the reply queue: a stalled SQS holds no one past it.
+        conveyor::request::within(destination, timeout, async {
+            let requester = self.requester().await.map_err(transport)?;
+            requester
+                .reader
+                .replies()
+                .request(destination, timeout, |correlation_id| {
+                    requester.send(self, destination, message, correlation_id)
+                })
+                .await
+        })
+        .await
     }
 }
 

@@ -141,19 +141,9 @@ impl Replies {
         let exchange = async {
             send(correlation_id.clone()).await?;
             // The sender is only dropped with the entry, which this request removes.
-            answered.await.map_err(|_| Error::Timeout {
-                what: format!("a reply to the request sent to `{destination}`"),
-                after: timeout,
-            })
+            answered.await.map_err(|_| timed_out(destination, timeout))
         };
-        tokio::time::timeout(timeout, exchange)
-            .await
-            .unwrap_or_else(|_| {
-                Err(Error::Timeout {
-                    what: format!("a reply to the request sent to `{destination}`"),
-                    after: timeout,
-                })
-            })
+        within(destination, timeout, exchange).await
     }
 
     /// Hands `reply` to the request with `correlation_id`. Returns false, with a debug
@@ -181,6 +171,37 @@ struct Waiting<'a> {
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         support::lock(&self.replies.waiting).remove(self.correlation_id);
+    }
+}
+
+/// Runs `request`, a whole request to `destination`, for at most `timeout`: a transport
+/// wraps in it what it does before [`Replies::request`] too (opening its requester, say),
+/// so a slow broker never holds the caller past its timeout.
+///
+/// ```
+/// use std::time::Duration;
+/// use conveyor::request::within;
+///
+/// # async fn demo() {
+/// let stalled = within("prices", Duration::from_millis(10), std::future::pending::<Result<(), _>>());
+/// assert!(matches!(stalled.await, Err(conveyor::Error::Timeout { .. })));
+/// # }
+/// ```
+pub async fn within<T>(
+    destination: &str,
+    timeout: Duration,
+    request: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    tokio::time::timeout(timeout, request)
+        .await
+        .unwrap_or_else(|_| Err(timed_out(destination, timeout)))
+}
+
+/// The error of a request to `destination` that got no reply within `timeout`.
+fn timed_out(destination: &str, timeout: Duration) -> Error {
+    Error::Timeout {
+        what: format!("a reply to the request sent to `{destination}`"),
+        after: timeout,
     }
 }
 
