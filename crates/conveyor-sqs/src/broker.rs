@@ -291,10 +291,11 @@ impl SqsBroker {
         self.inner.sdk.as_ref()
     }
 
-    /// The requester, with its reply queue, made by the first request.
+    /// The requester, with its reply queue, made by the first request, and again once
+    /// the reply queue was found gone (deleted by hand, or by an emulator's restart).
     pub(crate) async fn requester(&self) -> Result<Arc<Requester>, SqsError> {
         let mut requester = self.inner.requester.lock().await;
-        if let Some(open) = requester.as_ref() {
+        if let Some(open) = requester.as_ref().filter(|r| r.reader.is_reading()) {
             return Ok(open.clone());
         }
         let opened = Arc::new(Requester::open(self).await?);

@@ -1,5 +1,6 @@
 //! Request/reply on SQS: one reply queue per requester (a broker), made by its first
-//! request and deleted when the broker closes. Each request carries the queue's URL as
+//! request (again once found gone) and deleted when the broker closes (in the background
+//! when it is dropped unclosed). Each request carries the queue's URL as
 //! its reply address and a correlation id; one task long-polls the reply queue, hands
 //! each reply to its request, and deletes what it received in one batch call.
 //!
@@ -11,6 +12,7 @@
 //! idle (one per wait time, 20 s by default: about 4,300 a day).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use aws_sdk_sqs::Client;
@@ -27,6 +29,9 @@ use crate::queue::QueueInfo;
 pub(crate) struct Requester {
     queue: Arc<QueueInfo>,
     pub(crate) reader: ReplyReader,
+    /// To delete the reply queue when dropped without [`close`](Self::close).
+    client: Client,
+    closed: AtomicBool,
 }
 
 impl Requester {
@@ -47,8 +52,16 @@ impl Requester {
         // The task holds the client, not the broker: the broker holds this requester,
         // whose drop stops the task.
         let (client, settings) = (broker.client().clone(), broker.settings().clone());
-        let reader = ReplyReader::spawn(|replies| read(client, settings, queue.clone(), replies));
-        Ok(Requester { queue, reader })
+        let reader = ReplyReader::spawn({
+            let client = client.clone();
+            |replies| read(client, settings, queue.clone(), replies)
+        });
+        Ok(Requester {
+            queue,
+            reader,
+            client,
+            closed: AtomicBool::new(false),
+        })
     }
 
     /// Publishes `message` to `destination` with the reply queue as its reply address.
@@ -67,6 +80,7 @@ impl Requester {
     /// Stops reading and deletes the reply queue.
     pub(crate) async fn close(&self, broker: &SqsBroker) -> Result<(), SqsError> {
         self.reader.stop();
+        self.closed.store(true, Ordering::Relaxed);
         broker
             .client()
             .delete_queue()
@@ -78,8 +92,30 @@ impl Requester {
     }
 }
 
-/// Receives replies until the requester closes: each goes to its request (or, late, is
-/// dropped), and what a receive brought is deleted in one call.
+/// A requester dropped without [`Requester::close`] (its broker dropped unclosed, or the
+/// reply queue found gone) deletes its reply queue in the background, as best it can: a
+/// runtime shutting down may not run it, and `close` is the way to be sure.
+impl Drop for Requester {
+    fn drop(&mut self) {
+        if self.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (client, queue) = (self.client.clone(), self.queue.clone());
+        runtime.spawn(async move {
+            if let Err(error) = client.delete_queue().queue_url(&queue.url).send().await {
+                let error = SqsError::from_sdk("DeleteQueue", &queue.name, error);
+                tracing::debug!(error = %conveyor::Report(&error), "deleting a dropped requester's reply queue failed");
+            }
+        });
+    }
+}
+
+/// Receives replies until the requester closes, or its reply queue is found gone (the
+/// next request makes another): each goes to its request (or, late, is dropped), and what
+/// a receive brought is deleted in one call.
 async fn read(client: Client, settings: Settings, queue: Arc<QueueInfo>, replies: Arc<Replies>) {
     loop {
         let received = client
@@ -95,7 +131,11 @@ async fn read(client: Client, settings: Settings, queue: Arc<QueueInfo>, replies
         let messages = match received {
             Ok(output) => output.messages.unwrap_or_default(),
             Err(error) => {
-                let error = SqsError::call("ReceiveMessage", &queue.name, error);
+                let error = SqsError::from_sdk("ReceiveMessage", &queue.name, error);
+                if let SqsError::NoSuchQueue { .. } = error {
+                    tracing::warn!(queue = %queue.name, "the reply queue is gone; the next request makes another");
+                    return;
+                }
                 tracing::warn!(error = %conveyor::Report(&error), "receiving replies failed; trying again");
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
@@ -116,5 +156,117 @@ async fn read(client: Client, settings: Settings, queue: Arc<QueueInfo>, replies
         {
             tracing::debug!(error = %conveyor::Report(&error), "deleting replies failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use conveyor::{App, Broker, Bytes, Message, QueueSpec};
+
+    use crate::SqsBroker;
+
+    async fn echo(payload: Bytes) -> Result<Message, conveyor::Error> {
+        Ok(Message::new(payload))
+    }
+
+    /// Live (the SQS emulator): a reply queue deleted under its requester is made again
+    /// by the next request. (The reader tried to receive from it for ever, and every
+    /// later request of the broker timed out.)
+    #[tokio::test]
+    async fn a_reply_queue_deleted_under_its_requester_is_made_again_by_the_next_request() {
+        let broker = SqsBroker::builder()
+            .endpoint("http://127.0.0.1:4566")
+            .region("us-east-1")
+            .static_credentials("test", "test")
+            // The reader sees its queue gone at its next receive: soon.
+            .wait_time(Duration::from_secs(1))
+            .build()
+            .await
+            .unwrap();
+        let destination = format!("conveyor-test-reply-gone-{}", std::process::id());
+        broker
+            .declare_queue(&QueueSpec::new(destination.as_str()))
+            .await
+            .unwrap();
+        let responder = App::new("echo")
+            .mount(broker.queue(&destination), echo, |m| m)
+            .start()
+            .await
+            .unwrap();
+        let ask = |text: &'static str| {
+            broker.request(&destination, Message::new(text), Duration::from_secs(30))
+        };
+        assert_eq!(&ask("one").await.unwrap().payload()[..], b"one");
+
+        let first = broker.requester().await.unwrap();
+        broker
+            .client()
+            .delete_queue()
+            .queue_url(&first.queue.url)
+            .send()
+            .await
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while first.reader.is_reading() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the reader never saw its queue gone"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(&ask("two").await.unwrap().payload()[..], b"two");
+        assert_ne!(broker.requester().await.unwrap().queue.url, first.queue.url);
+
+        responder.shutdown().await.unwrap();
+        broker.close().await.unwrap();
+        broker.delete_queue(&destination).await.unwrap();
+    }
+
+    /// A broker dropped without `close()` deletes the reply queue its requests made.
+    /// (It stayed, with the replies sent to it, for the queue's 4-day retention.)
+    #[tokio::test]
+    async fn a_broker_dropped_unclosed_deletes_its_reply_queue() {
+        let connect = || {
+            SqsBroker::builder()
+                .endpoint("http://127.0.0.1:4566")
+                .region("us-east-1")
+                .static_credentials("test", "test")
+                .build()
+        };
+        let broker = connect().await.unwrap();
+        let destination = format!("conveyor-test-dropped-requester-{}", std::process::id());
+        broker
+            .declare_queue(&QueueSpec::new(destination.as_str()))
+            .await
+            .unwrap();
+        // Nothing answers: the request times out, and leaves its reply queue made.
+        let unanswered = broker
+            .request(&destination, Message::new("x"), Duration::from_millis(200))
+            .await;
+        assert!(matches!(unanswered, Err(conveyor::Error::Timeout { .. })));
+        let reply_queue = broker.requester().await.unwrap().queue.name.clone();
+        drop(broker);
+
+        let other = connect().await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let found = other
+                .client()
+                .get_queue_url()
+                .queue_name(&reply_queue)
+                .send()
+                .await;
+            if found.is_err() {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the reply queue `{reply_queue}` is still there"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        other.delete_queue(&destination).await.unwrap();
     }
 }
