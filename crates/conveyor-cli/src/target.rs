@@ -5,8 +5,8 @@ use std::fmt;
 use std::time::Duration;
 
 use conveyor::Broker;
-use conveyor_lapin::{LapinBroker, LapinQueue, redact_url};
-use conveyor_sqs::{SqsBroker, SqsQueue};
+use conveyor_lapin::{LapinBroker, LapinError, LapinQueue, redact_url};
+use conveyor_sqs::{SqsBroker, SqsError, SqsQueue};
 
 use crate::Failure;
 
@@ -15,11 +15,27 @@ use crate::Failure;
 pub trait Inspect: Broker {
     /// The queue `name`, to receive from without declaring anything.
     fn inspect(&self, name: &str) -> Self::Queue;
+
+    /// Whether a publish that failed with `error` was refused before anything was sent,
+    /// because the message cannot be carried as it is (too many attributes, headers
+    /// over the frame limit): nothing reached the broker, so sending another form of
+    /// the message duplicates nothing.
+    fn refused_unsent(error: &conveyor::Error) -> bool;
 }
 
 impl Inspect for LapinBroker {
     fn inspect(&self, name: &str) -> LapinQueue {
         self.queue(name).passive()
+    }
+
+    fn refused_unsent(error: &conveyor::Error) -> bool {
+        let conveyor::Error::Publish { source, .. } = error else {
+            return false;
+        };
+        matches!(
+            source.downcast_ref::<LapinError>(),
+            Some(LapinError::Invalid { .. } | LapinError::HeadersTooLarge { .. })
+        )
     }
 }
 
@@ -27,6 +43,16 @@ impl Inspect for LapinBroker {
 impl Inspect for SqsBroker {
     fn inspect(&self, name: &str) -> SqsQueue {
         self.queue(name)
+    }
+
+    fn refused_unsent(error: &conveyor::Error) -> bool {
+        let conveyor::Error::Publish { source, .. } = error else {
+            return false;
+        };
+        matches!(
+            source.downcast_ref::<SqsError>(),
+            Some(SqsError::InvalidMessage { .. })
+        )
     }
 }
 

@@ -640,6 +640,62 @@ async fn a_killed_redrive_run_again_loses_nothing<B: Broker>(live: Live<B>) {
     live.delete(&[&dead, &target]).await;
 }
 
+/// SQS carries at most ten message attributes: a dead letter with nine or ten (headers,
+/// content type, message id) has no room for the marker and a new id, and moves without
+/// what does not fit; the messages after it move too, each once.
+async fn redrive_moves_dead_letters_with_nine_or_ten_attributes<B: Broker>(live: Live<B>) {
+    let dead = live.declare("full-dead").await;
+    let target = live.declare("full").await;
+    let crowded = |id: u32, headers: u32, message_id: bool| {
+        let mut builder = Message::builder().partition_key(format!("k{id}"));
+        for n in 0..headers {
+            builder = builder.header(format!("h{n}"), "v");
+        }
+        if message_id {
+            builder = builder.message_id(format!("m-{id}"));
+        }
+        builder.payload(format!("body {id}"))
+    };
+    // Nine headers, no id; nine and an id; ten, no id; then a plain one.
+    let messages = vec![
+        crowded(0, 9, false),
+        crowded(1, 9, true),
+        crowded(2, 10, false),
+        crowded(3, 0, false),
+    ];
+    live.broker
+        .publish_batch(&dead, messages)
+        .await
+        .expect("published");
+    live.wait_ready(&dead, 4).await;
+
+    let ran = live.redrive(&dead, &target, &[]).await;
+    assert!(ran.status.success(), "{ran:?}");
+    assert!(ran.stdout.contains("moved 4 of 4"), "{ran:?}");
+    live.wait_ready(&dead, 0).await;
+    let moved = live.take(&target, 4).await;
+    let mut bodies: Vec<&[u8]> = moved.iter().map(|m| m.payload.as_ref()).collect();
+    bodies.sort_unstable();
+    assert_eq!(bodies, [&b"body 0"[..], b"body 1", b"body 2", b"body 3"]);
+    for message in &moved {
+        let id = message.headers.get_str(conveyor::MESSAGE_ID_HEADER);
+        match message.payload.as_ref() {
+            b"body 1" => assert_eq!(id, Some("m-1.redrive-1")),
+            // Ten headers: no room for the marker nor an id.
+            b"body 2" => {
+                assert_eq!(id, None);
+                assert!(message.headers.contains("h9"), "{message:?}");
+            }
+            b"body 3" => {
+                assert_eq!(message.headers.get_str("x-conveyor-redriven"), Some("1"));
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(live.ready(&target).await, 0, "each moved once");
+    live.delete(&[&dead, &target]).await;
+}
+
 async fn failures_are_one_line_and_never_show_a_password<B: Broker>(live: Live<B>) {
     let ran = live.run(&["depth", "no-such-queue-anywhere"]).await;
     assert_eq!(ran.status.code(), Some(1), "{ran:?}");
@@ -765,5 +821,10 @@ mod sqs {
     #[tokio::test]
     async fn failures_are_one_line_and_never_show_a_password() {
         super::failures_are_one_line_and_never_show_a_password(sqs().await).await;
+    }
+
+    #[tokio::test]
+    async fn redrive_moves_dead_letters_with_nine_or_ten_attributes() {
+        super::redrive_moves_dead_letters_with_nine_or_ten_attributes(sqs().await).await;
     }
 }
