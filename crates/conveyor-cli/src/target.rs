@@ -21,9 +21,18 @@ pub trait Inspect: Broker {
     /// over the frame limit): nothing reached the broker, so sending another form of
     /// the message duplicates nothing.
     fn refused_unsent(error: &conveyor::Error) -> bool;
+
+    /// The most messages `conveyor publish` hands the transport in one call. A transport
+    /// checks every message of a call before it sends any, so the fewer calls, the less
+    /// is sent before a bad line is found; each call is confirmed before the next.
+    const PUBLISH_CALL: usize;
 }
 
 impl Inspect for LapinBroker {
+    /// Each call sends all its messages before it waits for their confirms, and says
+    /// only that one failed: calls of 500 tell which lines were confirmed.
+    const PUBLISH_CALL: usize = 500;
+
     fn inspect(&self, name: &str) -> LapinQueue {
         self.queue(name).passive()
     }
@@ -41,6 +50,10 @@ impl Inspect for LapinBroker {
 
 /// An SQS subscription looks its queue up and declares nothing.
 impl Inspect for SqsBroker {
+    /// One call for the whole input: every message is checked before any is sent, and a
+    /// failure names, by index, each message not sent.
+    const PUBLISH_CALL: usize = usize::MAX;
+
     fn inspect(&self, name: &str) -> SqsQueue {
         self.queue(name)
     }
