@@ -794,6 +794,102 @@ mod rabbitmq {
         super::a_killed_redrive_run_again_loses_nothing(rabbitmq().await).await;
     }
 
+    /// A redriven message keeps its AMQP properties (content encoding, type, app id,
+    /// timestamp, priority as the property) and its headers' types (numbers, booleans,
+    /// arrays, tables), as README says it keeps its headers.
+    #[tokio::test]
+    #[ignore = "defect: the redrive maps AMQP properties and header values to text (not fixed yet)"]
+    async fn redrive_keeps_amqp_properties_and_header_types() {
+        use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions};
+        use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString};
+        use lapin::{BasicProperties, Connection, ConnectionProperties};
+
+        let live = rabbitmq().await;
+        let dead = live.declare("typed-dead").await;
+        let target = live.declare("typed").await;
+        let connection = Connection::connect(AMQP_URL, ConnectionProperties::default())
+            .await
+            .expect("a lapin connection");
+        let channel = connection.create_channel().await.expect("a channel");
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .expect("confirms");
+        let mut nested = FieldTable::default();
+        nested.insert("inner".into(), AMQPValue::LongInt(1));
+        let mut headers = FieldTable::default();
+        headers.insert("count".into(), AMQPValue::LongLongInt(7));
+        headers.insert("flag".into(), AMQPValue::Boolean(true));
+        headers.insert(
+            "list".into(),
+            AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::LongString(
+                LongString::from("a"),
+            )])),
+        );
+        headers.insert("table".into(), AMQPValue::FieldTable(nested));
+        let properties = BasicProperties::default()
+            .with_headers(headers)
+            .with_content_type("application/json".into())
+            .with_content_encoding("gzip".into())
+            .with_type("order.created".into())
+            .with_app_id("shop".into())
+            .with_timestamp(1_700_000_000)
+            .with_priority(5)
+            .with_message_id("m-typed".into());
+        channel
+            .basic_publish(
+                "".into(),
+                dead.as_str().into(),
+                BasicPublishOptions::default(),
+                b"{}",
+                properties,
+            )
+            .await
+            .expect("published")
+            .await
+            .expect("confirmed");
+        live.wait_ready(&dead, 1).await;
+
+        let ran = live.redrive(&dead, &target, &[]).await;
+        assert!(ran.status.success(), "{ran:?}");
+        live.wait_ready(&target, 1).await;
+        let got = channel
+            .basic_get(target.as_str().into(), BasicGetOptions { no_ack: true })
+            .await
+            .expect("a get")
+            .expect("the redriven message");
+        let properties = &got.delivery.properties;
+        assert_eq!(
+            properties.content_encoding().as_ref().map(|v| v.as_str()),
+            Some("gzip")
+        );
+        assert_eq!(
+            properties.kind().as_ref().map(|v| v.as_str()),
+            Some("order.created")
+        );
+        assert_eq!(
+            properties.app_id().as_ref().map(|v| v.as_str()),
+            Some("shop")
+        );
+        assert_eq!(*properties.timestamp(), Some(1_700_000_000));
+        assert_eq!(*properties.priority(), Some(5));
+        let table = properties.headers().clone().unwrap_or_default();
+        let table = table.inner();
+        assert!(!table.contains_key("priority"), "{table:?}");
+        assert_eq!(table.get("count"), Some(&AMQPValue::LongLongInt(7)));
+        assert_eq!(table.get("flag"), Some(&AMQPValue::Boolean(true)));
+        assert!(
+            matches!(table.get("list"), Some(AMQPValue::FieldArray(_))),
+            "{table:?}"
+        );
+        assert!(
+            matches!(table.get("table"), Some(AMQPValue::FieldTable(_))),
+            "{table:?}"
+        );
+        let _ = connection.close(200, "done".into()).await;
+        live.delete(&[&dead, &target]).await;
+    }
+
     #[tokio::test]
     async fn failures_are_one_line_and_never_show_a_password() {
         super::failures_are_one_line_and_never_show_a_password(rabbitmq().await).await;
