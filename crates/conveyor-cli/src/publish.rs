@@ -4,13 +4,12 @@
 use std::path::PathBuf;
 
 use bytes::Bytes;
-use conveyor::{Broker, Message};
+use conveyor::Message;
+use conveyor_sqs::SqsError;
 use tokio::io::AsyncReadExt;
 
+use crate::target::Inspect;
 use crate::{Failure, out};
-
-/// At most this many messages go in one batch (each batch is confirmed whole).
-const BATCH: usize = 500;
 
 /// What to publish, and how to dress each message.
 #[derive(Debug)]
@@ -27,33 +26,121 @@ pub struct Input {
     pub file: Option<PathBuf>,
 }
 
-/// Publishes `input` to `queue`, each message confirmed by the broker.
-pub async fn run<B: Broker>(broker: &B, queue: &str, input: Input) -> Result<(), Failure> {
+/// Publishes `input` to `queue`, each message confirmed by the broker, in calls of at
+/// most [`Inspect::PUBLISH_CALL`] messages, each checked whole before any of it is sent.
+/// A failure says how many were published, and which lines (of the input, counting
+/// empty ones) were not, or may not have been.
+pub async fn run<B: Inspect>(broker: &B, queue: &str, input: Input) -> Result<(), Failure> {
     let bytes = read(input.file.as_ref()).await?;
-    let bodies: Vec<Bytes> = if input.lines {
+    // Each body with its line number, from 1.
+    let bodies: Vec<(usize, Bytes)> = if input.lines {
         bytes
             .split(|&byte| byte == b'\n')
             .map(|line| line.strip_suffix(b"\r").unwrap_or(line))
-            .filter(|line| !line.is_empty())
-            .map(|line| bytes.slice_ref(line))
+            .enumerate()
+            .filter(|(_, line)| !line.is_empty())
+            .map(|(index, line)| (index + 1, bytes.slice_ref(line)))
             .collect()
     } else {
-        vec![bytes]
+        vec![(1, bytes)]
     };
     let count = bodies.len();
-    let mut messages = bodies.into_iter().map(|body| message(&input, body));
-    loop {
-        let batch: Vec<Message> = messages.by_ref().take(BATCH).collect();
-        if batch.is_empty() {
-            break;
+    let mut published = 0;
+    for call in bodies.chunks(B::PUBLISH_CALL.max(1)) {
+        let messages: Vec<Message> = call
+            .iter()
+            .map(|(_, body)| message(&input, body.clone()))
+            .collect();
+        if let Err(error) = broker.publish_batch(queue, messages).await {
+            let lines: Vec<usize> = call.iter().map(|(line, _)| *line).collect();
+            let (sent, outcome) = outcome(&lines, &error, B::refused_unsent(&error));
+            return Err(Failure::broker(format!(
+                "published {} of {count} to `{queue}`{}{outcome}: {}",
+                published + sent,
+                if input.lines {
+                    ""
+                } else {
+                    " (the file as one message)"
+                },
+                conveyor::Report(&error)
+            )));
         }
-        broker
-            .publish_batch(queue, batch)
-            .await
-            .map_err(|error| Failure::call(&format!("publishing to `{queue}`"), &error))?;
+        published += call.len();
     }
     let noun = if count == 1 { "message" } else { "messages" };
     out::print(&format!("published {count} {noun} to `{queue}`\n"))
+}
+
+/// Of a call of the messages on `lines` that failed with `error`: how many were
+/// published all the same, and which lines were not (or may not have been), as text.
+fn outcome(lines: &[usize], error: &conveyor::Error, refused_unsent: bool) -> (usize, String) {
+    match not_sent_of(error) {
+        Some((not_sent, unconfirmed)) => {
+            let pick = |indices: &[usize]| -> Vec<usize> {
+                indices
+                    .iter()
+                    .filter_map(|&i| lines.get(i).copied())
+                    .collect()
+            };
+            let (not_sent, unconfirmed) = (pick(not_sent), pick(unconfirmed));
+            let sent = lines.len() - not_sent.len() - unconfirmed.len();
+            let mut text = String::new();
+            if !not_sent.is_empty() {
+                text.push_str(&format!("; not sent: {}", spans(&not_sent)));
+            }
+            if !unconfirmed.is_empty() {
+                text.push_str(&format!(
+                    "; unconfirmed, may have arrived: {}",
+                    spans(&unconfirmed)
+                ));
+            }
+            (sent, text)
+        }
+        None if refused_unsent => (0, format!("; not sent: {}", spans(lines))),
+        None => (
+            0,
+            format!("; may or may not have arrived: {}", spans(lines)),
+        ),
+    }
+}
+
+/// The messages of an SQS publish that were not sent, and those whose call failed as a
+/// whole, by index in the call: the others were sent.
+fn not_sent_of(error: &conveyor::Error) -> Option<(&[usize], &[usize])> {
+    let conveyor::Error::Publish { source, .. } = error else {
+        return None;
+    };
+    match source.downcast_ref::<SqsError>()? {
+        SqsError::NotSent {
+            not_sent,
+            unconfirmed,
+            ..
+        } => Some((not_sent, unconfirmed)),
+        _ => None,
+    }
+}
+
+/// Line numbers as `line 3`, or `lines 3-7, 9`.
+fn spans(lines: &[usize]) -> String {
+    let mut spans: Vec<(usize, usize)> = Vec::new();
+    for &line in lines {
+        match spans.last_mut() {
+            Some((_, end)) if *end + 1 == line => *end = line,
+            _ => spans.push((line, line)),
+        }
+    }
+    let text: Vec<String> = spans
+        .iter()
+        .map(|&(start, end)| {
+            if start == end {
+                start.to_string()
+            } else {
+                format!("{start}-{end}")
+            }
+        })
+        .collect();
+    let noun = if lines.len() == 1 { "line" } else { "lines" };
+    format!("{noun} {}", text.join(", "))
 }
 
 fn message(input: &Input, body: Bytes) -> Message {
@@ -90,4 +177,28 @@ async fn read(file: Option<&PathBuf>) -> Result<Bytes, Failure> {
         }
     }
     Ok(Bytes::from(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn line_numbers_are_shown_as_spans() {
+        assert_eq!(spans(&[3]), "line 3");
+        assert_eq!(spans(&[1, 2, 3, 5, 7, 8]), "lines 1-3, 5, 7-8");
+    }
+
+    #[test]
+    fn a_call_refused_before_sending_sent_none_of_its_lines() {
+        let error = conveyor::Error::config("x");
+        assert_eq!(
+            outcome(&[4, 5, 7], &error, true),
+            (0, "; not sent: lines 4-5, 7".to_string())
+        );
+        assert_eq!(
+            outcome(&[4], &error, false),
+            (0, "; may or may not have arrived: line 4".to_string())
+        );
+    }
 }

@@ -85,6 +85,8 @@ pub async fn run<B: Inspect>(broker: &B, plan: &Plan) -> Result<(), Failure> {
 
     let (mut seen, mut moved) = (0u64, 0u64);
     let mut passed_over = Vec::new();
+    // The messages the target refused in every form, and the first refusal.
+    let (mut refused, mut unsent) = (0u64, None);
     let end = loop {
         if seen >= ready_now || plan.limit.is_some_and(|limit| moved >= limit) {
             break End::Done;
@@ -124,13 +126,24 @@ pub async fn run<B: Inspect>(broker: &B, plan: &Plan) -> Result<(), Failure> {
         }
         // Published and confirmed, then removed: never removed first. A delivery dropped
         // unsettled goes back to the dead-letter queue.
-        if let Err(error) = broker.publish(&plan.to, redriven(&delivery)).await {
-            let publishing = format!("publishing to `{}`", plan.to);
-            break End::Failed(Failure::call(&publishing, &error));
+        match publish(broker, &plan.to, &delivery).await {
+            Ok(()) => {
+                delivery.settle(Settlement::Ack);
+                moved += 1;
+                bar.inc(1);
+            }
+            // Not sent in any form: it stays in the dead-letter queue (held to the end, so
+            // not looked at twice), and the pass goes on with the rest.
+            Err(Publish::Refused(error)) => {
+                unsent.get_or_insert(error);
+                refused += 1;
+                passed_over.push(delivery);
+            }
+            Err(Publish::Failed(error)) => {
+                let publishing = format!("publishing to `{}`", plan.to);
+                break End::Failed(Failure::call(&publishing, &error));
+            }
         }
-        delivery.settle(Settlement::Ack);
-        moved += 1;
-        bar.inc(1);
     };
     bar.finish_and_clear();
     for delivery in passed_over {
@@ -155,8 +168,18 @@ pub async fn run<B: Inspect>(broker: &B, plan: &Plan) -> Result<(), Failure> {
         "{verb} {moved} of {seen} looked at in `{}` to `{}`",
         plan.from, plan.to
     );
+    let summary = match &unsent {
+        Some(error) => format!(
+            "{summary}; {refused} could not be sent and stay{} in `{}` ({})",
+            if refused == 1 { "s" } else { "" },
+            plan.from,
+            conveyor::Report(error)
+        ),
+        None => summary,
+    };
     match end {
-        End::Done => out::print(&format!("{summary}\n")),
+        End::Done if unsent.is_none() => out::print(&format!("{summary}\n")),
+        End::Done => Err(Failure::broker(format!("not all moved: {summary}"))),
         End::Stalled => Err(Failure::broker(format!(
             "stopped: {summary}, of {ready_now} ready; no more came within {} s (another consumer holds them, or they wait behind the {WINDOW} this redrive may hold); the rest stays in `{}`",
             crate::pass::IDLE.as_secs(),
@@ -174,11 +197,51 @@ pub async fn run<B: Inspect>(broker: &B, plan: &Plan) -> Result<(), Failure> {
     }
 }
 
+/// Why a redriven message was not published.
+enum Publish {
+    /// Refused before it was sent, in every form: it can stay where it is.
+    Refused(conveyor::Error),
+    /// Anything else: it may or may not have reached the target.
+    Failed(conveyor::Error),
+}
+
+/// Publishes `delivery` redriven to `to`: in full, or, where the target refuses that
+/// before sending it (SQS carries at most ten message attributes, and the marker and the
+/// id can be one or two more than the dead letter had), without the marker (the id's
+/// `.redrive-N` still counts the redrives), and then without an id where it had none.
+/// Only a refusal that says nothing was sent leads to the next form: never two sends.
+async fn publish<B: Inspect>(broker: &B, to: &str, delivery: &Delivery) -> Result<(), Publish> {
+    let mut forms = [Form::Full, Form::Unmarked, Form::Bare]
+        .into_iter()
+        .peekable();
+    while let Some(form) = forms.next() {
+        match broker.publish(to, redriven(delivery, form)).await {
+            Ok(()) => return Ok(()),
+            Err(error) if B::refused_unsent(&error) && forms.peek().is_some() => {}
+            Err(error) if B::refused_unsent(&error) => return Err(Publish::Refused(error)),
+            Err(error) => return Err(Publish::Failed(error)),
+        }
+    }
+    unreachable!("the last form returns")
+}
+
+/// How much a redriven message adds to what the dead letter carried.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Form {
+    /// The `x-conveyor-redriven` marker, and an id of its own.
+    Full,
+    /// An id of its own, no marker.
+    Unmarked,
+    /// No marker, and an id only where the dead letter had one.
+    Bare,
+}
+
 /// The message that carries `delivery` back: its payload, key, properties and headers,
-/// marked redriven, without the transports' count of its attempts (which would send it
-/// straight back to the dead-letter queue). Its message id is the original's with
-/// `.redrive-N` after it, N counting the redrives.
-fn redriven(delivery: &Delivery) -> Message {
+/// marked redriven (in the [`Form::Full`] form), without the transports' count of its
+/// attempts (which would send it straight back to the dead-letter queue). Its message id
+/// is the original's with `.redrive-N` after it, N counting the redrives (by the marker,
+/// or by the id's own `.redrive-N` where an earlier redrive left the marker out).
+fn redriven(delivery: &Delivery, form: Form) -> Message {
     let mut builder = Message::builder();
     let mut times: u32 = 1;
     let mut message_id = None;
@@ -215,18 +278,28 @@ fn redriven(delivery: &Delivery) -> Message {
     // copy of another with the same body.
     let id = match message_id {
         Some(id) => {
-            let original = match id.rsplit_once(".redrive-") {
-                Some((base, count)) if count.parse::<u32>().is_ok() => base,
-                _ => id.as_str(),
+            let (original, before) = match id.rsplit_once(".redrive-") {
+                Some((base, count)) => match count.parse::<u32>() {
+                    Ok(count) => (base, count),
+                    Err(_) => (id.as_str(), 0),
+                },
+                None => (id.as_str(), 0),
             };
-            format!("{original}.redrive-{times}")
+            // The id counts too: a redrive that left the marker out must not give the
+            // next one the same id (a FIFO queue would drop it as a duplicate).
+            times = times.max(before.saturating_add(1));
+            Some(format!("{original}.redrive-{times}"))
         }
-        None => fresh_id(),
+        None if form == Form::Bare => None,
+        None => Some(fresh_id()),
     };
-    builder = builder.message_id(id);
-    builder
-        .header(REDRIVEN_HEADER, times.to_string())
-        .payload(delivery.payload().clone())
+    if let Some(id) = id {
+        builder = builder.message_id(id);
+    }
+    if form == Form::Full {
+        builder = builder.header(REDRIVEN_HEADER, times.to_string());
+    }
+    builder.payload(delivery.payload().clone())
 }
 
 /// An id no other message of this or another redrive has.
@@ -284,7 +357,7 @@ mod tests {
             ("x-first-death-reason", "rejected"),
             ("MessageGroupId", "alice"),
         ]);
-        let message = redriven(&delivery);
+        let message = redriven(&delivery, Form::Full);
         assert_eq!(message.headers().get_str("x-tenant"), Some("acme"));
         assert_eq!(
             message.headers().get_str(conveyor::REJECT_REASON_HEADER),
@@ -308,21 +381,33 @@ mod tests {
 
     #[test]
     fn a_message_redriven_again_counts_its_redrives() {
-        let message = redriven(&dead(&[
-            (REDRIVEN_HEADER, "2"),
-            ("message-id", "m-1.redrive-2"),
-        ]));
+        let message = redriven(
+            &dead(&[(REDRIVEN_HEADER, "2"), ("message-id", "m-1.redrive-2")]),
+            Form::Full,
+        );
         assert_eq!(message.headers().get_str(REDRIVEN_HEADER), Some("3"));
         assert_eq!(message.message_id(), Some("m-1.redrive-3"));
         // An id that only looks alike keeps what follows.
-        let message = redriven(&dead(&[("message-id", "a.redrive-x")]));
+        let message = redriven(&dead(&[("message-id", "a.redrive-x")]), Form::Full);
         assert_eq!(message.message_id(), Some("a.redrive-x.redrive-1"));
     }
 
     #[test]
+    fn the_slimmer_forms_leave_out_the_marker_and_then_a_new_id() {
+        let unmarked = redriven(&dead(&[("message-id", "m-1.redrive-2")]), Form::Unmarked);
+        assert!(!unmarked.headers().contains(REDRIVEN_HEADER));
+        // Without the marker, the id still counts the redrives.
+        assert_eq!(unmarked.message_id(), Some("m-1.redrive-3"));
+        let bare = redriven(&dead(&[]), Form::Bare);
+        assert_eq!(bare.message_id(), None);
+        assert!(!bare.headers().contains(REDRIVEN_HEADER));
+        assert!(redriven(&dead(&[]), Form::Unmarked).message_id().is_some());
+    }
+
+    #[test]
     fn a_message_without_an_id_gets_one_of_its_own() {
-        let first = redriven(&dead(&[]));
-        let second = redriven(&dead(&[]));
+        let first = redriven(&dead(&[]), Form::Full);
+        let second = redriven(&dead(&[]), Form::Full);
         let (Some(first), Some(second)) = (first.message_id(), second.message_id()) else {
             panic!("each redriven message has an id");
         };

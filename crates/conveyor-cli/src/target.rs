@@ -5,8 +5,8 @@ use std::fmt;
 use std::time::Duration;
 
 use conveyor::Broker;
-use conveyor_lapin::{LapinBroker, LapinQueue, redact_url};
-use conveyor_sqs::{SqsBroker, SqsQueue};
+use conveyor_lapin::{LapinBroker, LapinError, LapinQueue, redact_url};
+use conveyor_sqs::{SqsBroker, SqsError, SqsQueue};
 
 use crate::Failure;
 
@@ -15,18 +15,57 @@ use crate::Failure;
 pub trait Inspect: Broker {
     /// The queue `name`, to receive from without declaring anything.
     fn inspect(&self, name: &str) -> Self::Queue;
+
+    /// Whether a publish that failed with `error` was refused before anything was sent,
+    /// because the message cannot be carried as it is (too many attributes, headers
+    /// over the frame limit): nothing reached the broker, so sending another form of
+    /// the message duplicates nothing.
+    fn refused_unsent(error: &conveyor::Error) -> bool;
+
+    /// The most messages `conveyor publish` hands the transport in one call. A transport
+    /// checks every message of a call before it sends any, so the fewer calls, the less
+    /// is sent before a bad line is found; each call is confirmed before the next.
+    const PUBLISH_CALL: usize;
 }
 
 impl Inspect for LapinBroker {
+    /// Each call sends all its messages before it waits for their confirms, and says
+    /// only that one failed: calls of 500 tell which lines were confirmed.
+    const PUBLISH_CALL: usize = 500;
+
     fn inspect(&self, name: &str) -> LapinQueue {
         self.queue(name).passive()
+    }
+
+    fn refused_unsent(error: &conveyor::Error) -> bool {
+        let conveyor::Error::Publish { source, .. } = error else {
+            return false;
+        };
+        matches!(
+            source.downcast_ref::<LapinError>(),
+            Some(LapinError::Invalid { .. } | LapinError::HeadersTooLarge { .. })
+        )
     }
 }
 
 /// An SQS subscription looks its queue up and declares nothing.
 impl Inspect for SqsBroker {
+    /// One call for the whole input: every message is checked before any is sent, and a
+    /// failure names, by index, each message not sent.
+    const PUBLISH_CALL: usize = usize::MAX;
+
     fn inspect(&self, name: &str) -> SqsQueue {
         self.queue(name)
+    }
+
+    fn refused_unsent(error: &conveyor::Error) -> bool {
+        let conveyor::Error::Publish { source, .. } = error else {
+            return false;
+        };
+        matches!(
+            source.downcast_ref::<SqsError>(),
+            Some(SqsError::InvalidMessage { .. })
+        )
     }
 }
 

@@ -476,6 +476,40 @@ async fn publish_sends_one_message_or_one_per_line<B: Broker>(live: Live<B>) {
     live.delete(&[&queue]).await;
 }
 
+/// `publish --lines` checks every line before it sends any: a line SQS cannot carry (a
+/// binary one, which needs an attribute more for its base64 than the ten headers leave)
+/// fails the run with none sent, and the error says how many of the input were
+/// published and which lines were not, numbered as in the input.
+async fn publish_lines_checks_every_line_before_sending_any<B: Broker>(live: Live<B>) {
+    let queue = live.declare("publish-bad-line").await;
+    let mut input = Vec::new();
+    for n in 1..=550 {
+        input.extend_from_slice(format!("line {n}\n").as_bytes());
+    }
+    // Line 551 is empty (skipped), line 552 binary.
+    input.extend_from_slice(b"\n\xff\xfe\n");
+    for n in 553..=601 {
+        input.extend_from_slice(format!("line {n}\n").as_bytes());
+    }
+    let mut args = vec!["publish", &queue, "--key", "k", "--lines", "-"];
+    let headers: Vec<String> = (0..10).map(|n| format!("h{n}=v")).collect();
+    for header in &headers {
+        args.extend(["--header", header.as_str()]);
+    }
+    let ran = live.run_with_input(&args, Some(&input)).await;
+    assert_eq!(ran.status.code(), Some(1), "{ran:?}");
+    assert!(
+        ran.stderr.contains(&format!(
+            "published 0 of 600 to `{queue}`; not sent: lines 1-550, 552-601: "
+        )),
+        "{ran:?}"
+    );
+    assert_eq!(ran.stderr.trim_end().lines().count(), 1, "{ran:?}");
+    // Nothing arrived: the command ended with every send answered.
+    assert_eq!(live.ready(&queue).await, 0, "a line was sent");
+    live.delete(&[&queue]).await;
+}
+
 async fn redrive_moves_dead_letters_back_marked_and_keeps_the_rest<B: Broker>(live: Live<B>) {
     let (queue, dead) = live.declare_with_dead_letters("redrive").await;
     let messages = (0..6)
@@ -640,6 +674,62 @@ async fn a_killed_redrive_run_again_loses_nothing<B: Broker>(live: Live<B>) {
     live.delete(&[&dead, &target]).await;
 }
 
+/// SQS carries at most ten message attributes: a dead letter with nine or ten (headers,
+/// content type, message id) has no room for the marker and a new id, and moves without
+/// what does not fit; the messages after it move too, each once.
+async fn redrive_moves_dead_letters_with_nine_or_ten_attributes<B: Broker>(live: Live<B>) {
+    let dead = live.declare("full-dead").await;
+    let target = live.declare("full").await;
+    let crowded = |id: u32, headers: u32, message_id: bool| {
+        let mut builder = Message::builder().partition_key(format!("k{id}"));
+        for n in 0..headers {
+            builder = builder.header(format!("h{n}"), "v");
+        }
+        if message_id {
+            builder = builder.message_id(format!("m-{id}"));
+        }
+        builder.payload(format!("body {id}"))
+    };
+    // Nine headers, no id; nine and an id; ten, no id; then a plain one.
+    let messages = vec![
+        crowded(0, 9, false),
+        crowded(1, 9, true),
+        crowded(2, 10, false),
+        crowded(3, 0, false),
+    ];
+    live.broker
+        .publish_batch(&dead, messages)
+        .await
+        .expect("published");
+    live.wait_ready(&dead, 4).await;
+
+    let ran = live.redrive(&dead, &target, &[]).await;
+    assert!(ran.status.success(), "{ran:?}");
+    assert!(ran.stdout.contains("moved 4 of 4"), "{ran:?}");
+    live.wait_ready(&dead, 0).await;
+    let moved = live.take(&target, 4).await;
+    let mut bodies: Vec<&[u8]> = moved.iter().map(|m| m.payload.as_ref()).collect();
+    bodies.sort_unstable();
+    assert_eq!(bodies, [&b"body 0"[..], b"body 1", b"body 2", b"body 3"]);
+    for message in &moved {
+        let id = message.headers.get_str(conveyor::MESSAGE_ID_HEADER);
+        match message.payload.as_ref() {
+            b"body 1" => assert_eq!(id, Some("m-1.redrive-1")),
+            // Ten headers: no room for the marker nor an id.
+            b"body 2" => {
+                assert_eq!(id, None);
+                assert!(message.headers.contains("h9"), "{message:?}");
+            }
+            b"body 3" => {
+                assert_eq!(message.headers.get_str("x-conveyor-redriven"), Some("1"));
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(live.ready(&target).await, 0, "each moved once");
+    live.delete(&[&dead, &target]).await;
+}
+
 async fn failures_are_one_line_and_never_show_a_password<B: Broker>(live: Live<B>) {
     let ran = live.run(&["depth", "no-such-queue-anywhere"]).await;
     assert_eq!(ran.status.code(), Some(1), "{ran:?}");
@@ -704,6 +794,102 @@ mod rabbitmq {
         super::a_killed_redrive_run_again_loses_nothing(rabbitmq().await).await;
     }
 
+    /// A redriven message keeps its AMQP properties (content encoding, type, app id,
+    /// timestamp, priority as the property) and its headers' types (numbers, booleans,
+    /// arrays, tables), as README says it keeps its headers.
+    #[tokio::test]
+    #[ignore = "defect: the redrive maps AMQP properties and header values to text (not fixed yet)"]
+    async fn redrive_keeps_amqp_properties_and_header_types() {
+        use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions};
+        use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString};
+        use lapin::{BasicProperties, Connection, ConnectionProperties};
+
+        let live = rabbitmq().await;
+        let dead = live.declare("typed-dead").await;
+        let target = live.declare("typed").await;
+        let connection = Connection::connect(AMQP_URL, ConnectionProperties::default())
+            .await
+            .expect("a lapin connection");
+        let channel = connection.create_channel().await.expect("a channel");
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .expect("confirms");
+        let mut nested = FieldTable::default();
+        nested.insert("inner".into(), AMQPValue::LongInt(1));
+        let mut headers = FieldTable::default();
+        headers.insert("count".into(), AMQPValue::LongLongInt(7));
+        headers.insert("flag".into(), AMQPValue::Boolean(true));
+        headers.insert(
+            "list".into(),
+            AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::LongString(
+                LongString::from("a"),
+            )])),
+        );
+        headers.insert("table".into(), AMQPValue::FieldTable(nested));
+        let properties = BasicProperties::default()
+            .with_headers(headers)
+            .with_content_type("application/json".into())
+            .with_content_encoding("gzip".into())
+            .with_type("order.created".into())
+            .with_app_id("shop".into())
+            .with_timestamp(1_700_000_000)
+            .with_priority(5)
+            .with_message_id("m-typed".into());
+        channel
+            .basic_publish(
+                "".into(),
+                dead.as_str().into(),
+                BasicPublishOptions::default(),
+                b"{}",
+                properties,
+            )
+            .await
+            .expect("published")
+            .await
+            .expect("confirmed");
+        live.wait_ready(&dead, 1).await;
+
+        let ran = live.redrive(&dead, &target, &[]).await;
+        assert!(ran.status.success(), "{ran:?}");
+        live.wait_ready(&target, 1).await;
+        let got = channel
+            .basic_get(target.as_str().into(), BasicGetOptions { no_ack: true })
+            .await
+            .expect("a get")
+            .expect("the redriven message");
+        let properties = &got.delivery.properties;
+        assert_eq!(
+            properties.content_encoding().as_ref().map(|v| v.as_str()),
+            Some("gzip")
+        );
+        assert_eq!(
+            properties.kind().as_ref().map(|v| v.as_str()),
+            Some("order.created")
+        );
+        assert_eq!(
+            properties.app_id().as_ref().map(|v| v.as_str()),
+            Some("shop")
+        );
+        assert_eq!(*properties.timestamp(), Some(1_700_000_000));
+        assert_eq!(*properties.priority(), Some(5));
+        let table = properties.headers().clone().unwrap_or_default();
+        let table = table.inner();
+        assert!(!table.contains_key("priority"), "{table:?}");
+        assert_eq!(table.get("count"), Some(&AMQPValue::LongLongInt(7)));
+        assert_eq!(table.get("flag"), Some(&AMQPValue::Boolean(true)));
+        assert!(
+            matches!(table.get("list"), Some(AMQPValue::FieldArray(_))),
+            "{table:?}"
+        );
+        assert!(
+            matches!(table.get("table"), Some(AMQPValue::FieldTable(_))),
+            "{table:?}"
+        );
+        let _ = connection.close(200, "done".into()).await;
+        live.delete(&[&dead, &target]).await;
+    }
+
     #[tokio::test]
     async fn failures_are_one_line_and_never_show_a_password() {
         super::failures_are_one_line_and_never_show_a_password(rabbitmq().await).await;
@@ -765,5 +951,15 @@ mod sqs {
     #[tokio::test]
     async fn failures_are_one_line_and_never_show_a_password() {
         super::failures_are_one_line_and_never_show_a_password(sqs().await).await;
+    }
+
+    #[tokio::test]
+    async fn publish_lines_checks_every_line_before_sending_any() {
+        super::publish_lines_checks_every_line_before_sending_any(sqs().await).await;
+    }
+
+    #[tokio::test]
+    async fn redrive_moves_dead_letters_with_nine_or_ten_attributes() {
+        super::redrive_moves_dead_letters_with_nine_or_ten_attributes(sqs().await).await;
     }
 }
