@@ -83,7 +83,10 @@ fn outcome(lines: &[usize], error: &conveyor::Error, refused_unsent: bool) -> (u
                     .collect()
             };
             let (not_sent, unconfirmed) = (pick(not_sent), pick(unconfirmed));
-            let sent = lines.len() - not_sent.len() - unconfirmed.len();
+            let sent = lines
+                .len()
+                .saturating_sub(not_sent.len())
+                .saturating_sub(unconfirmed.len());
             let mut text = String::new();
             if !not_sent.is_empty() {
                 text.push_str(&format!("; not sent: {}", spans(&not_sent)));
