@@ -68,7 +68,9 @@ impl PublishOptions {
         self
     }
 
-    /// How long the message may wait in a queue before it expires (per-message TTL).
+    /// How long the message may wait in a queue before it expires (per-message TTL): at
+    /// most 2^32 - 1 ms (about 49.7 days), RabbitMQ's limit; a longer one fails the
+    /// publish with [`LapinError::Invalid`].
     pub fn expiration(mut self, ttl: Duration) -> Self {
         self.expiration = Some(ttl);
         self
@@ -114,6 +116,10 @@ impl std::fmt::Debug for LapinPublisher {
             .finish()
     }
 }
+
+/// The longest per-message TTL RabbitMQ accepts, in milliseconds (2^32 - 1); a longer
+/// `expiration` would close the channel.
+pub(crate) const MAX_EXPIRATION_MS: u128 = u32::MAX as u128;
 
 /// Whether `channel` can still publish: open, or waiting for the connection to recover
 /// (a publish then waits for the recovery). A channel the broker closed (a publish to a
@@ -366,6 +372,16 @@ fn prepare(
         properties = properties.with_priority(v);
     }
     if let Some(ttl) = options.expiration {
+        // A longer one would have the broker close the channel, failing every publish
+        // under way on it.
+        if ttl.as_millis() > MAX_EXPIRATION_MS {
+            return Err(LapinError::Invalid {
+                what: "expiration",
+                reason: format!(
+                    "{ttl:?} is over the longest per-message TTL RabbitMQ takes, {MAX_EXPIRATION_MS} ms (about 49.7 days)"
+                ),
+            });
+        }
         properties = properties.with_expiration(ttl.as_millis().to_string().into());
     }
     Ok(Prepared {
@@ -455,6 +471,27 @@ fn publish_span(exchange: &str, routing_key: &str) -> tracing::Span {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_expiration_over_rabbitmqs_longest_is_refused_before_it_closes_the_channel() {
+        let publish = |ttl| {
+            let options = PublishOptions::default().expiration(ttl);
+            prepare("", "q", Message::new("x"), options)
+        };
+        let longest = Duration::from_millis(u32::MAX.into());
+        assert!(publish(longest).is_ok());
+        let refused = publish(longest + Duration::from_millis(1)).err();
+        assert!(
+            matches!(
+                refused,
+                Some(LapinError::Invalid {
+                    what: "expiration",
+                    ..
+                })
+            ),
+            "{refused:?}"
+        );
+    }
 
     #[test]
     fn a_message_without_headers_or_key_carries_no_header_table() {

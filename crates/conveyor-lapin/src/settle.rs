@@ -64,11 +64,7 @@ use crate::ack_window::{AckWindow, Place};
 use crate::broker::LapinBroker;
 use crate::error::LapinError;
 use crate::headers::{ATTEMPTS_HEADER, DELIVERY_COUNT_HEADER, oversize_header_frame};
-use crate::publisher::{PERSISTENT, can_publish};
-
-/// The longest per-message TTL RabbitMQ accepts, in milliseconds (2^32 - 1); a longer
-/// `expiration` would close the channel.
-const MAX_EXPIRATION_MS: u128 = u32::MAX as u128;
+use crate::publisher::{MAX_EXPIRATION_MS, PERSISTENT, can_publish};
 
 /// How many republishes of one subscription may wait for their confirms at once. Each
 /// holds its original unacked, so the prefetch window bounds them first; past this many
