@@ -14,6 +14,9 @@ use crate::{Failure, out, show};
 pub async fn run<B: Inspect>(broker: &B, queue: &str, count: usize) -> Result<(), Failure> {
     let ready = ready(broker, queue).await?;
     let wanted = usize::try_from(ready).unwrap_or(usize::MAX).min(count);
+    if count == 0 {
+        return out::print("nothing to show: -n 0\n");
+    }
     if wanted == 0 {
         return out::print(&format!("`{queue}` has no message ready\n"));
     }
@@ -24,6 +27,8 @@ pub async fn run<B: Inspect>(broker: &B, queue: &str, count: usize) -> Result<()
     let mut held = Vec::with_capacity(wanted);
     let mut interrupted = false;
     let mut output = Ok(());
+    // A receive that failed: what is held goes back all the same before it is told.
+    let mut failed = None;
     while held.len() < wanted {
         let next = tokio::select! {
             biased;
@@ -33,8 +38,13 @@ pub async fn run<B: Inspect>(broker: &B, queue: &str, count: usize) -> Result<()
             }
             next = pass.next() => next,
         };
-        let Some(delivery) = next? else {
-            break;
+        let delivery = match next {
+            Ok(Some(delivery)) => delivery,
+            Ok(None) => break,
+            Err(failure) => {
+                failed = Some(failure);
+                break;
+            }
         };
         output = out::print(&show::delivery(held.len() + 1, &delivery));
         held.push(delivery);
@@ -52,6 +62,9 @@ pub async fn run<B: Inspect>(broker: &B, queue: &str, count: usize) -> Result<()
         // A second signal: leave now; what is held comes back after the broker's timeout.
         () = interrupt.recv() => return Err(Failure::interrupted("interrupted twice, before the messages were handed back")),
         () = pass.close() => {}
+    }
+    if let Some(failure) = failed {
+        return Err(failure);
     }
     output?;
     if interrupted {

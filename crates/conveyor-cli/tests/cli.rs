@@ -333,6 +333,9 @@ async fn peek_shows_messages_and_leaves_them_in_the_queue<B: Broker>(live: Live<
     assert!(out.contains("2 shown of 2 ready"), "{out}");
     // Nothing was consumed for good.
     live.wait_ready(&dead, 2).await;
+    // Asked for none, it says so: not that none is ready.
+    let ran = live.run(&["peek", &dead, "-n", "0"]).await;
+    assert_eq!(ran.stdout, "nothing to show: -n 0\n", "{ran:?}");
     let ran = live.run(&["peek", &queue]).await;
     assert!(ran.stdout.contains("has no message ready"), "{ran:?}");
     live.delete(&[&queue, &dead]).await;
