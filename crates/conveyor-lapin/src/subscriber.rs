@@ -471,7 +471,7 @@ impl Subscriber for LapinSubscriber {
     ///
     /// When the channel is down the cancel cannot be sent, and what the channel held is
     /// back in the queue already; lapin will restore the consumer with the channel, so a
-    /// task cancels it then and releases what it is pushed ([`cancel_when_restored`]).
+    /// task cancels it then and releases what it is pushed.
     async fn stop_receiving(&mut self) {
         if !self.receiving {
             return;
