@@ -7,7 +7,8 @@
 # Each mode runs with N and 2N messages, so that what happens once per window cancels:
 #   instructions/delivery = (Ir(2N) - Ir(N)) / N
 #
-# Usage: scripts/bench-core.sh [N]    (default N=20000; honours CARGO_TARGET_DIR)
+# Usage: scripts/bench-core.sh [N]    (default N=20000; honours CARGO_TARGET_DIR and
+#        MODES, a list of the modes to measure)
 #        OBSERVE=1 scripts/bench-core.sh [N]   spans and metrics on (`--observe`), then
 #        the floor: the same calls into `tracing` and `metrics` with no Conveyor
 #        (`benches/observe_floor.rs`), per iteration
@@ -17,7 +18,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-20000}
 warmup=10000
-modes=(sequential bytes keyed workers lanes any-worker batch end-to-end)
+# MODES="lanes batch" measures only those.
+read -r -a modes <<< "${MODES:-sequential bytes keyed workers lanes any-worker batch end-to-end}"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 

@@ -13,8 +13,10 @@
 //! same key: that goes back, in order, once the running one is settled, so no other
 //! consumer can run it first.
 
+use std::pin::pin;
 use std::sync::Arc;
 
+use futures_util::FutureExt;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
@@ -240,18 +242,21 @@ async fn run_lane<H: CallOne>(handler: Arc<H>, lane: Lane, run: Run) {
         }
         stats.started(number, false);
         run.metrics.lane_started(number);
-        let handling = handle_one(&*handler, delivery, &run, Retries::InPlace);
-        tokio::pin!(handling);
-        // The handler is polled first: one that finishes at once never polls the drain,
-        // and waiting on it costs no lock (a oneshot, unlike the shutdown's watch).
-        let behind = tokio::select! {
-            biased;
-            () = &mut handling => None,
-            held = &mut drain => {
-                let behind = hold_behind(&mut queue, held.ok().flatten(), key);
-                handling.await;
-                Some(behind)
-            }
+        let mut handling = pin!(handle_one(&*handler, delivery, &run, Retries::InPlace));
+        // A handler that finishes at its first poll never meets the drain; one that waits
+        // is polled again beside it, with the task's waker, and waiting on the drain costs
+        // no lock (a oneshot, unlike the shutdown's watch).
+        let behind = match (&mut handling).now_or_never() {
+            Some(()) => None,
+            None => tokio::select! {
+                biased;
+                () = &mut handling => None,
+                held = &mut drain => {
+                    let behind = hold_behind(&mut queue, held.ok().flatten(), key);
+                    handling.await;
+                    Some(behind)
+                }
+            },
         };
         run.metrics.lane_finished(number);
         stats.finished(number);
