@@ -520,7 +520,7 @@ mod tests {
 
     use super::*;
     use crate::error::no_such_queue;
-    use crate::testing::answering_once;
+    use crate::testing::{answering_once, emulator};
 
     /// What the SDK makes of a `CreateQueue` that SQS refuses with `headers` and `body`.
     async fn create_answered(
@@ -541,10 +541,7 @@ mod tests {
     #[tokio::test]
     async fn a_settle_flush_interval_over_a_sixth_of_the_visibility_timeout_is_refused() {
         let build = |flush| {
-            SqsBroker::builder()
-                .endpoint("http://127.0.0.1:4566")
-                .region("us-east-1")
-                .static_credentials("key", "secret")
+            emulator()
                 .visibility_timeout(Duration::from_secs(30))
                 .settle_flush_interval(flush)
                 .build()

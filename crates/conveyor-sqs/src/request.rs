@@ -165,7 +165,7 @@ mod tests {
 
     use conveyor::{App, Broker, Bytes, Message, QueueSpec};
 
-    use crate::SqsBroker;
+    use crate::testing::emulator;
 
     async fn echo(payload: Bytes) -> Result<Message, conveyor::Error> {
         Ok(Message::new(payload))
@@ -176,10 +176,7 @@ mod tests {
     /// later request of the broker timed out.)
     #[tokio::test]
     async fn a_reply_queue_deleted_under_its_requester_is_made_again_by_the_next_request() {
-        let broker = SqsBroker::builder()
-            .endpoint("http://127.0.0.1:4566")
-            .region("us-east-1")
-            .static_credentials("test", "test")
+        let broker = emulator()
             // The reader sees its queue gone at its next receive: soon.
             .wait_time(Duration::from_secs(1))
             .build()
@@ -228,14 +225,7 @@ mod tests {
     /// (It stayed, with the replies sent to it, for the queue's 4-day retention.)
     #[tokio::test]
     async fn a_broker_dropped_unclosed_deletes_its_reply_queue() {
-        let connect = || {
-            SqsBroker::builder()
-                .endpoint("http://127.0.0.1:4566")
-                .region("us-east-1")
-                .static_credentials("test", "test")
-                .build()
-        };
-        let broker = connect().await.unwrap();
+        let broker = emulator().build().await.unwrap();
         let destination = format!("conveyor-test-dropped-requester-{}", std::process::id());
         broker
             .declare_queue(&QueueSpec::new(destination.as_str()))
@@ -249,7 +239,7 @@ mod tests {
         let reply_queue = broker.requester().await.unwrap().queue.name.clone();
         drop(broker);
 
-        let other = connect().await.unwrap();
+        let other = emulator().build().await.unwrap();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
             let found = other

@@ -1,5 +1,6 @@
-//! Test support: an SDK client whose one call SQS answers as a test says, so that the
-//! error codes of real SQS, which the emulator does not send, can be tested.
+//! Test support: a broker on the local emulator, and an SDK client whose one call SQS
+//! answers as a test says, so that the error codes of real SQS, which the emulator does
+//! not send, can be tested.
 
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::config::retry::RetryConfig;
@@ -7,6 +8,14 @@ use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
+
+/// A broker builder for the SQS emulator the live tests use (`scripts/services/sqs.sh`).
+pub(crate) fn emulator() -> crate::SqsBrokerBuilder {
+    crate::SqsBroker::builder()
+        .endpoint("http://127.0.0.1:4566")
+        .region("us-east-1")
+        .static_credentials("test", "test")
+}
 
 /// A client (without retries) whose first call is answered with `status`, `headers` and
 /// `body` as SQS's JSON protocol answers; the task ends once the answer is written.

@@ -207,22 +207,36 @@ async fn forever(_payload: conveyor::Bytes) {
     std::future::pending::<()>().await;
 }
 
-#[tokio::test]
-async fn a_delivery_handed_back_at_the_shutdown_timeout_counts_as_released() {
+async fn forever_batch(_batch: conveyor::Batch<conveyor::Bytes>) {
+    std::future::pending::<()>().await;
+}
+
+/// Publishes `count` messages, mounts `handler` on them with `mount`, waits until all are
+/// received, shuts down at once past a 50 ms timeout, and checks that all went back to
+/// the queue counted as released.
+async fn released_at_the_shutdown_timeout<T, H>(
+    count: usize,
+    handler: H,
+    mount: impl FnOnce(conveyor::MountOptions) -> conveyor::MountOptions,
+) where
+    H: conveyor::Handler<T>,
+{
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let _recording = metrics::set_default_local_recorder(&recorder);
 
     let broker = MemoryBroker::new();
-    broker.publish("jobs", Message::new("x")).await.unwrap();
+    for _ in 0..count {
+        broker.publish("jobs", Message::new("x")).await.unwrap();
+    }
     let app = App::new("stuck")
         .shutdown_timeout(std::time::Duration::from_millis(50))
-        .mount(broker.queue("jobs"), forever, |m| m)
+        .mount(broker.queue("jobs"), handler, mount)
         .start()
         .await
         .unwrap();
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
-    while broker.stats("jobs").in_flight == 0 {
+    while broker.stats("jobs").in_flight < count {
         assert!(tokio::time::Instant::now() < deadline, "never received");
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
@@ -232,45 +246,20 @@ async fn a_delivery_handed_back_at_the_shutdown_timeout_counts_as_released() {
         .filter(|(labels, _)| labels["conveyor.outcome"] == "released")
         .map(|(_, value)| value)
         .collect();
-    assert_eq!(released, [DebugValue::Counter(1)]);
-    assert_eq!(broker.stats("jobs").ready, 1, "back on the queue");
+    assert_eq!(released, [DebugValue::Counter(count as u64)]);
+    assert_eq!(broker.stats("jobs").ready, count, "back on the queue");
 }
 
-async fn forever_batch(_batch: conveyor::Batch<conveyor::Bytes>) {
-    std::future::pending::<()>().await;
+#[tokio::test]
+async fn a_delivery_handed_back_at_the_shutdown_timeout_counts_as_released() {
+    released_at_the_shutdown_timeout(1, forever, |m| m).await;
 }
 
 /// A batch cancelled at the shutdown timeout counts each of its deliveries as released.
 /// (It counted none: they had left the list the count was read from.)
 #[tokio::test]
 async fn a_batch_handed_back_at_the_shutdown_timeout_counts_each_delivery_as_released() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let _recording = metrics::set_default_local_recorder(&recorder);
-
-    let broker = MemoryBroker::new();
-    for _ in 0..3 {
-        broker.publish("jobs", Message::new("x")).await.unwrap();
-    }
-    let app = App::new("stuck")
-        .shutdown_timeout(std::time::Duration::from_millis(50))
-        .mount(broker.queue("jobs"), forever_batch, |m| m.batch(10))
-        .start()
-        .await
-        .unwrap();
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
-    while broker.stats("jobs").in_flight < 3 {
-        assert!(tokio::time::Instant::now() < deadline, "never received");
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    app.shutdown().await.unwrap();
-    let released: Vec<_> = series(&snapshotter, "conveyor.outcomes")
-        .into_iter()
-        .filter(|(labels, _)| labels["conveyor.outcome"] == "released")
-        .map(|(_, value)| value)
-        .collect();
-    assert_eq!(released, [DebugValue::Counter(3)]);
-    assert_eq!(broker.stats("jobs").ready, 3, "back on the queue");
+    released_at_the_shutdown_timeout(3, forever_batch, |m| m.batch(10)).await;
 }
 
 #[tokio::test]
