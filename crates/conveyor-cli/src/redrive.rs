@@ -208,21 +208,21 @@ enum Publish {
 /// Publishes `delivery` redriven to `to`: in full, or, where the target refuses that
 /// before sending it (SQS carries at most ten message attributes, and the marker and the
 /// id can be one or two more than the dead letter had), without the marker (the id's
-/// `.redrive-N` still counts the redrives), and then without an id where it had none.
-/// Only a refusal that says nothing was sent leads to the next form: never two sends.
+/// `.redrive-N` still counts the redrives). Only a refusal that says nothing was sent
+/// leads to the second form: never two sends. The id stays in both: without one, a FIFO
+/// queue that deduplicates by content would drop a second dead letter of the same body.
 async fn publish<B: Inspect>(broker: &B, to: &str, delivery: &Delivery) -> Result<(), Publish> {
-    let mut forms = [Form::Full, Form::Unmarked, Form::Bare]
-        .into_iter()
-        .peekable();
-    while let Some(form) = forms.next() {
-        match broker.publish(to, redriven(delivery, form)).await {
-            Ok(()) => return Ok(()),
-            Err(error) if B::refused_unsent(&error) && forms.peek().is_some() => {}
-            Err(error) if B::refused_unsent(&error) => return Err(Publish::Refused(error)),
-            Err(error) => return Err(Publish::Failed(error)),
+    let sorted = |published: Result<(), conveyor::Error>| match published {
+        Ok(()) => Ok(()),
+        Err(error) if B::refused_unsent(&error) => Err(Publish::Refused(error)),
+        Err(error) => Err(Publish::Failed(error)),
+    };
+    match sorted(broker.publish(to, redriven(delivery, Form::Full)).await) {
+        Err(Publish::Refused(_)) => {
+            sorted(broker.publish(to, redriven(delivery, Form::Unmarked)).await)
         }
+        published => published,
     }
-    unreachable!("the last form returns")
 }
 
 /// How much a redriven message adds to what the dead letter carried.
@@ -232,8 +232,6 @@ enum Form {
     Full,
     /// An id of its own, no marker.
     Unmarked,
-    /// No marker, and an id only where the dead letter had one.
-    Bare,
 }
 
 /// The message that carries `delivery` back: its payload, key, properties and headers,
@@ -288,14 +286,11 @@ fn redriven(delivery: &Delivery, form: Form) -> Message {
             // The id counts too: a redrive that left the marker out must not give the
             // next one the same id (a FIFO queue would drop it as a duplicate).
             times = times.max(before.saturating_add(1));
-            Some(format!("{original}.redrive-{times}"))
+            format!("{original}.redrive-{times}")
         }
-        None if form == Form::Bare => None,
-        None => Some(fresh_id()),
+        None => fresh_id(),
     };
-    if let Some(id) = id {
-        builder = builder.message_id(id);
-    }
+    builder = builder.message_id(id);
     if form == Form::Full {
         builder = builder.header(REDRIVEN_HEADER, times.to_string());
     }
@@ -393,14 +388,11 @@ mod tests {
     }
 
     #[test]
-    fn the_slimmer_forms_leave_out_the_marker_and_then_a_new_id() {
+    fn the_slimmer_form_leaves_out_the_marker_but_keeps_an_id() {
         let unmarked = redriven(&dead(&[("message-id", "m-1.redrive-2")]), Form::Unmarked);
         assert!(!unmarked.headers().contains(REDRIVEN_HEADER));
         // Without the marker, the id still counts the redrives.
         assert_eq!(unmarked.message_id(), Some("m-1.redrive-3"));
-        let bare = redriven(&dead(&[]), Form::Bare);
-        assert_eq!(bare.message_id(), None);
-        assert!(!bare.headers().contains(REDRIVEN_HEADER));
         assert!(redriven(&dead(&[]), Form::Unmarked).message_id().is_some());
     }
 
