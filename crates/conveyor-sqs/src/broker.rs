@@ -293,14 +293,40 @@ impl SqsBroker {
 
     /// The requester, with its reply queue, made by the first request, and again once
     /// the reply queue was found gone (deleted by hand, or by an emulator's restart).
+    ///
+    /// It is made in a task of its own, which keeps it: a request that gives up meanwhile
+    /// (its timeout) leaves a reply queue this broker deletes, not one nobody knows of.
     pub(crate) async fn requester(&self) -> Result<Arc<Requester>, SqsError> {
-        let mut requester = self.inner.requester.lock().await;
-        if let Some(open) = requester.as_ref().filter(|r| r.reader.is_reading()) {
-            return Ok(open.clone());
+        if let Some(open) = self.open_requester().await {
+            return Ok(open);
         }
-        let opened = Arc::new(Requester::open(self).await?);
-        *requester = Some(opened.clone());
-        Ok(opened)
+        let broker = self.clone();
+        let opening = tokio::spawn(async move {
+            let mut requester = broker.inner.requester.lock().await;
+            if let Some(open) = requester.as_ref().filter(|r| r.reader.is_reading()) {
+                return Ok(open.clone());
+            }
+            let opened = Arc::new(Requester::open(&broker).await?);
+            *requester = Some(opened.clone());
+            Ok(opened)
+        });
+        match opening.await {
+            Ok(opened) => opened,
+            Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+            // Only a runtime shutting down cancels it.
+            Err(error) => Err(SqsError::Config(format!(
+                "the reply queue was not made: {error}"
+            ))),
+        }
+    }
+
+    /// The requester, if one is open.
+    pub(crate) async fn open_requester(&self) -> Option<Arc<Requester>> {
+        let requester = self.inner.requester.lock().await;
+        requester
+            .as_ref()
+            .filter(|r| r.reader.is_reading())
+            .cloned()
     }
 
     /// Deletes the reply queue, if a request made one.

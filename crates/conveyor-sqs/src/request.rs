@@ -221,6 +221,34 @@ mod tests {
         broker.delete_queue(&destination).await.unwrap();
     }
 
+    /// A request that gives up while its reply queue is being made leaves the queue to
+    /// its broker, which deletes it when it closes. (The making was dropped half-way: a
+    /// queue made, and known to no one.)
+    #[tokio::test]
+    async fn a_request_that_times_out_while_its_reply_queue_is_made_leaves_it_to_the_broker() {
+        let broker = emulator().build().await.unwrap();
+        let destination = format!("conveyor-test-early-timeout-{}", std::process::id());
+        broker
+            .declare_queue(&QueueSpec::new(destination.as_str()))
+            .await
+            .unwrap();
+        // Far shorter than the three calls that make the reply queue.
+        let given_up = broker
+            .request(&destination, Message::new("x"), Duration::from_micros(1))
+            .await;
+        assert!(matches!(given_up, Err(conveyor::Error::Timeout { .. })));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while broker.open_requester().await.is_none() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the reply queue was never made: the making was dropped with the request"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        broker.close().await.unwrap();
+        broker.delete_queue(&destination).await.unwrap();
+    }
+
     /// A broker dropped without `close()` deletes the reply queue its requests made.
     /// (It stayed, with the replies sent to it, for the queue's 4-day retention.)
     #[tokio::test]
