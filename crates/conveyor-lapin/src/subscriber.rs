@@ -2,7 +2,7 @@
 //! order the queue pushed them.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use conveyor::{Bytes, ConnectionProbe, Delivery, Settle, SubscribeSettings, Subscriber};
@@ -61,7 +61,7 @@ pub struct LapinSubscriber {
     cancelled: bool,
     /// Cancels the consumer once lapin has restored it, where stopping receiving found
     /// the channel down ([`cancel_when_restored`]).
-    owed_cancel: Option<tokio::task::JoinHandle<()>>,
+    owed_cancel: Option<OwedCancel>,
     /// The queue's consumer timeout, where this broker declared one.
     consumer_timeout: Option<Duration>,
 }
@@ -358,12 +358,15 @@ impl LapinSubscriber {
 ///
 /// Until its first delivery, a restored consumer of an empty queue stays subscribed:
 /// it holds nothing, and the first message pushed to it is handed back within a round
-/// trip. Closing the subscription cancels it in any case.
+/// trip. A subscription closed while the channel is still down leaves this to go on
+/// (`closed`), and then closes the channel once the consumer is cancelled; closed with
+/// the channel back, it stops this and cancels the consumer itself.
 async fn cancel_when_restored(
     channel: Channel,
     mut consumer: Consumer,
     consumer_tag: ShortString,
     queue: Arc<str>,
+    closed: Arc<AtomicBool>,
 ) {
     let mut cancelled = false;
     let mut released = 0usize;
@@ -394,6 +397,17 @@ async fn cancel_when_restored(
         }
     }
     tracing::debug!(queue = %queue, released, "the restored consumer is cancelled");
+    if closed.load(Ordering::SeqCst)
+        && let Err(error) = channel.close(200, "subscription closed".into()).await
+    {
+        tracing::debug!(queue = %queue, %error, "closing the subscription channel failed");
+    }
+}
+
+/// A cancel [`cancel_when_restored`] owes, and whether the subscription has closed since.
+struct OwedCancel {
+    task: tokio::task::JoinHandle<()>,
+    closed: Arc<AtomicBool>,
 }
 
 /// A consuming connection's status, as a probe: lost while it is not connected (lapin
@@ -479,12 +493,15 @@ impl Subscriber for LapinSubscriber {
         self.receiving = false;
         self.cancel_consumer().await;
         if !self.cancelled {
-            self.owed_cancel = Some(tokio::spawn(cancel_when_restored(
+            let closed = Arc::new(AtomicBool::new(false));
+            let task = tokio::spawn(cancel_when_restored(
                 self.channel.clone(),
                 self.consumer.clone(),
                 self.consumer_tag.clone(),
                 self.queue.clone(),
-            )));
+                closed.clone(),
+            ));
+            self.owed_cancel = Some(OwedCancel { task, closed });
             tracing::info!(queue = %self.queue, "stopped receiving; the consumer is cancelled once its channel is back");
             return;
         }
@@ -505,10 +522,16 @@ impl Subscriber for LapinSubscriber {
     }
 
     async fn close(mut self) {
-        // Closing the channel below returns whatever the restored consumer still holds.
         if let Some(owed) = self.owed_cancel.take() {
-            owed.abort();
-            let _ = owed.await;
+            if self.channel.status().connected() {
+                // Closing the channel below returns whatever the restored consumer holds.
+                owed.task.abort();
+                let _ = owed.task.await;
+            } else {
+                // Nothing can be sent on the channel yet, and lapin restores its consumer
+                // after this: the task cancels it then, and closes the channel.
+                owed.closed.store(true, Ordering::SeqCst);
+            }
         }
         self.cancel_consumer().await;
         let LapinSubscriber {

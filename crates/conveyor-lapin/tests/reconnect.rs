@@ -19,7 +19,7 @@ use conveyor::{
     App, ConnectionState, DeliveryInfo, Json, Message, Publisher, QueueSpec, Source, State,
     SubscribeSettings, Subscriber,
 };
-use conveyor_lapin::{LapinBroker, LapinError};
+use conveyor_lapin::{LapinBroker, LapinError, LapinSubscriber};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::sync::watch;
 
@@ -757,26 +757,31 @@ async fn ready_and_consumers(queue: &str) -> (u32, u32) {
     (declared.message_count(), declared.consumer_count())
 }
 
-/// Stopping receiving while the connection is lost cannot send the consumer's cancel.
-/// lapin restores the consumer with the connection, and the broker fills its prefetch
-/// window again for a subscription that no longer reads: those deliveries go back to the
-/// queue and the consumer is cancelled, rather than both staying until the subscription
-/// closes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_subscription_stopped_while_its_connection_is_lost_hands_back_what_the_restored_consumer_gets()
- {
-    let (admin, queue, proxy) = queue_and_proxy("reconnect-stopped").await;
+/// Subscribes to a queue of 20 messages through a proxy with a prefetch of 5, takes one
+/// delivery (held as a running handler holds it), cuts the connection and keeps it down,
+/// then stops receiving: the cancel cannot be sent.
+async fn stopped_while_lost(
+    name: &str,
+) -> (
+    LapinBroker,
+    String,
+    Proxy,
+    LapinBroker,
+    LapinSubscriber,
+    conveyor::Delivery,
+) {
+    let (admin, queue, proxy) = queue_and_proxy(name).await;
     for id in 0..20 {
         admin.publish(&queue, message(id)).await.unwrap();
     }
-    let broker = through(&proxy, &unique("reconnect-stopped")).await;
+    let broker = through(&proxy, &unique(name)).await;
     let mut subscriber = broker
         .queue(queue.as_str())
         .prefetch(5)
         .subscribe(SubscribeSettings::new(1))
         .await
         .unwrap();
-    // Held as a running handler holds it; it goes back to the queue with the connection.
+    // It goes back to the queue with the connection.
     let running = subscriber.recv().await.unwrap().unwrap();
     wait_until("the prefetch window to fill", || proxy.deliveries() >= 5).await;
 
@@ -787,20 +792,24 @@ async fn a_subscription_stopped_while_its_connection_is_lost_hands_back_what_the
     })
     .await;
     subscriber.stop_receiving().await;
+    (admin, queue, proxy, broker, subscriber, running)
+}
+
+/// Lets `proxy` take connections again, waits for the restored consumer's window, then
+/// until every message of `queue` is ready again and the queue has no consumer: nothing
+/// is held, and nothing more will be pushed. (Without the owed cancel the restored
+/// consumer holds its window until the connection closes: this never holds. The
+/// contract's second is not checked against the clock, which a busy machine could lose.)
+async fn restored_consumer_hands_all_back(proxy: &Proxy, queue: &str) {
     proxy.accept_new_connections();
     // lapin restores the consumer with the channel, and the broker fills its window again.
     wait_until("the restored consumer's deliveries", || {
         proxy.deliveries() >= 10
     })
     .await;
-    // Then every message is ready again and the queue has no consumer: nothing is held,
-    // and nothing more will be pushed to this subscription. (Without the owed cancel the
-    // restored consumer holds its window until the subscription closes: this never holds.
-    // The contract's second is not checked against the clock, which a busy machine could
-    // lose.)
     let deadline = Instant::now() + common::DEADLINE;
     loop {
-        let (ready, consumers) = ready_and_consumers(&queue).await;
+        let (ready, consumers) = ready_and_consumers(queue).await;
         if (ready, consumers) == (20, 0) {
             break;
         }
@@ -810,8 +819,37 @@ async fn a_subscription_stopped_while_its_connection_is_lost_hands_back_what_the
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Stopping receiving while the connection is lost cannot send the consumer's cancel.
+/// lapin restores the consumer with the connection, and the broker fills its prefetch
+/// window again for a subscription that no longer reads: those deliveries go back to the
+/// queue and the consumer is cancelled, rather than both staying until the subscription
+/// closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_stopped_while_its_connection_is_lost_hands_back_what_the_restored_consumer_gets()
+ {
+    let (admin, queue, proxy, broker, subscriber, running) =
+        stopped_while_lost("reconnect-stopped").await;
+    restored_consumer_hands_all_back(&proxy, &queue).await;
     drop(running);
     subscriber.close().await;
+    broker.close().await.unwrap();
+    cleanup(&admin, &[&queue], &[]).await;
+}
+
+/// The same, with the subscription closed before the connection is back, as a drain
+/// whose handlers end at once closes it: the cancel is still owed, and carried out once
+/// lapin restores the consumer. (Closing stopped it, and the restored consumer held its
+/// window with no one reading it until the connection closed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_closed_while_its_connection_is_lost_still_hands_back_what_the_restored_consumer_gets()
+ {
+    let (admin, queue, proxy, broker, subscriber, running) =
+        stopped_while_lost("reconnect-closed").await;
+    drop(running);
+    subscriber.close().await;
+    restored_consumer_hands_all_back(&proxy, &queue).await;
     broker.close().await.unwrap();
     cleanup(&admin, &[&queue], &[]).await;
 }
