@@ -466,3 +466,26 @@ async fn code_generic_over_the_broker_runs_on_rabbitmq_as_in_process() {
     }
     cleanup(&cleaner, &[&queue, &dlq], &[]).await;
 }
+
+/// RabbitMQ closes a channel over a passive check of a missing queue: here the delay queue
+/// `queue_depth` looks for. lapin kept that error under the channel's number and handed it
+/// to the next channel opened with the number once the numbers (1 to 2,047) wrapped, so a
+/// `queue_depth` 2,046 calls later failed with the old `NOT_FOUND` (vendor/lapin's fourth
+/// change).
+#[tokio::test]
+async fn queue_depth_works_past_the_wrap_of_channel_numbers_after_a_channel_the_broker_closed() {
+    let broker = broker().await;
+    let queue = unique("channel-wrap");
+    broker
+        .declare_queue(&QueueSpec::new(queue.as_str()))
+        .await
+        .unwrap();
+    // The first call's check of `<queue>.delay` is the closed channel; the others each
+    // open and close one more.
+    for call in 1..=2_100 {
+        if let Err(error) = broker.queue_depth(&queue).await {
+            panic!("queue_depth call {call}: {error}");
+        }
+    }
+    cleanup(&broker, &[&queue], &[]).await;
+}

@@ -388,6 +388,9 @@ impl Inner {
                 met_first_id = true;
             }
             if !self.channels.contains_key(&id) {
+                // Patched for Conveyor (PATCHED.md, the fourth change): the error a
+                // channel the broker closed left under this number is not this one's.
+                frames.drop_channel_poison(id);
                 let channel = self.create_channel(
                     id,
                     connection_status,
