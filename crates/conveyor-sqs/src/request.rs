@@ -113,10 +113,17 @@ impl Drop for Requester {
     }
 }
 
+/// How many receives in a row must find the reply queue missing, a second apart, before
+/// the reader takes it for gone.
+const GONE_AFTER: u32 = 3;
+
 /// Receives replies until the requester closes, or its reply queue is found gone (the
 /// next request makes another): each goes to its request (or, late, is dropped), and what
 /// a receive brought is deleted in one call.
 async fn read(client: Client, settings: Settings, queue: Arc<QueueInfo>, replies: Arc<Replies>) {
+    // Receives in a row SQS answered with "no such queue": AWS may say so, for a moment,
+    // of a queue just made, so one is not taken for the queue being gone.
+    let mut missing = 0u32;
     loop {
         let received = client
             .receive_message()
@@ -133,14 +140,20 @@ async fn read(client: Client, settings: Settings, queue: Arc<QueueInfo>, replies
             Err(error) => {
                 let error = SqsError::from_sdk("ReceiveMessage", &queue.name, error);
                 if let SqsError::NoSuchQueue { .. } = error {
-                    tracing::warn!(queue = %queue.name, "the reply queue is gone; the next request makes another");
-                    return;
+                    missing = missing.saturating_add(1);
+                    if missing >= GONE_AFTER {
+                        tracing::warn!(queue = %queue.name, "the reply queue is gone; the next request makes another");
+                        return;
+                    }
+                } else {
+                    missing = 0;
                 }
                 tracing::warn!(error = %conveyor::Report(&error), "receiving replies failed; trying again");
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
         };
+        missing = 0;
         let mut receipts = Vec::with_capacity(messages.len());
         for message in &messages {
             let (payload, headers, _) = attributes::decode(message);
