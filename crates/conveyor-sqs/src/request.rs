@@ -174,14 +174,35 @@ async fn read(client: Client, settings: Settings, queue: Arc<QueueInfo>, replies
 
 #[cfg(test)]
 mod tests {
+    use std::future::Future;
     use std::time::Duration;
 
     use conveyor::{App, Broker, Bytes, Message, QueueSpec};
 
+    use crate::SqsBroker;
     use crate::testing::emulator;
 
     async fn echo(payload: Bytes) -> Result<Message, conveyor::Error> {
         Ok(Message::new(payload))
+    }
+
+    /// Declares the queue `conveyor-test-<name>-<pid>` on `broker`; returns its name.
+    async fn destination(broker: &SqsBroker, name: &str) -> String {
+        let queue = format!("conveyor-test-{name}-{}", std::process::id());
+        broker
+            .declare_queue(&QueueSpec::new(queue.as_str()))
+            .await
+            .unwrap();
+        queue
+    }
+
+    /// Checks `done` every 20 ms until it holds; fails with `what` after a minute.
+    async fn eventually<F: Future<Output = bool>>(what: &str, mut done: impl FnMut() -> F) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while !done().await {
+            assert!(tokio::time::Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Live (the SQS emulator): a reply queue deleted under its requester is made again
@@ -195,11 +216,7 @@ mod tests {
             .build()
             .await
             .unwrap();
-        let destination = format!("conveyor-test-reply-gone-{}", std::process::id());
-        broker
-            .declare_queue(&QueueSpec::new(destination.as_str()))
-            .await
-            .unwrap();
+        let destination = destination(&broker, "reply-gone").await;
         let responder = App::new("echo")
             .mount(broker.queue(&destination), echo, |m| m)
             .start()
@@ -218,14 +235,10 @@ mod tests {
             .send()
             .await
             .unwrap();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        while first.reader.is_reading() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the reader never saw its queue gone"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        eventually("the reader never saw its queue gone", || async {
+            !first.reader.is_reading()
+        })
+        .await;
         assert_eq!(&ask("two").await.unwrap().payload()[..], b"two");
         assert_ne!(broker.requester().await.unwrap().queue.url, first.queue.url);
 
@@ -240,24 +253,17 @@ mod tests {
     #[tokio::test]
     async fn a_request_that_times_out_while_its_reply_queue_is_made_leaves_it_to_the_broker() {
         let broker = emulator().build().await.unwrap();
-        let destination = format!("conveyor-test-early-timeout-{}", std::process::id());
-        broker
-            .declare_queue(&QueueSpec::new(destination.as_str()))
-            .await
-            .unwrap();
+        let destination = destination(&broker, "early-timeout").await;
         // Far shorter than the three calls that make the reply queue.
         let given_up = broker
             .request(&destination, Message::new("x"), Duration::from_micros(1))
             .await;
         assert!(matches!(given_up, Err(conveyor::Error::Timeout { .. })));
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        while broker.open_requester().await.is_none() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the reply queue was never made: the making was dropped with the request"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        eventually(
+            "the reply queue was never made: the making was dropped with the request",
+            || async { broker.open_requester().await.is_some() },
+        )
+        .await;
         broker.close().await.unwrap();
         broker.delete_queue(&destination).await.unwrap();
     }
@@ -267,11 +273,7 @@ mod tests {
     #[tokio::test]
     async fn a_broker_dropped_unclosed_deletes_its_reply_queue() {
         let broker = emulator().build().await.unwrap();
-        let destination = format!("conveyor-test-dropped-requester-{}", std::process::id());
-        broker
-            .declare_queue(&QueueSpec::new(destination.as_str()))
-            .await
-            .unwrap();
+        let destination = destination(&broker, "dropped-requester").await;
         // Nothing answers: the request times out, and leaves its reply queue made.
         let unanswered = broker
             .request(&destination, Message::new("x"), Duration::from_millis(200))
@@ -281,23 +283,19 @@ mod tests {
         drop(broker);
 
         let other = emulator().build().await.unwrap();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            let found = other
-                .client()
-                .get_queue_url()
-                .queue_name(&reply_queue)
-                .send()
-                .await;
-            if found.is_err() {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the reply queue `{reply_queue}` is still there"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        eventually(
+            &format!("the reply queue `{reply_queue}` is still there"),
+            || async {
+                let found = other
+                    .client()
+                    .get_queue_url()
+                    .queue_name(&reply_queue)
+                    .send()
+                    .await;
+                found.is_err()
+            },
+        )
+        .await;
         other.delete_queue(&destination).await.unwrap();
     }
 }
