@@ -126,10 +126,6 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
         let handed = match lanes[lane].try_send((delivery, hash)) {
             Ok(()) => continue,
             Err(TrySendError::Full(handed)) => handed,
-            // The lane left on seeing the shutdown (nothing of it runs: the delivery goes
-            // back now, after what the lane held); the other lanes still wait on their
-            // queues, so the drain below must end them, not a join.
-            Err(TrySendError::Closed(_)) if run.shutdown.is_requested() => break End::Stopped,
             Err(TrySendError::Closed(_)) => break hand_over_lost(&mut tasks, &run).await,
         };
         stats.waited_for_full_lane();
@@ -139,7 +135,6 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
             biased;
             permit = lanes[lane].reserve() => match permit {
                 Ok(permit) => permit.send(handed),
-                Err(_) if run.shutdown.is_requested() => break End::Stopped,
                 Err(_) => break hand_over_lost(&mut tasks, &run).await,
             },
             () = run.shutdown.requested() => {

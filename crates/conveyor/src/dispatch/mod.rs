@@ -326,9 +326,14 @@ impl StopOnDrain {
     }
 }
 
-/// How a mount ends when no worker or lane is left to take a delivery: normal at
-/// shutdown (they left on seeing it), otherwise one of them died.
+/// How a mount ends when a lane is gone that was to take a delivery: normal at shutdown
+/// (it left on seeing it: the delivery goes back now, after what the lane held), at once,
+/// since the other lanes still wait on their queues and only the mount's drain ends them;
+/// otherwise one of them died.
 pub(crate) async fn hand_over_lost(tasks: &mut JoinSet<()>, run: &Run) -> End {
+    if run.shutdown.is_requested() {
+        return End::Stopped;
+    }
     while let Some(joined) = tasks.join_next().await {
         if let Err(died) = joined {
             return End::Failed(task_error(&died, run));
