@@ -1023,7 +1023,7 @@ impl conveyor::Broker for LapinBroker {
             requester
                 .reader
                 .replies()
-                .request(destination, timeout, |correlation_id| {
+                .exchange(destination, timeout, |correlation_id| {
                     requester.send(destination, message, correlation_id)
                 })
                 .await

@@ -167,7 +167,7 @@ impl conveyor::Broker for SqsBroker {
             requester
                 .reader
                 .replies()
-                .request(destination, timeout, |correlation_id| {
+                .exchange(destination, timeout, |correlation_id| {
                     requester.send(self, destination, message, correlation_id)
                 })
                 .await

@@ -130,6 +130,28 @@ impl Replies {
         F: FnOnce(String) -> Fut,
         Fut: Future<Output = Result<(), Error>>,
     {
+        within(
+            destination,
+            timeout,
+            self.exchange(destination, timeout, send),
+        )
+        .await
+    }
+
+    /// [`request`](Self::request) without a time limit of its own, for a transport that
+    /// runs it inside one [`within`] together with what it does first (opening its
+    /// requester): one timer for the whole request. `timeout` is the caller's, which an
+    /// error names.
+    pub async fn exchange<F, Fut>(
+        &self,
+        destination: &str,
+        timeout: Duration,
+        send: F,
+    ) -> Result<Message, Error>
+    where
+        F: FnOnce(String) -> Fut,
+        Fut: Future<Output = Result<(), Error>>,
+    {
         let number = self.next.fetch_add(1, Ordering::Relaxed);
         let correlation_id = format!("{}-{number:x}", self.prefix);
         let (answer, answered) = oneshot::channel();
@@ -138,12 +160,9 @@ impl Replies {
             replies: self,
             correlation_id: &correlation_id,
         };
-        let exchange = async {
-            send(correlation_id.clone()).await?;
-            // The sender is only dropped with the entry, which this request removes.
-            answered.await.map_err(|_| timed_out(destination, timeout))
-        };
-        within(destination, timeout, exchange).await
+        send(correlation_id.clone()).await?;
+        // The sender is only dropped with the entry, which this request removes.
+        answered.await.map_err(|_| timed_out(destination, timeout))
     }
 
     /// Hands `reply` to the request with `correlation_id`. Returns false, with a debug
@@ -175,7 +194,7 @@ impl Drop for Waiting<'_> {
 }
 
 /// Runs `request`, a whole request to `destination`, for at most `timeout`: a transport
-/// wraps in it what it does before [`Replies::request`] too (opening its requester, say),
+/// wraps in it what it does before [`Replies::exchange`] too (opening its requester, say),
 /// so a slow broker never holds the caller past its timeout.
 ///
 /// ```
