@@ -174,7 +174,8 @@ async fn read(client: Client, settings: Settings, queue: Arc<QueueInfo>, replies
 
 #[cfg(test)]
 mod tests {
-    use std::future::Future;
+    use std::future::{Future, poll_fn};
+    use std::task::Poll;
     use std::time::Duration;
 
     use conveyor::{App, Broker, Bytes, Message, QueueSpec};
@@ -247,18 +248,24 @@ mod tests {
         broker.delete_queue(&destination).await.unwrap();
     }
 
-    /// A request that gives up while its reply queue is being made leaves the queue to
-    /// its broker, which deletes it when it closes. (The making was dropped half-way: a
-    /// queue made, and known to no one.)
+    /// A request given up while its reply queue is being made (dropped, as its timeout
+    /// drops it) leaves the queue to its broker, which deletes it when it closes. (The
+    /// making was dropped half-way: a queue made, and known to no one.)
     #[tokio::test]
-    async fn a_request_that_times_out_while_its_reply_queue_is_made_leaves_it_to_the_broker() {
+    async fn a_request_given_up_while_its_reply_queue_is_made_leaves_it_to_the_broker() {
         let broker = emulator().build().await.unwrap();
-        let destination = destination(&broker, "early-timeout").await;
-        // Far shorter than the three calls that make the reply queue.
-        let given_up = broker
-            .request(&destination, Message::new("x"), Duration::from_micros(1))
-            .await;
-        assert!(matches!(given_up, Err(conveyor::Error::Timeout { .. })));
+        let destination = destination(&broker, "given-up").await;
+        // Polled once, the request has begun making the reply queue (its first call
+        // waits for SQS), and is dropped there: no clock decides when.
+        // Boxed, so that dropping it drops the request (a pinned local would live on).
+        let mut request =
+            Box::pin(broker.request(&destination, Message::new("x"), Duration::from_secs(60)));
+        let first_poll = poll_fn(|cx| Poll::Ready(request.as_mut().poll(cx).is_pending())).await;
+        assert!(
+            first_poll,
+            "the reply queue cannot be made without waiting for SQS"
+        );
+        drop(request);
         eventually(
             "the reply queue was never made: the making was dropped with the request",
             || async { broker.open_requester().await.is_some() },
