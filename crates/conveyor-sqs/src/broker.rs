@@ -303,8 +303,9 @@ impl SqsBroker {
         let broker = self.clone();
         let opening = tokio::spawn(async move {
             let mut requester = broker.inner.requester.lock().await;
-            if let Some(open) = requester.as_ref().filter(|r| r.reader.is_reading()) {
-                return Ok(open.clone());
+            // Another request may have made one meanwhile.
+            if let Some(open) = reading(&requester) {
+                return Ok(open);
             }
             let opened = Arc::new(Requester::open(&broker).await?);
             *requester = Some(opened.clone());
@@ -322,11 +323,7 @@ impl SqsBroker {
 
     /// The requester, if one is open.
     pub(crate) async fn open_requester(&self) -> Option<Arc<Requester>> {
-        let requester = self.inner.requester.lock().await;
-        requester
-            .as_ref()
-            .filter(|r| r.reader.is_reading())
-            .cloned()
+        reading(&*self.inner.requester.lock().await)
     }
 
     /// Deletes the reply queue, if a request made one.
@@ -537,6 +534,11 @@ impl fmt::Debug for SqsBroker {
             .field("settings", &self.inner.settings)
             .finish_non_exhaustive()
     }
+}
+
+/// The requester in `slot`, if it still reads its replies (its queue was not found gone).
+fn reading(slot: &Option<Arc<Requester>>) -> Option<Arc<Requester>> {
+    slot.as_ref().filter(|r| r.reader.is_reading()).cloned()
 }
 
 #[cfg(test)]
