@@ -240,6 +240,23 @@ fn assert_dead_letter(dead: &[Taken], reason: &str) {
     );
 }
 
+/// Declares a dead-letter queue behind a fanout exchange, and the queue `name` (with
+/// `spec` applied) whose dead-letter exchange that is; returns the names of the queue,
+/// the exchange and the dead-letter queue.
+async fn with_dead_letters(
+    broker: &LapinBroker,
+    name: &str,
+    spec: impl FnOnce(QueueSpec) -> QueueSpec,
+) -> (String, String, String) {
+    let queue = unique(name);
+    let dlx = unique(&format!("{name}-dlx"));
+    let dlq = unique(&format!("{name}-dead"));
+    declare_bound_queue(broker, &dlx, ExchangeType::Fanout, &dlq, "").await;
+    let spec = spec(QueueSpec::new(queue.as_str()).dead_letter_exchange(dlx.as_str()));
+    broker.declare_queue(&spec).await.unwrap();
+    (queue, dlx, dlq)
+}
+
 /// Publishes one message to a queue with a dead-letter exchange, mounts `always_fail`
 /// with `max_attempts(3)` and the rest of `mount`, and checks that the handler ran
 /// exactly three times (attempts 1, 2, 3) and the message reached the dead-letter queue
@@ -251,14 +268,9 @@ async fn three_attempts_then_the_dead_letter_queue(
     mount: impl FnOnce(MountOptions) -> MountOptions,
 ) {
     let broker = broker().await;
-    let queue = unique(name);
-    let dlx = unique(&format!("{name}-dlx"));
-    let dlq = unique(&format!("{name}-dead"));
-    declare_bound_queue(&broker, &dlx, ExchangeType::Fanout, &dlq, "").await;
+    let (queue, dlx, dlq) = with_dead_letters(&broker, name, spec).await;
 
     let seen = Seen::<u32>::default();
-    let spec = spec(QueueSpec::new(queue.as_str()).dead_letter_exchange(dlx.as_str()));
-    broker.declare_queue(&spec).await.unwrap();
     let running = App::new(name)
         .with_state(seen.clone())
         .mount(source(broker.queue(&queue)), always_fail, |m| {
@@ -373,14 +385,7 @@ async fn publish_as(user: &TempUser, queue: &str) {
 async fn another_users_message_is_retried_with_its_attempts_counted_then_dead_lettered() {
     let producer = TempUser::add("conveyor-producer");
     let broker = broker().await;
-    let queue = unique("user-id");
-    let dlx = unique("user-id-dlx");
-    let dlq = unique("user-id-dead");
-    declare_bound_queue(&broker, &dlx, ExchangeType::Fanout, &dlq, "").await;
-    broker
-        .declare_queue(&QueueSpec::new(queue.as_str()).dead_letter_exchange(dlx.as_str()))
-        .await
-        .unwrap();
+    let (queue, dlx, dlq) = with_dead_letters(&broker, "user-id", |spec| spec).await;
     let seen = Seen::<u32>::default();
     let running = App::new("user-id")
         .with_state(seen.clone())
@@ -421,14 +426,7 @@ async fn reject_1_fail_others(
 #[tokio::test]
 async fn a_copy_the_broker_refuses_leaves_later_copies_going_out() {
     let broker = broker().await;
-    let queue = unique("refused-copy");
-    let dlx = unique("refused-copy-dlx");
-    let dlq = unique("refused-copy-dead");
-    declare_bound_queue(&broker, &dlx, ExchangeType::Fanout, &dlq, "").await;
-    broker
-        .declare_queue(&QueueSpec::new(queue.as_str()).dead_letter_exchange(dlx.as_str()))
-        .await
-        .unwrap();
+    let (queue, dlx, dlq) = with_dead_letters(&broker, "refused-copy", |spec| spec).await;
     broker.delete_exchange(&dlx).await.unwrap();
     let seen = Seen::<(u32, u32)>::default();
     let running = App::new("refused-copy")
@@ -723,14 +721,7 @@ async fn mixed_outcomes(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acks_that_go_together_cover_no_delivery_settled_otherwise() {
     let broker = broker().await;
-    let queue = unique("mixed-settlements");
-    let dlx = unique("mixed-settlements-dlx");
-    let dlq = unique("mixed-settlements-dead");
-    declare_bound_queue(&broker, &dlx, ExchangeType::Fanout, &dlq, "").await;
-    broker
-        .declare_queue(&QueueSpec::new(queue.as_str()).dead_letter_exchange(dlx.as_str()))
-        .await
-        .unwrap();
+    let (queue, dlx, dlq) = with_dead_letters(&broker, "mixed-settlements", |spec| spec).await;
     let messages = (0..2000u32)
         .map(|n| {
             Message::builder()
