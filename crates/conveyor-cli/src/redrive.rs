@@ -13,6 +13,8 @@ use conveyor::{
     CONTENT_TYPE_HEADER, CORRELATION_ID_HEADER, Delivery, MESSAGE_ID_HEADER, Message,
     REPLY_TO_HEADER, Settlement,
 };
+use conveyor_lapin::lapin::BasicProperties;
+use conveyor_lapin::lapin::types::{AMQPValue, FieldTable};
 use indicatif::ProgressBar;
 use std::time::Duration;
 use tokio::time::MissedTickBehavior;
@@ -217,9 +219,9 @@ async fn publish<B: Inspect>(broker: &B, to: &str, delivery: &Delivery) -> Resul
         Err(error) if B::refused_unsent(&error) => Err(Publish::Refused(error)),
         Err(error) => Err(Publish::Failed(error)),
     };
-    match sorted(broker.publish(to, redriven(delivery, Form::Full)).await) {
+    match sorted(broker.publish_redriven(to, delivery, Form::Full).await) {
         Err(Publish::Refused(_)) => {
-            sorted(broker.publish(to, redriven(delivery, Form::Unmarked)).await)
+            sorted(broker.publish_redriven(to, delivery, Form::Unmarked).await)
         }
         published => published,
     }
@@ -227,38 +229,70 @@ async fn publish<B: Inspect>(broker: &B, to: &str, delivery: &Delivery) -> Resul
 
 /// How much a redriven message adds to what the dead letter carried.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Form {
+pub enum Form {
     /// The `x-conveyor-redriven` marker, and an id of its own.
     Full,
     /// An id of its own, no marker.
     Unmarked,
 }
 
+/// What a redrive adds to a dead letter: how many times it has been redriven, this time
+/// included, and its message id: the original's with `.redrive-N` after it, N counting
+/// the redrives (by the marker, or by the id's own `.redrive-N` where an earlier redrive
+/// left the marker out).
+///
+/// A redrive is a send of its own: were it to keep the id, an SQS FIFO queue would take
+/// it for the original's duplicate (its deduplication id) and drop it. Its own id is the
+/// same in every try of one redrive, so a FIFO queue drops the second send of a redrive
+/// killed between its send and its removal. A message without an id gets a new one, so
+/// that a FIFO queue deduplicating by content does not drop it as the copy of another
+/// with the same body.
+struct Marks {
+    times: u32,
+    id: String,
+}
+
+impl Marks {
+    fn of(delivery: &Delivery) -> Marks {
+        let headers = delivery.headers();
+        let marked = headers
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case(REDRIVEN_HEADER))
+            .and_then(|(_, value)| std::str::from_utf8(value).ok()?.parse::<u32>().ok());
+        let mut times = marked.unwrap_or(0).saturating_add(1);
+        let id = match delivery.message_id() {
+            Some(id) => {
+                let (original, before) = match id.rsplit_once(".redrive-") {
+                    Some((base, count)) => match count.parse::<u32>() {
+                        Ok(count) => (base, count),
+                        Err(_) => (id, 0),
+                    },
+                    None => (id, 0),
+                };
+                // The id counts too: a redrive that left the marker out must not give the
+                // next one the same id (a FIFO queue would drop it as a duplicate).
+                times = times.max(before.saturating_add(1));
+                format!("{original}.redrive-{times}")
+            }
+            None => fresh_id(),
+        };
+        Marks { times, id }
+    }
+}
+
 /// The message that carries `delivery` back: its payload, key, properties and headers,
-/// marked redriven (in the [`Form::Full`] form), without the transports' count of its
-/// attempts (which would send it straight back to the dead-letter queue). Its message id
-/// is the original's with `.redrive-N` after it, N counting the redrives (by the marker,
-/// or by the id's own `.redrive-N` where an earlier redrive left the marker out).
-fn redriven(delivery: &Delivery, form: Form) -> Message {
+/// with its [`Marks`] (the marker only in the [`Form::Full`] form), and without the
+/// transports' count of its attempts (which would send it straight back to the
+/// dead-letter queue).
+pub fn redriven(delivery: &Delivery, form: Form) -> Message {
+    let marks = Marks::of(delivery);
     let mut builder = Message::builder();
-    let mut times: u32 = 1;
-    let mut message_id = None;
     for (name, value) in delivery.headers().iter() {
         let name_lower = name.to_ascii_lowercase();
         let text = || String::from_utf8_lossy(value).into_owned();
         builder = match name_lower.as_str() {
-            REDRIVEN_HEADER => {
-                let before = std::str::from_utf8(value)
-                    .ok()
-                    .and_then(|t| t.parse::<u32>().ok());
-                times = before.unwrap_or(0).saturating_add(1);
-                builder
-            }
+            REDRIVEN_HEADER | MESSAGE_ID_HEADER => builder,
             CONTENT_TYPE_HEADER => builder.content_type(text()),
-            MESSAGE_ID_HEADER => {
-                message_id = Some(text());
-                builder
-            }
             CORRELATION_ID_HEADER => builder.correlation_id(text()),
             REPLY_TO_HEADER => builder.reply_to(text()),
             name if is_bookkeeping(name) => builder,
@@ -268,33 +302,38 @@ fn redriven(delivery: &Delivery, form: Form) -> Message {
     if let Some(key) = delivery.partition_key() {
         builder = builder.partition_key(key.clone());
     }
-    // A redrive is a send of its own: were it to keep the id, an SQS FIFO queue would take
-    // it for the original's duplicate (its deduplication id) and drop it. Its own id is
-    // the same in every try of one redrive, so a FIFO queue drops the second send of a
-    // redrive killed between its send and its removal. A message without an id gets a
-    // new one, so that a FIFO queue deduplicating by content does not drop it as the
-    // copy of another with the same body.
-    let id = match message_id {
-        Some(id) => {
-            let (original, before) = match id.rsplit_once(".redrive-") {
-                Some((base, count)) => match count.parse::<u32>() {
-                    Ok(count) => (base, count),
-                    Err(_) => (id.as_str(), 0),
-                },
-                None => (id.as_str(), 0),
-            };
-            // The id counts too: a redrive that left the marker out must not give the
-            // next one the same id (a FIFO queue would drop it as a duplicate).
-            times = times.max(before.saturating_add(1));
-            format!("{original}.redrive-{times}")
-        }
-        None => fresh_id(),
-    };
-    builder = builder.message_id(id);
+    builder = builder.message_id(marks.id);
     if form == Form::Full {
-        builder = builder.header(REDRIVEN_HEADER, times.to_string());
+        builder = builder.header(REDRIVEN_HEADER, marks.times.to_string());
     }
     builder.payload(delivery.payload().clone())
+}
+
+/// The AMQP properties that carry back a dead letter `delivery` received with `received`:
+/// all of them, typed header values included, less what starts the message afresh
+/// ([`conveyor_lapin::fresh_copy`]), with its [`Marks`] (the marker only in the
+/// [`Form::Full`] form).
+pub fn redriven_amqp(
+    delivery: &Delivery,
+    received: &BasicProperties,
+    form: Form,
+) -> BasicProperties {
+    let marks = Marks::of(delivery);
+    let copy = conveyor_lapin::fresh_copy(received);
+    let mut headers = copy
+        .headers()
+        .as_ref()
+        .map(|table| table.inner().clone())
+        .unwrap_or_default();
+    headers.retain(|name, _| !name.as_str().eq_ignore_ascii_case(REDRIVEN_HEADER));
+    if form == Form::Full {
+        headers.insert(
+            REDRIVEN_HEADER.into(),
+            AMQPValue::LongString(marks.times.to_string().into()),
+        );
+    }
+    copy.with_headers(FieldTable::from(headers))
+        .with_message_id(marks.id.into())
 }
 
 /// An id no other message of this or another redrive has.
@@ -394,6 +433,65 @@ mod tests {
         // Without the marker, the id still counts the redrives.
         assert_eq!(unmarked.message_id(), Some("m-1.redrive-3"));
         assert!(redriven(&dead(&[]), Form::Unmarked).message_id().is_some());
+    }
+
+    #[test]
+    fn an_amqp_redrive_keeps_typed_headers_and_properties_and_drops_the_death_history() {
+        use conveyor_lapin::lapin::types::{FieldArray, LongString};
+
+        let mut table = FieldTable::default();
+        table.insert("count".into(), AMQPValue::LongLongInt(7));
+        table.insert("list".into(), AMQPValue::FieldArray(FieldArray::default()));
+        table.insert(
+            "x-death".into(),
+            AMQPValue::FieldArray(FieldArray::default()),
+        );
+        table.insert(
+            "x-first-death-queue".into(),
+            AMQPValue::LongString(LongString::from("q")),
+        );
+        table.insert("X-Conveyor-Redriven".into(), AMQPValue::LongInt(1));
+        let received = BasicProperties::default()
+            .with_headers(table)
+            .with_type("order.created".into())
+            .with_user_id("producer".into())
+            .with_message_id("m-1.redrive-1".into());
+        let delivery = dead(&[
+            ("message-id", "m-1.redrive-1"),
+            ("X-Conveyor-Redriven", "1"),
+        ]);
+
+        let sent = redriven_amqp(&delivery, &received, Form::Full);
+        assert_eq!(
+            sent.kind().as_ref().map(|v| v.as_str()),
+            Some("order.created")
+        );
+        assert_eq!(
+            *sent.user_id(),
+            None,
+            "RabbitMQ refuses another login's user id"
+        );
+        assert_eq!(
+            sent.message_id().as_ref().map(|v| v.as_str()),
+            Some("m-1.redrive-2")
+        );
+        let headers = sent.headers().clone().unwrap_or_default();
+        let headers = headers.inner();
+        assert_eq!(headers.get("count"), Some(&AMQPValue::LongLongInt(7)));
+        assert!(matches!(
+            headers.get("list"),
+            Some(AMQPValue::FieldArray(_))
+        ));
+        assert!(!headers.contains_key("x-death") && !headers.contains_key("x-first-death-queue"));
+        assert!(!headers.contains_key("X-Conveyor-Redriven"), "{headers:?}");
+        assert_eq!(
+            headers.get(REDRIVEN_HEADER),
+            Some(&AMQPValue::LongString("2".into()))
+        );
+
+        let unmarked = redriven_amqp(&delivery, &received, Form::Unmarked);
+        let headers = unmarked.headers().clone().unwrap_or_default();
+        assert!(!headers.inner().contains_key(REDRIVEN_HEADER));
     }
 
     #[test]

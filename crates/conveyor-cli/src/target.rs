@@ -4,11 +4,12 @@
 use std::fmt;
 use std::time::Duration;
 
-use conveyor::Broker;
-use conveyor_lapin::{LapinBroker, LapinError, LapinQueue, redact_url};
+use conveyor::{Broker, Delivery, Publisher};
+use conveyor_lapin::{LapinBroker, LapinError, LapinQueue, amqp_properties, redact_url};
 use conveyor_sqs::{SqsBroker, SqsError, SqsQueue};
 
 use crate::Failure;
+use crate::redrive::{Form, redriven, redriven_amqp};
 
 /// A broker as the command line reads it: its queues opened as they are, declaring
 /// nothing (no queue, no delay queue) behind the operator's back.
@@ -21,6 +22,18 @@ pub trait Inspect: Broker {
     /// over the frame limit): nothing reached the broker, so sending another form of
     /// the message duplicates nothing.
     fn refused_unsent(error: &conveyor::Error) -> bool;
+
+    /// Publishes `delivery`, a dead letter received from this broker, to the queue `to`,
+    /// redriven in `form`: as [`redriven`] makes it, or with more of the message where the
+    /// broker keeps what the portable view leaves out.
+    fn publish_redriven(
+        &self,
+        to: &str,
+        delivery: &Delivery,
+        form: Form,
+    ) -> impl Future<Output = Result<(), conveyor::Error>> + Send {
+        self.publish(to, redriven(delivery, form))
+    }
 
     /// The most messages `conveyor publish` hands the transport in one call. A transport
     /// checks every message of a call before it sends any, so the fewer calls, the less
@@ -35,6 +48,24 @@ impl Inspect for LapinBroker {
 
     fn inspect(&self, name: &str) -> LapinQueue {
         self.queue(name).passive()
+    }
+
+    /// With its AMQP properties and typed header values, which the portable message
+    /// would turn into text headers.
+    async fn publish_redriven(
+        &self,
+        to: &str,
+        delivery: &Delivery,
+        form: Form,
+    ) -> Result<(), conveyor::Error> {
+        match amqp_properties(delivery) {
+            Some(received) => {
+                let properties = redriven_amqp(delivery, &received, form);
+                self.publish_amqp("", to, delivery.payload().clone(), properties)
+                    .await
+            }
+            None => self.publish(to, redriven(delivery, form)).await,
+        }
     }
 
     fn refused_unsent(error: &conveyor::Error) -> bool {

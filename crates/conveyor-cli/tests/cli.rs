@@ -806,7 +806,6 @@ mod rabbitmq {
     /// timestamp, priority as the property) and its headers' types (numbers, booleans,
     /// arrays, tables), as README says it keeps its headers.
     #[tokio::test]
-    #[ignore = "defect: the redrive maps AMQP properties and header values to text (not fixed yet)"]
     async fn redrive_keeps_amqp_properties_and_header_types() {
         use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions};
         use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString};

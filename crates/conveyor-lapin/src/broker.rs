@@ -23,7 +23,7 @@ use lapin::options::{BasicAckOptions, BasicGetOptions, ConfirmSelectOptions};
 use lapin::tcp::AMQPUriTcpExt;
 use lapin::types::ShortString;
 use lapin::uri::AMQPScheme;
-use lapin::{Channel, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use tokio::sync::Mutex;
 
 use crate::dialer::{self, Dialer, Failure, LAPIN_RETRIES, Stage};
@@ -970,6 +970,53 @@ async fn log_events(
 fn no_channel(error: LapinError, destination: &str, count: u64) -> conveyor::Error {
     conveyor::telemetry::record_sent("rabbitmq", destination, count, Some(error.kind()));
     error.into_publish(destination)
+}
+
+impl LapinBroker {
+    /// Publishes `payload` with `properties` as they are, AMQP's own (typed header values,
+    /// `type`, `app_id`, `timestamp`, ...), to `exchange` under `routing_key` (the empty
+    /// exchange and a queue's name: to that queue), mandatory, and waits for the confirm.
+    /// What the portable [`Message`] cannot carry; [`fresh_copy`](crate::fresh_copy) of
+    /// [`amqp_properties`](crate::amqp_properties) publishes a received message again.
+    ///
+    /// Refused before it is sent, as [`LapinError::Invalid`] or
+    /// [`LapinError::HeadersTooLarge`] in a [`conveyor::Error::Publish`], where the broker
+    /// would close the channel (or the connection) over it: an `expiration` that is not a
+    /// number of milliseconds up to 2^32 − 1, headers over the frame limit. A `user_id`
+    /// other than the login's is refused by the broker, which closes the publishing channel
+    /// (the next publish opens another). No trace context is added.
+    ///
+    /// ```no_run
+    /// # async fn f(broker: conveyor_lapin::LapinBroker, delivery: conveyor::Delivery) -> Result<(), conveyor::Error> {
+    /// use conveyor_lapin::{amqp_properties, fresh_copy};
+    ///
+    /// if let Some(received) = amqp_properties(&delivery) {
+    ///     let copy = fresh_copy(&received).with_app_id("audit".into());
+    ///     broker.publish_amqp("", "audit", delivery.payload().clone(), copy).await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn publish_amqp(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        payload: Bytes,
+        properties: BasicProperties,
+    ) -> Result<(), conveyor::Error> {
+        let destination = if exchange.is_empty() {
+            routing_key
+        } else {
+            exchange
+        };
+        let publisher = self
+            .confirm_publisher()
+            .await
+            .map_err(|e| no_channel(e, destination, 1))?;
+        publisher
+            .publish_amqp(exchange, routing_key, payload, properties)
+            .await
+            .map_err(|e| e.into_publish(destination))
+    }
 }
 
 /// Publishes to the queue `destination` through the default exchange, persistent and

@@ -163,6 +163,7 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod ack_window;
+mod amqp;
 mod broker;
 mod consistent_hash;
 mod dialer;
@@ -179,6 +180,7 @@ mod topology;
 mod trace_filter;
 mod url;
 
+pub use amqp::amqp_properties;
 pub use broker::{
     DEFAULT_CONFIRM_TIMEOUT, DEFAULT_FIRST_CONNECT_TIMEOUT, DEFAULT_RECONNECT_HANDSHAKE_TIMEOUT,
     LapinBroker, LapinBrokerBuilder,
@@ -188,6 +190,7 @@ pub use error::LapinError;
 pub use headers::{ATTEMPTS_HEADER, DELIVERY_COUNT_HEADER, PARTITION_KEY_HEADER};
 pub use publisher::{LapinPublisher, PublishOptions};
 pub use queue::LapinQueue;
+pub use settle::fresh_copy;
 pub use spec::RabbitQueueSpec;
 pub use subscriber::LapinSubscriber;
 pub use topology::{ArgumentValue, Binding, ExchangeSpec, ExchangeType};
@@ -195,3 +198,7 @@ pub use trace_filter::HIDE_CREDENTIALS_DIRECTIVES;
 #[cfg(feature = "tracing-filter")]
 pub use trace_filter::{HideCredentials, hide_credentials};
 pub use url::redact_url;
+
+/// The `lapin` this crate is built on, for the AMQP types of [`amqp_properties`] and
+/// [`LapinBroker::publish_amqp`].
+pub use lapin;

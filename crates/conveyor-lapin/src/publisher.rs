@@ -209,6 +209,37 @@ impl LapinPublisher {
         sent
     }
 
+    /// Publishes `payload` with `properties` as they are, mandatory, and waits for the
+    /// confirm: [`LapinBroker::publish_amqp`](crate::LapinBroker::publish_amqp).
+    pub(crate) async fn publish_amqp(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        payload: Bytes,
+        properties: BasicProperties,
+    ) -> Result<(), LapinError> {
+        let span = publish_span(exchange, routing_key);
+        let started = Instant::now();
+        let sent = async {
+            let prepared = self.checked(Prepared::new(
+                exchange,
+                routing_key,
+                BasicPublishOptions {
+                    mandatory: true,
+                    immediate: false,
+                },
+                payload,
+                properties,
+            )?)?;
+            let confirm = self.send(&prepared).await?;
+            self.confirmed(prepared.destination, confirm).await
+        }
+        .instrument(span)
+        .await;
+        record(exchange, routing_key, 1, started, &sent);
+        sent
+    }
+
     /// Sends every message, then waits for all their confirms.
     async fn send_all(&self, prepared: Vec<Prepared>) -> Result<(), LapinError> {
         let mut sent = Vec::with_capacity(prepared.len());
@@ -225,9 +256,7 @@ impl LapinPublisher {
         first_error.map_or(Ok(()), Err)
     }
 
-    /// `message` mapped onto AMQP, if the connection can take it: a message whose header
-    /// frame is over the connection's frame limit is refused here, before the broker
-    /// closes the connection over it (and every other channel on it with it).
+    /// `message` mapped onto AMQP, if the connection can take it ([`Self::checked`]).
     fn prepare(
         &self,
         exchange: &str,
@@ -235,7 +264,13 @@ impl LapinPublisher {
         message: Message,
         options: PublishOptions,
     ) -> Result<Prepared, LapinError> {
-        let prepared = prepare(exchange, routing_key, message, options)?;
+        self.checked(prepare(exchange, routing_key, message, options)?)
+    }
+
+    /// `prepared`, if the connection can take it: a message whose header frame is over
+    /// the connection's frame limit is refused here, before the broker closes the
+    /// connection over it (and every other channel on it with it).
+    fn checked(&self, prepared: Prepared) -> Result<Prepared, LapinError> {
         let limit = self.connection.frame_max();
         match oversize_header_frame(&prepared.properties, limit) {
             Some(size) => Err(LapinError::HeadersTooLarge {
@@ -333,11 +368,6 @@ fn prepare(
     message: Message,
     options: PublishOptions,
 ) -> Result<Prepared, LapinError> {
-    let destination = if exchange.is_empty() {
-        routing_key.to_string()
-    } else {
-        format!("{exchange}/{routing_key}")
-    };
     let parts = message.into_parts();
     if parts.delay.is_some() {
         return Err(LapinError::Invalid {
@@ -384,17 +414,54 @@ fn prepare(
         }
         properties = properties.with_expiration(ttl.as_millis().to_string().into());
     }
-    Ok(Prepared {
-        exchange: short("exchange name", exchange)?,
-        routing_key: short("routing key", routing_key)?,
-        destination,
-        options: BasicPublishOptions {
+    Prepared::new(
+        exchange,
+        routing_key,
+        BasicPublishOptions {
             mandatory: options.mandatory,
             immediate: false,
         },
-        payload: parts.payload,
+        parts.payload,
         properties,
-    })
+    )
+}
+
+impl Prepared {
+    /// `payload` with `properties` to `exchange` under `routing_key`, if AMQP can carry
+    /// the names, and the broker takes the properties' expiration (it would close the
+    /// channel over one that is not a number of milliseconds up to [`MAX_EXPIRATION_MS`]).
+    fn new(
+        exchange: &str,
+        routing_key: &str,
+        options: BasicPublishOptions,
+        payload: Bytes,
+        properties: BasicProperties,
+    ) -> Result<Prepared, LapinError> {
+        if let Some(expiration) = properties.expiration() {
+            let millis = expiration.as_str().parse::<u64>().ok();
+            if millis.is_none_or(|millis| u128::from(millis) > MAX_EXPIRATION_MS) {
+                return Err(LapinError::Invalid {
+                    what: "expiration",
+                    reason: format!(
+                        "`{}` is not a number of milliseconds up to {MAX_EXPIRATION_MS}, the longest per-message TTL RabbitMQ takes",
+                        conveyor::support::bounded(expiration.as_str(), 40)
+                    ),
+                });
+            }
+        }
+        Ok(Prepared {
+            exchange: short("exchange name", exchange)?,
+            routing_key: short("routing key", routing_key)?,
+            destination: if exchange.is_empty() {
+                routing_key.to_string()
+            } else {
+                format!("{exchange}/{routing_key}")
+            },
+            options,
+            payload,
+            properties,
+        })
+    }
 }
 
 impl LapinPublisher {

@@ -43,6 +43,7 @@
 //! dies, its ackers turn into no-ops and the broker delivers the message again: so a
 //! delivery whose channel is gone is never republished, which would make a second copy.
 
+use std::any::Any;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
@@ -228,6 +229,12 @@ impl Settle for Settler {
             action,
             payload: settled.payload,
         }));
+    }
+
+    /// The AMQP properties as received ([`crate::amqp_properties`]).
+    fn record(&self, tag: u64) -> Option<Box<dyn Any + Send>> {
+        let pending = conveyor::support::lock(&self.pending);
+        Some(Box::new(pending.get(tag)?.properties.clone()))
     }
 }
 
@@ -675,12 +682,36 @@ fn retry_copy(properties: &BasicProperties, attempt: u32) -> BasicProperties {
     copy_of(properties, headers, properties.expiration().clone())
 }
 
-/// The properties of a dead letter: the received ones with the reason, and without the
-/// broker's dead-lettering history (`x-death`, `x-first-death-*`, `x-last-death-*`, left
-/// by the delay queue) nor the attempt counts, so a message moved back from the
-/// dead-letter queue starts afresh. Without the message's TTL either, as RabbitMQ's own
-/// dead-lettering does: a dead letter must not expire from the dead-letter queue.
+/// The properties of a dead letter: a [`fresh_copy`] of the received ones, with the
+/// reason.
 fn dead_letter_copy(properties: &BasicProperties, reason: &str) -> BasicProperties {
+    let copy = fresh_copy(properties);
+    let mut headers = header_map(&copy);
+    headers.insert(
+        REJECT_REASON_HEADER.into(),
+        AMQPValue::LongString(LongString::from(reason.as_bytes())),
+    );
+    copy.with_headers(FieldTable::from(headers))
+}
+
+/// The properties of a copy of a received message that starts afresh, as a dead letter
+/// or a redriven message does: the received ones, typed header values included, but
+/// without the broker's dead-lettering history (`x-death`, `x-first-death-*`,
+/// `x-last-death-*`, left by a delay queue or by RabbitMQ's own dead-lettering) nor the
+/// attempt counts, so the message is counted from its first attempt again. Without its TTL
+/// either, as RabbitMQ's own dead-lettering does (a dead letter must not expire from the
+/// dead-letter queue), nor its `user_id`, which RabbitMQ checks against the publishing
+/// login. Persistent.
+///
+/// ```
+/// use conveyor_lapin::lapin::BasicProperties;
+///
+/// let received = BasicProperties::default().with_user_id("another".into()).with_app_id("shop".into());
+/// let copy = conveyor_lapin::fresh_copy(&received);
+/// assert_eq!(copy.app_id().as_ref().map(|id| id.as_str()), Some("shop"));
+/// assert_eq!(*copy.user_id(), None);
+/// ```
+pub fn fresh_copy(properties: &BasicProperties) -> BasicProperties {
     let mut headers = header_map(properties);
     headers.retain(|name, _| {
         let name = name.as_str();
@@ -690,10 +721,6 @@ fn dead_letter_copy(properties: &BasicProperties, reason: &str) -> BasicProperti
             && name != ATTEMPTS_HEADER
             && name != DELIVERY_COUNT_HEADER
     });
-    headers.insert(
-        REJECT_REASON_HEADER.into(),
-        AMQPValue::LongString(LongString::from(reason.as_bytes())),
-    );
     copy_of(properties, headers, None)
 }
 

@@ -153,3 +153,79 @@ async fn a_delayed_message_is_refused_with_a_clear_error() {
         .unwrap_err();
     assert!(matches!(error, LapinError::Invalid { .. }), "{error}");
 }
+
+/// The AMQP escape hatch: what `publish_amqp` sends, typed header values and properties
+/// the portable message has no place for, a subscription's delivery gives back through
+/// `amqp_properties`; an expiration the broker would close the channel over is refused
+/// before it is sent.
+#[tokio::test]
+async fn amqp_properties_and_typed_headers_go_out_and_come_back_as_they_are() {
+    use conveyor::{Settlement, Source, SubscribeSettings, Subscriber};
+    use conveyor_lapin::lapin::BasicProperties;
+    use conveyor_lapin::lapin::types::{AMQPValue, FieldArray, FieldTable};
+
+    let broker = broker().await;
+    let queue = unique("amqp-properties");
+    broker
+        .declare_queue(&QueueSpec::new(queue.as_str()))
+        .await
+        .unwrap();
+    let mut table = FieldTable::default();
+    table.insert("count".into(), AMQPValue::LongLongInt(7));
+    table.insert("flag".into(), AMQPValue::Boolean(true));
+    table.insert("list".into(), AMQPValue::FieldArray(FieldArray::default()));
+    let properties = BasicProperties::default()
+        .with_headers(table.clone())
+        .with_type("order.created".into())
+        .with_app_id("shop".into())
+        .with_timestamp(1_700_000_000);
+
+    let error = broker
+        .publish_amqp(
+            "",
+            &queue,
+            "x".into(),
+            properties.clone().with_expiration("soon".into()),
+        )
+        .await
+        .unwrap_err();
+    let conveyor::Error::Publish { source, .. } = &error else {
+        panic!("{error}");
+    };
+    assert!(
+        matches!(
+            source.downcast_ref::<LapinError>(),
+            Some(LapinError::Invalid {
+                what: "expiration",
+                ..
+            })
+        ),
+        "{error}"
+    );
+    broker
+        .publish_amqp("", &queue, "{}".into(), properties)
+        .await
+        .unwrap();
+
+    let mut subscriber = broker
+        .queue(queue.as_str())
+        .subscribe(SubscribeSettings::new(1))
+        .await
+        .unwrap();
+    let delivery = subscriber.recv().await.unwrap().unwrap();
+    let received =
+        conveyor_lapin::amqp_properties(&delivery).expect("a RabbitMQ delivery's properties");
+    assert_eq!(received.headers().as_ref(), Some(&table));
+    assert_eq!(
+        received.kind().as_ref().map(|v| v.as_str()),
+        Some("order.created")
+    );
+    assert_eq!(received.app_id().as_ref().map(|v| v.as_str()), Some("shop"));
+    assert_eq!(*received.timestamp(), Some(1_700_000_000));
+    // The portable view still reads the numbers as text.
+    assert_eq!(delivery.headers().get_str("count"), Some("7"));
+    assert_eq!(delivery.transport_record::<String>(), None);
+    delivery.settle(Settlement::Ack);
+    subscriber.close().await;
+    cleanup(&broker, &[&queue], &[]).await;
+}

@@ -1,5 +1,6 @@
 //! One received message and how it is settled.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
@@ -21,6 +22,14 @@ use crate::outcome::Settlement;
 pub trait Settle: Send + Sync + 'static {
     /// Settles the delivery [`Settled::tag`] names.
     fn settle(&self, settled: Settled<'_>);
+
+    /// The transport's own record of the unsettled delivery `tag` names, as it received
+    /// it, for [`Delivery::transport_record`]: what the core's view leaves out (RabbitMQ's
+    /// AMQP properties and typed header values, say). `None` by default.
+    fn record(&self, tag: u64) -> Option<Box<dyn Any + Send>> {
+        let _ = tag;
+        None
+    }
 }
 
 /// A delivery being settled: what a transport needs to carry out the settlement.
@@ -246,6 +255,25 @@ impl Delivery {
     /// The queue name, shared.
     pub fn queue_name(&self) -> &Arc<str> {
         &self.queue
+    }
+
+    /// The transport's own record of the message, as a `T`, if the transport keeps one of
+    /// that type: an escape hatch to what the portable view leaves out, for code written
+    /// for one broker. A transport documents what it gives (`conveyor_lapin::amqp_properties`
+    /// reads a RabbitMQ delivery's AMQP properties this way); the in-process transport
+    /// gives nothing. Each call makes a copy.
+    ///
+    /// ```
+    /// # fn f(delivery: &conveyor::Delivery) {
+    /// // Any other type, or another transport's delivery: `None`.
+    /// let record: Option<String> = delivery.transport_record();
+    /// # }
+    /// ```
+    pub fn transport_record<T: Any>(&self) -> Option<T> {
+        let (settler, tag) = self.settler.as_ref()?;
+        let record = settler.record(*tag)?;
+        let record: Box<dyn Any> = record;
+        record.downcast::<T>().ok().map(|record| *record)
     }
 
     /// The lane that runs this delivery, under `workers(n).by_key()` dispatch.
