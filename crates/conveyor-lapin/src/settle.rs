@@ -51,7 +51,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use conveyor::support::{SettleQueue, TagTable};
+use conveyor::support::{RetryPause, SettleQueue, TagTable};
 use conveyor::{Bytes, REJECT_REASON_HEADER, Settle, Settled, Settlement};
 use futures_util::StreamExt;
 use futures_util::future::{BoxFuture, join_all};
@@ -98,9 +98,31 @@ pub(crate) struct Routes {
     /// The dead-letter exchange and routing key of the queue, when its declaration says.
     pub(crate) dead_letter: Option<(ShortString, ShortString)>,
     pub(crate) confirm_timeout: Duration,
+    /// How long to hold a retry's original before requeueing it, once its copy was
+    /// refused: longer with each refusal in a row. A requeue is not counted as an
+    /// attempt, so without the pause a copy the broker keeps refusing (a deleted delay
+    /// queue, a full `reject-publish` queue) would run the handler again at once, for
+    /// ever.
+    pub(crate) refused: Mutex<RetryPause>,
+    /// Set as the subscription closes: a held original goes back at once then.
+    pub(crate) closing: tokio::sync::watch::Sender<bool>,
 }
 
 impl Routes {
+    /// Waits `pause`, or less if the subscription closes meanwhile.
+    async fn hold(&self, pause: Duration) {
+        let mut closing = self.closing.subscribe();
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            _ = closing.wait_for(|closing| *closing) => {}
+        }
+    }
+
+    /// Cuts short the holds under way and to come: the subscription is closing.
+    pub(crate) fn closing(&self) {
+        self.closing.send_replace(true);
+    }
+
     /// The channel copies go out on, opened at the first call and again once closed.
     async fn channel(&self) -> Result<Channel, String> {
         let mut channel = self.channel.lock().await;
@@ -584,10 +606,12 @@ impl Settling {
                 Ok(()) => {
                     if dead_letter {
                         conveyor::telemetry::record_dead_lettered("rabbitmq", &queue);
+                    } else {
+                        conveyor::support::lock(&routes.refused).reset();
                     }
                     acker.ack(BasicAckOptions::default()).await
                 }
-                Err(error) => fallback.settle(&acker, &queue, &error).await,
+                Err(error) => fallback.settle(&acker, &routes, &queue, &error).await,
             };
             report(&queue, result);
         };
@@ -600,22 +624,32 @@ impl Settling {
 
 /// How a delivery is settled when its copy could not be republished.
 enum Fallback {
-    /// A retry's original is requeued as it is (this attempt is not counted).
+    /// A retry's original is requeued as it is (this attempt is not counted), after a
+    /// pause ([`Routes::refused`]).
     Requeue { to: ShortString },
     /// A reject's original is nacked to the broker's own dead-lettering (without reason).
     DeadLetter { exchange: ShortString },
 }
 
 impl Fallback {
-    async fn settle(&self, acker: &Acker, queue: &str, error: &str) -> lapin::Result<bool> {
+    async fn settle(
+        &self,
+        acker: &Acker,
+        routes: &Routes,
+        queue: &str,
+        error: &str,
+    ) -> lapin::Result<bool> {
         match self {
             Fallback::Requeue { to } => {
+                let pause = conveyor::support::lock(&routes.refused).failed();
                 tracing::warn!(
                     queue,
                     to = %to,
                     %error,
-                    "cannot republish a message to retry it; requeueing it as it is (this attempt is not counted)"
+                    ?pause,
+                    "cannot republish a message to retry it; requeueing it as it is after a pause (this attempt is not counted)"
                 );
+                routes.hold(pause).await;
                 nack(acker, true).await
             }
             Fallback::DeadLetter { exchange } => {

@@ -148,6 +148,8 @@ fn routes(
             .transpose()?,
         dead_letter,
         confirm_timeout: broker.inner.confirm_timeout,
+        refused: std::sync::Mutex::default(),
+        closing: tokio::sync::watch::Sender::new(false),
     })
 }
 
@@ -543,6 +545,9 @@ impl Subscriber for LapinSubscriber {
             consumer,
             ..
         } = self;
+        // An original held after its retry copy was refused goes back now, with the
+        // channel, instead of holding up the close.
+        routes.closing();
         // A settle task that died cannot answer the flush.
         tokio::select! {
             () = settler.flush() => {}

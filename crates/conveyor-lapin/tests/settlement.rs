@@ -770,3 +770,45 @@ async fn acks_that_go_together_cover_no_delivery_settled_otherwise() {
     assert_eq!(dead, rejected);
     cleanup(&broker, &[&queue, &dlq], &[&dlx]).await;
 }
+
+async fn retry_soon_timed(_: Json<u32>, State(runs): State<Seen<Instant>>) -> Outcome {
+    runs.push(Instant::now());
+    Outcome::RetryAfter(Duration::from_millis(10))
+}
+
+/// A retry whose copy the broker refuses (here its delay queue was deleted, so the copy
+/// comes back unroutable) requeues the original uncounted, so it cannot reach its
+/// `max_attempts`: it is held a pause first, doubling from 100 ms with each refusal in a
+/// row. (It was requeued at once: the handler ran again and again, as fast as the broker
+/// could hand it out.)
+#[tokio::test]
+async fn a_retry_whose_copy_is_refused_is_requeued_after_a_growing_pause() {
+    let broker = broker().await;
+    let queue = unique("refused-retry");
+    let runs = Seen::<Instant>::default();
+    let running = App::new("refused-retry")
+        .with_state(runs.clone())
+        .mount(broker.queue(queue.as_str()), retry_soon_timed, |m| {
+            m.workers(1)
+        })
+        .start()
+        .await
+        .unwrap();
+    broker
+        .delete_queue(&format!("{queue}.delay"))
+        .await
+        .unwrap();
+    publish_one(&broker, &queue, 1).await;
+    wait_until("four runs", || runs.len() >= 4).await;
+    running.shutdown().await.unwrap();
+
+    let runs = runs.all();
+    for (gap, pause) in runs.windows(2).zip([100, 200, 400]) {
+        let gap = gap[1] - gap[0];
+        assert!(
+            gap >= Duration::from_millis(pause),
+            "run again after {gap:?}, not after a pause of {pause} ms"
+        );
+    }
+    cleanup(&broker, &[&queue], &[]).await;
+}
