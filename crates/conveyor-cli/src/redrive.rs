@@ -13,8 +13,9 @@ use conveyor::{
     CONTENT_TYPE_HEADER, CORRELATION_ID_HEADER, Delivery, MESSAGE_ID_HEADER, Message,
     REPLY_TO_HEADER, Settlement,
 };
+use conveyor_lapin::LapinError;
 use conveyor_lapin::lapin::BasicProperties;
-use conveyor_lapin::lapin::types::{AMQPValue, FieldTable};
+use conveyor_lapin::lapin::types::{AMQPValue, FieldTable, ShortString};
 use indicatif::ProgressBar;
 use std::time::Duration;
 use tokio::time::MissedTickBehavior;
@@ -312,13 +313,18 @@ pub fn redriven(delivery: &Delivery, form: Form) -> Message {
 /// The AMQP properties that carry back a dead letter `delivery` received with `received`:
 /// all of them, typed header values included, less what starts the message afresh
 /// ([`conveyor_lapin::fresh_copy`]), with its [`Marks`] (the marker only in the
-/// [`Form::Full`] form).
+/// [`Form::Full`] form). Refused, as nothing can be sent, where the id is over AMQP's
+/// 255 bytes (an original's of 250, say, with its `.redrive-N`).
 pub fn redriven_amqp(
     delivery: &Delivery,
     received: &BasicProperties,
     form: Form,
-) -> BasicProperties {
+) -> Result<BasicProperties, LapinError> {
     let marks = Marks::of(delivery);
+    let id = ShortString::try_new(marks.id).map_err(|_| LapinError::Invalid {
+        what: "message id",
+        reason: "the redriven message's id, the original's with `.redrive-N` after it, is over AMQP's 255 bytes".into(),
+    })?;
     let copy = conveyor_lapin::fresh_copy(received);
     let mut headers = copy
         .headers()
@@ -332,8 +338,9 @@ pub fn redriven_amqp(
             AMQPValue::LongString(marks.times.to_string().into()),
         );
     }
-    copy.with_headers(FieldTable::from(headers))
-        .with_message_id(marks.id.into())
+    Ok(copy
+        .with_headers(FieldTable::from(headers))
+        .with_message_id(id))
 }
 
 /// An id no other message of this or another redrive has.
@@ -461,7 +468,7 @@ mod tests {
             ("X-Conveyor-Redriven", "1"),
         ]);
 
-        let sent = redriven_amqp(&delivery, &received, Form::Full);
+        let sent = redriven_amqp(&delivery, &received, Form::Full).unwrap();
         assert_eq!(
             sent.kind().as_ref().map(|v| v.as_str()),
             Some("order.created")
@@ -489,9 +496,26 @@ mod tests {
             Some(&AMQPValue::LongString("2".into()))
         );
 
-        let unmarked = redriven_amqp(&delivery, &received, Form::Unmarked);
+        let unmarked = redriven_amqp(&delivery, &received, Form::Unmarked).unwrap();
         let headers = unmarked.headers().clone().unwrap_or_default();
         assert!(!headers.inner().contains_key(REDRIVEN_HEADER));
+    }
+
+    #[test]
+    fn an_amqp_redrive_whose_id_would_be_over_255_bytes_is_refused_not_a_panic() {
+        let long = "m".repeat(250);
+        let delivery = dead(&[("message-id", long.as_str())]);
+        let refused = redriven_amqp(&delivery, &BasicProperties::default(), Form::Full);
+        assert!(
+            matches!(
+                refused,
+                Err(LapinError::Invalid {
+                    what: "message id",
+                    ..
+                })
+            ),
+            "{refused:?}"
+        );
     }
 
     #[test]

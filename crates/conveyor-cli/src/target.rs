@@ -60,7 +60,8 @@ impl Inspect for LapinBroker {
     ) -> Result<(), conveyor::Error> {
         match amqp_properties(delivery) {
             Some(received) => {
-                let properties = redriven_amqp(delivery, &received, form);
+                let properties =
+                    redriven_amqp(delivery, &received, form).map_err(|e| e.into_publish(to))?;
                 self.publish_amqp("", to, delivery.payload().clone(), properties)
                     .await
             }

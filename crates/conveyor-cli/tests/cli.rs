@@ -14,7 +14,11 @@ use tokio::process::Command;
 
 const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 const SQS_URL: &str = "sqs://us-east-1/127.0.0.1:4566";
-const DEADLINE: Duration = Duration::from_secs(60);
+/// How long a command or a condition may take before the test gives up on it: a guard
+/// against a hang, never a measure. Generous: a redrive of 400 messages through the SQS
+/// emulator takes half a minute on an idle 2-core machine, and over a minute under a
+/// parallel test run's load (it failed at 60 s so).
+const DEADLINE: Duration = Duration::from_secs(300);
 
 /// A broker under test, and how the binary reaches it.
 struct Live<B> {
