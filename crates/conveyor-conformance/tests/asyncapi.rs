@@ -192,3 +192,69 @@ fn the_schema_refuses_a_document_that_breaks_it() {
     broken["channels"]["orders"]["bindings"] = json!({ "amqp": { "is": "exchange" } });
     assert!(!errors(&validator, &broken).is_empty());
 }
+
+/// Any JSON at all, under a name of its own: a type whose schema is the boolean `true`
+/// and, being named, a `components.schemas` entry.
+#[derive(serde::Deserialize)]
+struct Anything(#[allow(dead_code)] Value);
+
+impl schemars::JsonSchema for Anything {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Anything".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        true.into()
+    }
+}
+
+/// A payload with fields of any JSON: the document's components hold the named schema
+/// of `Anything`, and a property of `Envelope` is the boolean schema.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct Envelope {
+    #[allow(dead_code)]
+    body: Anything,
+    #[allow(dead_code)]
+    extra: Value,
+}
+
+async fn take_any(Json(_any): Json<Value>) -> Message {
+    Message::new("{}")
+}
+
+async fn take_envelope(Json(_envelope): Json<Envelope>) {}
+
+#[test]
+fn payloads_of_any_json_are_object_schemas_in_a_valid_document() {
+    // schemars gives `serde_json::Value` the boolean schema `true`, which AsyncAPI
+    // refuses as a message's payload or a components entry.
+    let broker = MemoryBroker::new();
+    let app = App::new("shop")
+        .mount(broker.queue("events"), take_any, |m| {
+            m.publish_to("echoes")
+                .payload_schema::<Value>()
+                .output_schema::<Value>()
+        })
+        .mount(broker.queue("envelopes"), take_envelope, |m| {
+            m.payload_schema::<Envelope>()
+        });
+    let document = app.asyncapi().into_json();
+
+    let found = errors(&schema(), &document);
+    assert!(found.is_empty(), "{found:#?}\n{document:#}");
+    let channels = &document["channels"];
+    assert_eq!(
+        channels["events"]["messages"]["Value"]["payload"],
+        json!({})
+    );
+    assert_eq!(
+        channels["echoes"]["messages"]["AnyValue"]["payload"],
+        json!({})
+    );
+    assert_eq!(document["components"]["schemas"]["Anything"], json!({}));
+    // Nested, a boolean schema is a valid Schema Object and stays as it is.
+    assert_eq!(
+        document["components"]["schemas"]["Envelope"]["properties"]["extra"],
+        json!(true)
+    );
+}

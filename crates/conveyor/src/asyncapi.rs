@@ -304,7 +304,7 @@ impl Builder {
         #[cfg(feature = "schemars")]
         if let Some(schema) = options.payload_schema_fn() {
             let generator = self.schemas.get_or_insert_with(generator);
-            return Some(schema(generator).to_value());
+            return Some(object_schema(schema(generator).to_value()));
         }
         let _ = options;
         None
@@ -320,7 +320,10 @@ impl Builder {
         if let Some((schema, name)) = options.output_schema_fn() {
             let generator = self.schemas.get_or_insert_with(generator);
             message.insert("name".into(), json!(name()));
-            message.insert("payload".into(), schema(generator).to_value());
+            message.insert(
+                "payload".into(),
+                object_schema(schema(generator).to_value()),
+            );
             return name().into_owned();
         }
         let _ = (options, message);
@@ -343,8 +346,11 @@ impl Builder {
         document.insert("operations".into(), Value::Object(self.operations));
         #[cfg(feature = "schemars")]
         if let Some(mut generator) = self.schemas {
-            let schemas: Map<String, Value> =
-                generator.take_definitions(true).into_iter().collect();
+            let schemas: Map<String, Value> = generator
+                .take_definitions(true)
+                .into_iter()
+                .map(|(name, schema)| (name, object_schema(schema)))
+                .collect();
             document.insert("components".into(), json!({ "schemas": schemas }));
         }
         Document(Value::Object(document))
@@ -359,6 +365,21 @@ fn generator() -> schemars::SchemaGenerator {
     settings.definitions_path = "/components/schemas".into();
     settings.meta_schema = None;
     schemars::SchemaGenerator::new(settings)
+}
+
+/// `schema` as an object: JSON Schema's boolean schemas (`true` for any JSON, as
+/// schemars gives for `serde_json::Value`; `false` for none) become `{}` and
+/// `{"not": {}}`. AsyncAPI 3.0.0 takes a message's `payload` and a `components.schemas`
+/// entry as a Schema Object *or* a Multi Format Schema Object, and its official schema
+/// tells them apart by requiring an object, so a boolean there is refused; nested
+/// schemas (a property's) may stay boolean.
+#[cfg(feature = "schemars")]
+fn object_schema(schema: Value) -> Value {
+    match schema {
+        Value::Bool(true) => json!({}),
+        Value::Bool(false) => json!({ "not": {} }),
+        other => other,
+    }
 }
 
 /// A `$ref` to the document's `path`, each part escaped as a JSON pointer's.
