@@ -258,3 +258,57 @@ fn payloads_of_any_json_are_object_schemas_in_a_valid_document() {
         json!(true)
     );
 }
+
+#[tokio::test]
+async fn queues_of_one_name_on_two_brokers_are_two_channels_with_their_own_bindings() {
+    // In process: `orders`, publishing to `invoices`. On SQS: `invoices` (named like the
+    // in-process destination), and `orders` (named like the in-process queue),
+    // publishing to SQS's `invoices`.
+    let memory = MemoryBroker::new();
+    let sqs = common::sqs().await;
+    let app = App::new("shop")
+        .mount(memory.queue("orders"), bill, |m| m.publish_to("invoices"))
+        .mount(sqs.queue("invoices"), take_any, |m| m)
+        .mount(sqs.queue("orders"), bill, |m| m.publish_to("invoices"));
+    let document = app.asyncapi().into_json();
+
+    let found = errors(&schema(), &document);
+    assert!(found.is_empty(), "{found:#?}\n{document:#}");
+    let channels = document["channels"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    let mut ids: Vec<&str> = channels.keys().map(String::as_str).collect();
+    ids.sort_unstable();
+    assert_eq!(
+        ids,
+        ["invoices", "invoices_2", "orders", "orders_2"],
+        "{document:#}"
+    );
+    let operations = document["operations"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(operations.len(), 5, "{document:#}");
+    for (id, operation) in &operations {
+        let reference = operation["channel"]["$ref"].as_str().unwrap_or_default();
+        let channel = &channels[reference.trim_start_matches("#/channels/")];
+        // An operation on SQS is on a channel with SQS's bindings; one in process is on
+        // a channel with none.
+        assert_eq!(
+            operation["bindings"]["sqs"].is_object(),
+            channel["bindings"]["sqs"].is_object(),
+            "operation `{id}` is on {reference}: {document:#}"
+        );
+        assert_eq!(
+            operation["bindings"].is_null(),
+            channel["bindings"].is_null(),
+            "operation `{id}` is on {reference}: {document:#}"
+        );
+    }
+    // SQS's `orders` sends to SQS's `invoices`, the channel it receives from.
+    assert_eq!(
+        operations["send_invoices_2"]["channel"], operations["receive_invoices_2"]["channel"],
+        "{document:#}"
+    );
+}

@@ -179,6 +179,7 @@ impl<L: Layer + Clone> App<L> {
             .iter()
             .map(|mount| crate::asyncapi::MountDescription {
                 queue: &mount.queue,
+                system: mount.system,
                 options: &mount.options,
                 payload: mount.payload,
                 batch: mount.batch_handler,

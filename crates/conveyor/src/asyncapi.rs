@@ -1,6 +1,7 @@
 //! An app's AsyncAPI 3.0 document, made from its mounts: [`App::asyncapi`].
 //!
-//! The document has a channel per mounted queue and per `publish_to` destination, a
+//! The document has a channel per mounted queue and per `publish_to` destination (a
+//! queue of one name on two kinds of broker is two channels, `orders` and `orders_2`), a
 //! `receive` operation per mount and a `send` operation per destination, and for each
 //! message its content type (from the payload type's [`PayloadFormat`](crate::PayloadFormat)), its name (the
 //! payload type's), the partition key as a documented header, the correlation id's
@@ -124,6 +125,11 @@ impl serde::Serialize for Document {
 /// What the document needs of one mount.
 pub(crate) struct MountDescription<'a> {
     pub(crate) queue: &'a str,
+    /// The messaging system of the mounted queue's broker
+    /// ([`Source::messaging_system`](crate::Source::messaging_system)); the
+    /// `publish_to` destination is on it too, unless the outputs go through another
+    /// broker's publisher.
+    pub(crate) system: &'a str,
     pub(crate) options: &'a MountOptions,
     pub(crate) payload: PayloadInfo,
     pub(crate) batch: bool,
@@ -147,19 +153,32 @@ pub(crate) fn document<'a>(
     builder.finish(title, version)
 }
 
+/// Where a channel's queue is: the address alone would make one channel of two brokers'
+/// queues of one name, and give the second broker's operations the first one's bindings.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct ChannelKey {
+    /// The broker's messaging system; `None` when it is not known (outputs through
+    /// another broker's publisher).
+    system: Option<String>,
+    /// The channel's bindings (protocol and binding object, as text): two transports
+    /// that share a system name yet describe the queue differently are two channels.
+    binding: Option<String>,
+    address: String,
+}
+
 #[derive(Default)]
 struct Builder {
     channels: Map<String, Value>,
     operations: Map<String, Value>,
-    /// The channel id of each address.
-    addresses: HashMap<String, String>,
+    /// The channel id of each queue, by where it is ([`ChannelKey`]).
+    addresses: HashMap<ChannelKey, String>,
     #[cfg(feature = "schemars")]
     schemas: Option<schemars::SchemaGenerator>,
 }
 
 impl Builder {
     fn mount(&mut self, mount: &MountDescription<'_>) {
-        let channel = self.channel(mount.queue, mount.received);
+        let channel = self.channel(Some(mount.system), mount.queue, mount.received);
         let message = self.received_message(&channel, mount);
         let mut operation = Map::new();
         operation.insert("action".into(), json!("receive"));
@@ -188,7 +207,10 @@ impl Builder {
         if let Some(destination) = mount.options.output_destination() {
             let unknown = QueueDescription::default();
             let sent = mount.sent.unwrap_or(&unknown);
-            let channel = self.channel(destination, sent);
+            // Through another broker's publisher, the destination's broker is unknown:
+            // it is none of the mounted brokers' queues of that name.
+            let system = mount.sent.map(|_| mount.system);
+            let channel = self.channel(system, destination, sent);
             let message = self.sent_message(&channel, mount, sent);
             let mut operation = Map::new();
             operation.insert("action".into(), json!("send"));
@@ -203,9 +225,25 @@ impl Builder {
         }
     }
 
-    /// The id of the channel at `address`, made on first sight.
-    fn channel(&mut self, address: &str, description: &QueueDescription) -> String {
-        if let Some(id) = self.addresses.get(address) {
+    /// The id of the channel at `address` on a broker of `system` (`None`: unknown),
+    /// made on first sight. A queue of one name on two kinds of broker is two
+    /// channels (`orders`, `orders_2`), each with its own bindings; two brokers of one
+    /// kind describe a queue alike, and share its channel.
+    fn channel(
+        &mut self,
+        system: Option<&str>,
+        address: &str,
+        description: &QueueDescription,
+    ) -> String {
+        let key = ChannelKey {
+            system: system.map(str::to_string),
+            binding: description
+                .channel_binding
+                .as_ref()
+                .map(|(protocol, binding)| format!("{protocol} {binding}")),
+            address: address.to_string(),
+        };
+        if let Some(id) = self.addresses.get(&key) {
             return id.clone();
         }
         let id = unique(
@@ -219,7 +257,7 @@ impl Builder {
             channel.insert("bindings".into(), json!({ *protocol: binding }));
         }
         self.channels.insert(id.clone(), Value::Object(channel));
-        self.addresses.insert(address.to_string(), id.clone());
+        self.addresses.insert(key, id.clone());
         id
     }
 
