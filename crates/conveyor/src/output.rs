@@ -10,7 +10,9 @@
 //! the publisher of the broker the mount consumes from (or the one given to
 //! [`publish_via`](crate::MountOptions::publish_via)), one after another, each confirmed
 //! before the next. Only then is the input acked. If a publish fails, the run fails: the
-//! input follows the mount's failure policy and is never acked.
+//! input follows the mount's failure policy and is never acked. A message with nowhere to
+//! go (no destination of its own, no `publish_to`, no reply address) fails the run before
+//! any of the handler's messages is sent.
 //!
 //! That makes a pipeline at least once, end to end. A crash after the outputs were taken
 //! and before the input's ack brings the input back, and its outputs are published again:
@@ -341,7 +343,7 @@ enum OutputError {
 
 /// Publishes `reply`'s messages in order, for `delivery`, each taken by the broker before
 /// the next (messages in a row to one destination go as one batch); gives the outcome
-/// once all are.
+/// once all are. Nothing is sent unless every message has a destination and a publisher.
 pub(crate) async fn publish(
     reply: Reply,
     delivery: &Delivery,
@@ -361,21 +363,30 @@ pub(crate) async fn publish(
             settle_send(sent, reply)?;
         }
         Outputs::Many(outputs) => {
+            // Every output is routed, and its publisher found, before any is sent: a run
+            // that cannot succeed (an output with nowhere to go) would otherwise send the
+            // outputs before that one again at each attempt.
+            let prepared = outputs
+                .into_iter()
+                .map(|output| {
+                    let (destination, message, reply) = prepare(output, delivery, route)?;
+                    Ok((destination, message, reply, route.publisher(reply)?))
+                })
+                .collect::<Result<Vec<_>, OutputError>>()?;
             // Consecutive messages to one destination go as one batch.
             let mut run: Vec<Message> = Vec::new();
-            let mut run_to: Option<(String, bool)> = None;
-            for output in outputs {
-                let (destination, message, reply) = prepare(output, delivery, route)?;
-                if let Some((to, reply)) = run_to.take_if(|(to, _)| *to != destination) {
-                    let sent =
-                        send_batch(route.publisher(reply)?, &to, std::mem::take(&mut run)).await;
+            let mut run_to: Option<(String, bool, &SharedPublisher)> = None;
+            for (destination, message, reply, publisher) in prepared {
+                if let Some((to, reply, publisher)) = run_to.take_if(|(to, ..)| *to != destination)
+                {
+                    let sent = send_batch(publisher, &to, std::mem::take(&mut run)).await;
                     settle_send(sent, reply)?;
                 }
-                run_to = Some((destination, reply));
+                run_to = Some((destination, reply, publisher));
                 run.push(message);
             }
-            if let Some((to, reply)) = run_to {
-                settle_send(send_batch(route.publisher(reply)?, &to, run).await, reply)?;
+            if let Some((to, reply, publisher)) = run_to {
+                settle_send(send_batch(publisher, &to, run).await, reply)?;
             }
         }
     }

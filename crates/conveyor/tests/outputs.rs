@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use conveyor::testing::TestApp;
 use conveyor::{
     App, Batch, CAUSATION_ID_HEADER, CORRELATION_ID_HEADER, Error, Json, MemoryBroker, Message,
-    Output, Publisher,
+    Output, Publisher, State,
 };
 
 async fn double(Json(n): Json<u64>) -> Result<Message, Error> {
@@ -196,6 +196,47 @@ async fn a_message_with_nowhere_to_go_fails_its_run_with_a_clear_reason() {
         "{}",
         rejected[0].reason
     );
+    app.stop().await.unwrap();
+}
+
+/// Two outputs with destinations of their own, then one with none: on a mount without
+/// `publish_to`, and for an input that is no request, the last can never be sent.
+async fn audit_bill_and_stray(
+    Json(n): Json<u64>,
+    State(attempts): State<Arc<AtomicUsize>>,
+) -> Vec<Output> {
+    attempts.fetch_add(1, Ordering::SeqCst);
+    vec![
+        Output::to("audit", Message::new(format!("saw {n}"))),
+        Output::to("billing", Message::new(format!("bill {n}"))),
+        Output::new(Message::new(format!("stray {n}"))),
+    ]
+}
+
+#[tokio::test]
+async fn an_output_with_nowhere_to_go_fails_each_attempt_before_any_output_is_sent() {
+    let broker = MemoryBroker::new();
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let app = App::new("outputs").with_state(attempts.clone()).mount(
+        broker.queue("numbers"),
+        audit_bill_and_stray,
+        |m| m.retry().max_attempts(3),
+    );
+    let app = TestApp::start(app, &broker).await.unwrap();
+    app.publish_json("numbers", &1u64).await.unwrap();
+    app.settled().await.unwrap();
+
+    // Three attempts, each failed by the stray output, and no copy of the others.
+    let rejected = app.rejected("numbers");
+    assert_eq!(rejected.len(), 1);
+    assert_eq!(attempts.load(Ordering::SeqCst), 3);
+    assert!(
+        rejected[0].reason.contains("publish_to"),
+        "{}",
+        rejected[0].reason
+    );
+    assert_eq!(app.published("audit").len(), 0);
+    assert_eq!(app.published("billing").len(), 0);
     app.stop().await.unwrap();
 }
 
