@@ -218,8 +218,14 @@ impl<S: OutboxStore, P: Publisher> OutboxRelay<S, P> {
     }
 }
 
-/// The version of [`encode`]'s format.
-const FORMAT: u8 = 1;
+/// The version of [`encode`]'s format. Version 2 writes the delay as a presence byte,
+/// then whole seconds and nanoseconds: version 1's whole milliseconds cut 1.5 ms to 1 ms,
+/// and its "no delay" marker (`u64::MAX` ms) was also a delay a message could have.
+/// [`decode`] still reads version 1, for records an outbox wrote before.
+const FORMAT: u8 = 2;
+
+/// Version 1 of the format: the delay in whole milliseconds, `u64::MAX` for none.
+const FORMAT_MILLIS: u8 = 1;
 
 /// `message` as bytes, for a store that keeps it in one column: its payload, headers,
 /// partition key, properties and delay. [`decode`] gives it back.
@@ -238,10 +244,14 @@ pub fn encode(message: &Message) -> Vec<u8> {
     text(&mut out, message.message_id());
     text(&mut out, message.correlation_id());
     text(&mut out, message.reply_to());
-    let delay = message.delay().map_or(u64::MAX, |delay| {
-        u64::try_from(delay.as_millis()).unwrap_or(u64::MAX - 1)
-    });
-    out.extend_from_slice(&delay.to_be_bytes());
+    match message.delay() {
+        None => out.push(0),
+        Some(delay) => {
+            out.push(1);
+            out.extend_from_slice(&delay.as_secs().to_be_bytes());
+            out.extend_from_slice(&delay.subsec_nanos().to_be_bytes());
+        }
+    }
     out.extend_from_slice(&(message.headers().len() as u64).to_be_bytes());
     for (name, value) in message.headers().iter() {
         put(&mut out, name.as_bytes());
@@ -256,13 +266,15 @@ fn put(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
-/// The message [`encode`] made `bytes` of; [`Error::Config`] if they are not such.
+/// The message [`encode`] made `bytes` of (in this format or the one before it);
+/// [`Error::Config`] if they are not such.
 pub fn decode(bytes: &[u8]) -> Result<Message, Error> {
     let bad = || Error::config("an outbox record that is not one encode made");
     let mut reader = Reader(bytes);
-    if reader.take(1).ok_or_else(bad)? != [FORMAT] {
-        return Err(bad());
-    }
+    let format = match reader.take(1).ok_or_else(bad)? {
+        [version @ (FORMAT | FORMAT_MILLIS)] => *version,
+        _ => return Err(bad()),
+    };
     let mut builder = Message::builder();
     if let Some(key) = reader.text().ok_or_else(bad)? {
         builder = builder.partition_key(key);
@@ -279,9 +291,14 @@ pub fn decode(bytes: &[u8]) -> Result<Message, Error> {
     if let Some(to) = reader.text().ok_or_else(bad)? {
         builder = builder.reply_to(to);
     }
-    let delay = reader.number().ok_or_else(bad)?;
-    if delay != u64::MAX {
-        builder = builder.delay(Duration::from_millis(delay));
+    let delay = if format == FORMAT_MILLIS {
+        let millis = reader.number().ok_or_else(bad)?;
+        (millis != u64::MAX).then(|| Duration::from_millis(millis))
+    } else {
+        reader.delay().ok_or_else(bad)?
+    };
+    if let Some(delay) = delay {
+        builder = builder.delay(delay);
     }
     let mut headers = Headers::new();
     for _ in 0..reader.number().ok_or_else(bad)? {
@@ -320,6 +337,21 @@ impl<'a> Reader<'a> {
     fn bytes(&mut self) -> Option<&'a [u8]> {
         let len = usize::try_from(self.number()?).ok()?;
         self.take(len)
+    }
+
+    /// `Some(None)` for no delay, `None` for bytes that are not one (nanoseconds of a
+    /// whole second or more included: `Duration::new` would carry them into the seconds,
+    /// and overflow).
+    fn delay(&mut self) -> Option<Option<Duration>> {
+        match self.take(1)? {
+            [0] => Some(None),
+            [1] => {
+                let seconds = self.number()?;
+                let nanos = u32::from_be_bytes(self.take(4)?.try_into().ok()?);
+                (nanos < 1_000_000_000).then(|| Some(Duration::new(seconds, nanos)))
+            }
+            _ => None,
+        }
     }
 
     /// `Some(None)` for an absent text, `None` for bytes that are not one.
@@ -368,6 +400,44 @@ mod tests {
     }
 
     #[test]
+    fn the_delay_comes_back_to_the_nanosecond_at_any_length() {
+        let delays = [
+            None,
+            Some(Duration::ZERO),
+            Some(Duration::from_micros(1500)),
+            Some(Duration::from_millis(u64::MAX)),
+            Some(Duration::MAX),
+        ];
+        for delay in delays {
+            let builder = Message::builder();
+            let builder = match delay {
+                Some(delay) => builder.delay(delay),
+                None => builder,
+            };
+            let back = decode(&encode(&builder.payload("x"))).unwrap();
+            assert_eq!(back.delay(), delay);
+        }
+    }
+
+    #[test]
+    fn a_record_of_the_first_format_still_decodes() {
+        // Version 1 as it was written: no texts, the delay in milliseconds (`u64::MAX`
+        // for none), no headers, the payload.
+        let record = |delay: u64| {
+            let mut bytes = vec![1, 0, 0, 0, 0, 0];
+            bytes.extend_from_slice(&delay.to_be_bytes());
+            bytes.extend_from_slice(&0u64.to_be_bytes());
+            bytes.extend_from_slice(&2u64.to_be_bytes());
+            bytes.extend_from_slice(b"hi");
+            bytes
+        };
+        let delayed = decode(&record(1500)).unwrap();
+        assert_eq!(delayed.delay(), Some(Duration::from_millis(1500)));
+        assert_eq!(&delayed.payload()[..], b"hi");
+        assert_eq!(decode(&record(u64::MAX)).unwrap().delay(), None);
+    }
+
+    #[test]
     fn bytes_that_are_no_record_are_refused() {
         let good = encode(&Message::new("hello"));
         for bad in [&[][..], &[9][..], &good[..good.len() - 1]] {
@@ -376,5 +446,13 @@ mod tests {
         let mut longer = good.clone();
         longer.push(0);
         assert!(decode(&longer).is_err());
+
+        // A delay of a billion nanoseconds or more is no `encode` made.
+        let delayed = encode(&Message::builder().delay(Duration::MAX).payload("x"));
+        let nanos = 1 + 5 + 1 + 8;
+        let mut carried = delayed.clone();
+        carried[nanos..nanos + 4].copy_from_slice(&1_000_000_000u32.to_be_bytes());
+        assert!(matches!(decode(&carried), Err(Error::Config(_))));
+        assert!(decode(&delayed).is_ok());
     }
 }
