@@ -74,7 +74,8 @@ enum Command {
     Publish {
         /// The queue.
         queue: String,
-        /// The partition key.
+        /// The partition key (on SQS, a FIFO queue's message group; refused for a
+        /// standard SQS queue, which would drop it).
         #[arg(long)]
         key: Option<String>,
         /// A header, as name=value; may be repeated.

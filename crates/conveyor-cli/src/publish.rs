@@ -31,6 +31,13 @@ pub struct Input {
 /// A failure says how many were published, and which lines (of the input, counting
 /// empty ones) were not, or may not have been.
 pub async fn run<B: Inspect>(broker: &B, queue: &str, input: Input) -> Result<(), Failure> {
+    // Refused before the input is read: a key the broker would drop is a mistake on the
+    // command line, not something to report as published.
+    if input.key.is_some()
+        && let Some(why) = B::drops_key(queue)
+    {
+        return Err(Failure::usage(format!("--key: {why}")));
+    }
     let bytes = read(input.file.as_ref()).await?;
     // Each body with its line number, from 1.
     let bodies: Vec<(usize, Bytes)> = if input.lines {

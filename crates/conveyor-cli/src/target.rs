@@ -23,6 +23,13 @@ pub trait Inspect: Broker {
     /// the message duplicates nothing.
     fn refused_unsent(error: &conveyor::Error) -> bool;
 
+    /// Why a partition key given to messages for `queue` would not reach it, where it
+    /// would not: `conveyor publish --key` refuses to drop the key without a word.
+    fn drops_key(queue: &str) -> Option<String> {
+        let _ = queue;
+        None
+    }
+
     /// Publishes `delivery`, a dead letter received from this broker, to the queue `to`,
     /// redriven in `form`: as [`redriven`] makes it, or with more of the message where the
     /// broker keeps what the portable view leaves out.
@@ -98,6 +105,18 @@ impl Inspect for SqsBroker {
             source.downcast_ref::<SqsError>(),
             Some(SqsError::InvalidMessage { .. })
         )
+    }
+
+    /// A standard queue has no message groups, so the publisher sends no key there. SQS
+    /// makes every FIFO queue's name end in `.fifo`, so the name (a URL's last part)
+    /// tells, with no call.
+    fn drops_key(queue: &str) -> Option<String> {
+        let name = queue.rsplit('/').next().unwrap_or(queue);
+        (!name.ends_with(".fifo")).then(|| {
+            format!(
+                "`{queue}` is a standard SQS queue, which carries no partition key (only a FIFO queue, named `….fifo`, keeps it, as the message group): leave out --key"
+            )
+        })
     }
 }
 
@@ -244,6 +263,17 @@ mod tests {
                 endpoint: Some("https://vpce.example.com".into())
             }
         );
+    }
+
+    #[test]
+    fn only_a_standard_sqs_queue_drops_a_key() {
+        assert!(SqsBroker::drops_key("orders").is_some());
+        assert!(SqsBroker::drops_key("https://sqs.eu-west-1.amazonaws.com/1/orders").is_some());
+        assert!(SqsBroker::drops_key("orders.fifo").is_none());
+        assert!(
+            SqsBroker::drops_key("https://sqs.eu-west-1.amazonaws.com/1/orders.fifo").is_none()
+        );
+        assert!(LapinBroker::drops_key("orders").is_none());
     }
 
     #[test]

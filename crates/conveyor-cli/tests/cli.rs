@@ -969,6 +969,39 @@ mod sqs {
         super::publish_lines_checks_every_line_before_sending_any(sqs().await).await;
     }
 
+    /// A standard queue has no message groups, so SQS would take the message and drop
+    /// its key: `publish --key` to one is a usage error that says why, and sends
+    /// nothing. (The FIFO queues of `publish_sends_one_message_or_one_per_line` keep it.)
+    #[tokio::test]
+    async fn publish_with_a_key_to_a_standard_queue_is_refused_and_sends_nothing() {
+        let live = sqs().await;
+        let queue = unique("standard-key");
+        live.broker
+            .declare_queue(&QueueSpec::new(queue.as_str()))
+            .await
+            .expect("the queue is declared");
+        // The body in a file: the command refuses before it reads any input, so a pipe
+        // to its standard input could be closed before the test had written to it.
+        let body = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{queue}.json"));
+        std::fs::write(&body, br#"{"id": 1}"#).expect("the body is written");
+        let body = body.to_str().expect("a UTF-8 path");
+
+        let ran = live.run(&["publish", &queue, "--key", "alice", body]).await;
+        assert_eq!(ran.status.code(), Some(2), "{ran:?}");
+        assert!(
+            ran.stderr.contains("--key") && ran.stderr.contains("standard SQS queue"),
+            "{ran:?}"
+        );
+        assert_eq!(ran.stderr.trim_end().lines().count(), 1, "{ran:?}");
+        assert_eq!(live.ready(&queue).await, 0, "a message was sent");
+
+        let ran = live.run(&["publish", &queue, body]).await;
+        assert!(ran.status.success(), "{ran:?}");
+        live.wait_ready(&queue, 1).await;
+        live.delete(&[&queue]).await;
+        let _ = std::fs::remove_file(body);
+    }
+
     #[tokio::test]
     async fn redrive_moves_crowded_dead_letters_and_leaves_one_with_no_room_for_an_id() {
         super::redrive_moves_crowded_dead_letters_and_leaves_one_with_no_room_for_an_id(
