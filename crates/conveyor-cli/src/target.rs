@@ -159,6 +159,7 @@ impl Target {
                 redact_url(url)
             )));
         }
+        check_region(region)?;
         Ok(Target::Sqs {
             region: region.to_string(),
             endpoint: endpoint.map(endpoint_url),
@@ -186,6 +187,22 @@ impl Target {
             ))
         })
     }
+}
+
+/// Refuses a region AWS could not have (lowercase letters, digits and `-`, as
+/// `us-east-1`), which the SDK would only turn down at the first call, with a message that
+/// does not say the URL is at fault. The error never shows the region: one with `@` or
+/// `:` is most likely credentials put in the URL.
+fn check_region(region: &str) -> Result<(), Failure> {
+    let valid = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
+    if region.chars().all(valid) {
+        return Ok(());
+    }
+    Err(Failure::usage(if region.contains(['@', ':']) {
+        "an SQS URL takes no credentials (they come from the standard AWS chain): sqs://region[/endpoint]"
+    } else {
+        "the SQS URL's region is not one: lowercase letters, digits and `-`, as in sqs://us-east-1"
+    }))
 }
 
 /// An endpoint with its scheme: as given, or `http://` for the local machine (an
@@ -274,6 +291,25 @@ mod tests {
             SqsBroker::drops_key("https://sqs.eu-west-1.amazonaws.com/1/orders.fifo").is_none()
         );
         assert!(LapinBroker::drops_key("orders").is_none());
+    }
+
+    #[test]
+    fn an_sqs_region_aws_could_not_have_is_a_usage_error_that_shows_no_secret() {
+        for url in [
+            "sqs://us east 1/127.0.0.1:4566",
+            "sqs://US-EAST-1",
+            "sqs://us_east_1",
+            "sqs://key:s3cret@us-east-1/127.0.0.1:4566",
+            "sqs://s3cret@us-east-1",
+        ] {
+            let error = Target::parse(url).unwrap_err();
+            assert_eq!(error.code, 2, "{url}: {error}");
+            assert!(error.to_string().contains("sqs://"), "{url}: {error}");
+            assert!(!error.to_string().contains("s3cret"), "{url}: {error}");
+        }
+        let error = Target::parse("sqs://key:s3cret@us-east-1").unwrap_err();
+        assert!(error.to_string().contains("credentials"), "{error}");
+        assert!(Target::parse("sqs://cn-north-1").is_ok());
     }
 
     #[test]
