@@ -60,7 +60,10 @@ pub async fn run<B: Inspect>(broker: &B, queue: &str, input: Input) -> Result<()
             .collect();
         if let Err(error) = broker.publish_batch(queue, messages).await {
             let lines: Vec<usize> = call.iter().map(|(line, _)| *line).collect();
-            let (sent, outcome) = outcome(&lines, &error, B::refused_unsent(&error));
+            // A message the broker returned did not arrive; of several, which one came
+            // back is not known, so a returned call of several may still have delivered.
+            let unsent = B::refused_unsent(&error) || (call.len() == 1 && B::returned(&error));
+            let (sent, outcome) = outcome(&lines, &error, unsent);
             return Err(Failure::broker(format!(
                 "published {} of {count} to `{queue}`{}{outcome}: {}",
                 published + sent,
@@ -80,7 +83,8 @@ pub async fn run<B: Inspect>(broker: &B, queue: &str, input: Input) -> Result<()
 
 /// Of a call of the messages on `lines` that failed with `error`: how many were
 /// published all the same, and which lines were not (or may not have been), as text.
-fn outcome(lines: &[usize], error: &conveyor::Error, refused_unsent: bool) -> (usize, String) {
+/// `unsent`: the error says that none of the call arrived.
+fn outcome(lines: &[usize], error: &conveyor::Error, unsent: bool) -> (usize, String) {
     match not_sent_of(error) {
         Some((not_sent, unconfirmed)) => {
             let pick = |indices: &[usize]| -> Vec<usize> {
@@ -106,7 +110,7 @@ fn outcome(lines: &[usize], error: &conveyor::Error, refused_unsent: bool) -> (u
             }
             (sent, text)
         }
-        None if refused_unsent => (0, format!("; not sent: {}", spans(lines))),
+        None if unsent => (0, format!("; not sent: {}", spans(lines))),
         None => (
             0,
             format!("; may or may not have arrived: {}", spans(lines)),

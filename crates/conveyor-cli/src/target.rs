@@ -23,6 +23,14 @@ pub trait Inspect: Broker {
     /// the message duplicates nothing.
     fn refused_unsent(error: &conveyor::Error) -> bool;
 
+    /// Whether a publish that failed with `error` reached the broker and came back
+    /// undelivered (RabbitMQ returns a message no queue took). Of a call of one message,
+    /// that one did not arrive; of a call of several, the error does not say which.
+    fn returned(error: &conveyor::Error) -> bool {
+        let _ = error;
+        false
+    }
+
     /// Why a partition key given to messages for `queue` would not reach it, where it
     /// would not: `conveyor publish --key` refuses to drop the key without a word.
     fn drops_key(queue: &str) -> Option<String> {
@@ -83,6 +91,18 @@ impl Inspect for LapinBroker {
         matches!(
             source.downcast_ref::<LapinError>(),
             Some(LapinError::Invalid { .. } | LapinError::HeadersTooLarge { .. })
+        )
+    }
+
+    /// A mandatory publish that no queue took (a queue that does not exist, say) comes
+    /// back with `basic.return` before its confirm.
+    fn returned(error: &conveyor::Error) -> bool {
+        let conveyor::Error::Publish { source, .. } = error else {
+            return false;
+        };
+        matches!(
+            source.downcast_ref::<LapinError>(),
+            Some(LapinError::Returned { .. })
         )
     }
 }

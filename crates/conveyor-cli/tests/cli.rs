@@ -919,6 +919,34 @@ mod rabbitmq {
         assert!(!ran.stderr.contains("hunter2"), "{ran:?}");
         assert!(!ran.stdout.contains("hunter2"), "{ran:?}");
     }
+
+    /// RabbitMQ returns a message no queue takes (here, to a queue that does not
+    /// exist): one message returned certainly did not arrive. Of several, the error does
+    /// not say which came back, so those may or may not have arrived.
+    #[tokio::test]
+    async fn a_returned_message_is_reported_as_not_sent() {
+        let live = rabbitmq().await;
+        let queue = unique("nowhere");
+        let ran = live.run_with_input(&["publish", &queue], Some(b"{}")).await;
+        assert_eq!(ran.status.code(), Some(1), "{ran:?}");
+        assert!(
+            ran.stderr.contains(&format!(
+                "published 0 of 1 to `{queue}` (the file as one message); not sent: line 1: "
+            )),
+            "{ran:?}"
+        );
+        assert!(ran.stderr.contains("returned unroutable"), "{ran:?}");
+
+        let ran = live
+            .run_with_input(&["publish", &queue, "--lines"], Some(b"a\nb\n"))
+            .await;
+        assert_eq!(ran.status.code(), Some(1), "{ran:?}");
+        assert!(
+            ran.stderr
+                .contains("; may or may not have arrived: lines 1-2: "),
+            "{ran:?}"
+        );
+    }
 }
 
 mod sqs {
