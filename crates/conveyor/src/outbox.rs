@@ -69,6 +69,7 @@ use bytes::Bytes;
 use crate::error::Error;
 use crate::headers::Headers;
 use crate::message::Message;
+use crate::support::RetryPause;
 use crate::transport::Publisher;
 
 /// A message in an outbox: the id the store gave it (increasing in the order added),
@@ -167,7 +168,17 @@ impl<S: OutboxStore, P: Publisher> OutboxRelay<S, P> {
     /// that fails ends the pass with its error, after marking those before it: the
     /// next pass starts with it.
     pub async fn relay_once(&self) -> Result<usize, Error> {
-        let pending = self.store.pending(self.batch).await?;
+        self.pass().await.map_err(|(_, error)| error)
+    }
+
+    /// [`relay_once`](Self::relay_once), failing with the id of the message whose
+    /// publish failed, if one did.
+    async fn pass(&self) -> Result<usize, (Option<u64>, Error)> {
+        let pending = self
+            .store
+            .pending(self.batch)
+            .await
+            .map_err(|e| (None, e))?;
         let mut sent = Vec::with_capacity(pending.len());
         let mut failed = None;
         for entry in pending {
@@ -178,41 +189,58 @@ impl<S: OutboxStore, P: Publisher> OutboxRelay<S, P> {
             {
                 Ok(()) => sent.push(entry.id),
                 Err(error) => {
-                    failed = Some(error);
+                    failed = Some((Some(entry.id), error));
                     break;
                 }
             }
         }
         if !sent.is_empty() {
-            self.store.mark_sent(&sent).await?;
+            self.store.mark_sent(&sent).await.map_err(|e| (None, e))?;
         }
         match failed {
-            Some(error) => Err(error),
+            Some(failed) => Err(failed),
             None => Ok(sent.len()),
         }
     }
 
     /// Relays until `signal` completes: passes one after another while they find
     /// messages, and every [`interval`](Self::interval) otherwise. A failed pass is
-    /// logged and tried again after the interval.
+    /// logged, with the id of the message whose publish failed, and tried again after a
+    /// pause that doubles with each failure in a row, from the interval (or 100 ms) up
+    /// to 30 s: a broker that is away, or a message it will never take, is not asked
+    /// again ten times a second. Such a message holds back all that follows it until it
+    /// is published: fix it or take it out of the store.
     pub async fn run_until(&self, signal: impl Future<Output = ()>) {
         let mut signal = std::pin::pin!(signal);
+        let mut failures = RetryPause::new();
         loop {
-            let wait = match self.relay_once().await {
-                Ok(0) => true,
-                Ok(_) => false,
-                Err(error) => {
-                    tracing::warn!(error = %crate::Report(&error), "relaying the outbox failed; trying again");
-                    true
+            let wait = match self.pass().await {
+                Ok(0) => {
+                    failures.reset();
+                    Some(self.interval)
+                }
+                Ok(_) => {
+                    failures.reset();
+                    None
+                }
+                Err((id, error)) => {
+                    let pause = failures.failed().max(self.interval);
+                    tracing::warn!(
+                        outbox_id = id,
+                        error = %crate::Report(&error),
+                        ?pause,
+                        "relaying the outbox failed; trying again after a pause"
+                    );
+                    Some(pause)
                 }
             };
-            if wait {
-                tokio::select! {
+            match wait {
+                Some(pause) => tokio::select! {
                     () = &mut signal => return,
-                    () = tokio::time::sleep(self.interval) => {}
-                }
-            } else if futures_util::FutureExt::now_or_never(&mut signal).is_some() {
-                return;
+                    () = tokio::time::sleep(pause) => {}
+                },
+                None if futures_util::FutureExt::now_or_never(&mut signal).is_some() => return,
+                None => {}
             }
         }
     }

@@ -217,3 +217,34 @@ async fn the_relay_publishes_each_message_at_least_once_in_order_per_key() {
         "the passes that died before marking published again"
     );
 }
+
+/// A publisher whose every publish fails, counting them.
+#[derive(Clone, Default)]
+struct Away {
+    calls: Arc<AtomicUsize>,
+}
+
+impl Publisher for Away {
+    async fn publish(&self, _: &str, _: Message) -> Result<(), Error> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Err(Error::config("the broker refuses this message"))
+    }
+}
+
+/// A message the broker keeps refusing (or a broker that stays away) is tried again
+/// after a pause that doubles up to 30 s, not at every interval: a minute gives about ten
+/// tries, not 600. (It was tried every 100 ms, with a warning each time.)
+#[tokio::test(start_paused = true)]
+async fn a_relay_whose_publishes_keep_failing_tries_again_after_longer_and_longer_pauses() {
+    let database = Database::default();
+    let outbox = Outbox::new(database.begin());
+    outbox.publish("orders", order("alice", 0)).await.unwrap();
+    outbox.into_inner().commit();
+    let away = Away::default();
+    OutboxRelay::new(database.clone(), away.clone())
+        .run_until(tokio::time::sleep(Duration::from_secs(60)))
+        .await;
+    let tries = away.calls.load(Ordering::SeqCst);
+    // 100 ms, 200 ms, ... 25.6 s, then 30 s: 10 tries within the minute.
+    assert!((9..=11).contains(&tries), "{tries} tries in a minute");
+}
