@@ -23,7 +23,8 @@ use crate::subscriber::SqsQueue;
 pub(crate) struct Settings {
     /// Long-poll wait per receive (at most 20 s).
     pub(crate) wait_time: Duration,
-    /// How long a received message stays hidden before the extender renews it.
+    /// How long a received message stays hidden before the extender renews it: whole
+    /// seconds (`build` refuses a fraction), as SQS counts it.
     pub(crate) visibility_timeout: Duration,
     /// How long a settlement waits for nine more to share its batch call.
     pub(crate) flush_interval: Duration,
@@ -169,7 +170,8 @@ impl SqsBrokerBuilder {
         self
     }
 
-    /// How long a received message stays hidden between renewals (default 30 s). The
+    /// How long a received message stays hidden between renewals (default 30 s), in whole
+    /// seconds from 1 s to 12 h: SQS takes whole seconds, so `build` refuses a fraction. The
     /// extender renews it while it is unsettled, so a handler may run longer.
     pub fn visibility_timeout(mut self, timeout: Duration) -> Self {
         self.settings.visibility_timeout = timeout;
@@ -202,6 +204,15 @@ impl SqsBrokerBuilder {
             || settings.visibility_timeout > crate::settle::MAX_VISIBILITY
         {
             return Err(Error::config("visibility_timeout is between 1 s and 12 h"));
+        }
+        // SQS hides a message for whole seconds. Rounding here would leave the transport
+        // believing one timeout and SQS applying another; renewals timed for 1.9 s would
+        // reach a message SQS showed again after 1 s, while its handler still runs.
+        if settings.visibility_timeout.subsec_nanos() != 0 {
+            return Err(Error::config(format!(
+                "visibility_timeout is a whole number of seconds (SQS takes no fraction), not {:?}",
+                settings.visibility_timeout
+            )));
         }
         // A held message is renewed once it is within half the visibility timeout of
         // showing, every third of it: a sixth is what it may have left when it is settled,
@@ -581,6 +592,21 @@ mod tests {
             other => panic!("{:?}", other.map(|_| ())),
         }
         assert!(build(Duration::from_secs(5)).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_visibility_timeout_with_a_fraction_of_a_second_is_refused() {
+        let build = |visibility| emulator().visibility_timeout(visibility).build();
+        match build(Duration::from_millis(1900)).await {
+            Err(Error::Config(message)) => {
+                assert!(
+                    message.contains("visibility_timeout") && message.contains("whole"),
+                    "{message}"
+                )
+            }
+            other => panic!("{:?}", other.map(|_| ())),
+        }
+        assert!(build(Duration::from_secs(2)).await.is_ok());
     }
 
     #[tokio::test]

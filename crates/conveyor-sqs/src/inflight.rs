@@ -230,7 +230,8 @@ impl InFlight {
 
     /// Messages the keeper keeps hidden (held, or settled and not yet taken) that become
     /// visible within `margin`, with the timeout to renew each to: `visibility`, cut so
-    /// that no message stays hidden past `cap` from its receipt. One already hidden up to
+    /// that no message stays hidden past `cap` from its receipt, in whole seconds (rounded
+    /// down). One already hidden up to
     /// the cap is left out: renewing it again changes nothing.
     pub(crate) fn due(
         &self,
@@ -249,7 +250,9 @@ impl InFlight {
                     return None;
                 }
                 let left = cap.checked_sub(now - entry.received_at)?;
-                let renew = visibility.min(left);
+                // Whole seconds, as SQS hides a message: the renewal sent and the
+                // visibility recorded of it are then the same.
+                let renew = Duration::from_secs(visibility.min(left).as_secs());
                 (renew >= Duration::from_secs(1)).then(|| (tag, entry.receipt.clone(), renew))
             })
             .collect()
@@ -295,6 +298,15 @@ mod tests {
         assert_eq!(due, vec![(tag, "r".to_string(), Duration::from_secs(10))]);
         tokio::time::advance(Duration::from_secs(10)).await;
         assert!(due_now(&in_flight).is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_cut_at_twelve_hours_is_whole_seconds() {
+        let in_flight = InFlight::default();
+        let tag = in_flight.insert("r".into(), None, Duration::from_secs(30));
+        tokio::time::advance(12 * HOUR - Duration::from_millis(10_500)).await;
+        let due = due_now(&in_flight);
+        assert_eq!(due, vec![(tag, "r".to_string(), Duration::from_secs(10))]);
     }
 
     #[tokio::test(start_paused = true)]

@@ -26,7 +26,8 @@ use crate::inflight::{InFlight, Op, Rejected};
 use crate::publisher::{chunk_lengths, unique_id};
 use crate::queue::{DeadLetter, QueueInfo};
 use crate::settle::{
-    BATCH_LIMIT, BatchCall, ChangeVisibility, Delete, MAX_VISIBILITY, settle_all, with_retries,
+    BATCH_LIMIT, BatchCall, ChangeVisibility, Delete, MAX_VISIBILITY, settle_all,
+    whole_seconds_down, with_retries,
 };
 
 /// How much sooner than SQS's 12 h limit, counted from when a receive's answer came, a
@@ -215,14 +216,15 @@ impl<C: Calls> Keeper<C> {
 
     /// One `ChangeMessageVisibilityBatch` for `held`, claimed for it.
     async fn renew_held(&self, held: &[&(u64, String, Duration)]) {
+        // Each renewal as the whole seconds SQS applies, sent and recorded alike.
+        let renewals: Vec<(i32, Duration)> = held
+            .iter()
+            .map(|(_, _, renew)| whole_seconds_down(*renew))
+            .collect();
         let entries: Vec<(String, i32)> = held
             .iter()
-            .map(|(_, receipt, renew)| {
-                (
-                    receipt.clone(),
-                    i32::try_from(renew.as_secs()).unwrap_or(i32::MAX),
-                )
-            })
+            .zip(&renewals)
+            .map(|((_, receipt, _), (seconds, _))| (receipt.clone(), *seconds))
             .collect();
         // SQS hides each from when it takes the call, no sooner than now.
         let sent = Instant::now();
@@ -233,7 +235,7 @@ impl<C: Calls> Keeper<C> {
                 return;
             }
         };
-        for (index, (tag, _, renew)) in held.iter().enumerate() {
+        for (index, ((tag, _, _), (_, renew))) in held.iter().zip(&renewals).enumerate() {
             match failed.iter().find(|(i, _)| *i == index) {
                 Some((_, reason)) => {
                     tracing::warn!(

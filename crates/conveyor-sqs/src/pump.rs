@@ -16,7 +16,7 @@ use conveyor::Report;
 use crate::error::{SqsError, cannot_heal, shown};
 use crate::inflight::InFlight;
 use crate::queue::QueueInfo;
-use crate::settle::Settler;
+use crate::settle::{Settler, whole_seconds_down};
 
 /// Deliveries received and not yet taken by the dispatcher: one receive's worth at most.
 #[derive(Default)]
@@ -218,14 +218,16 @@ impl Pump {
     /// One `ReceiveMessage`; its messages become deliveries, registered with the keeper
     /// first so they stay hidden while they wait.
     async fn receive(&self) -> Result<Vec<Delivery>, Failure> {
-        let visibility = self.settings.visibility_timeout;
+        // The whole seconds SQS hides them for, and what the keeper records: one value, so
+        // that its renewals are timed by the visibility SQS applies.
+        let (seconds, visibility) = whole_seconds_down(self.settings.visibility_timeout);
         let output = self
             .client
             .receive_message()
             .queue_url(&self.queue.url)
             .max_number_of_messages(i32::try_from(self.wanted).unwrap_or(10))
             .wait_time_seconds(i32::try_from(self.settings.wait_time.as_secs()).unwrap_or(20))
-            .visibility_timeout(i32::try_from(visibility.as_secs()).unwrap_or(i32::MAX))
+            .visibility_timeout(seconds)
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
             .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
             .message_attribute_names("All")

@@ -36,6 +36,17 @@ pub(crate) fn whole_seconds_up(delay: Duration) -> u64 {
         .saturating_add(u64::from(delay.subsec_nanos() > 0))
 }
 
+/// `duration` in the whole seconds SQS takes, rounded down, with the duration those
+/// seconds are: what a call asks for and what the transport records of it must be one
+/// value, or renewals are timed for a visibility SQS does not apply.
+pub(crate) fn whole_seconds_down(duration: Duration) -> (i32, Duration) {
+    let seconds = i32::try_from(duration.as_secs()).unwrap_or(i32::MAX);
+    (
+        seconds,
+        Duration::from_secs(u64::from(seconds.unsigned_abs())),
+    )
+}
+
 /// The visibility timeout, in seconds, that hides a message for `delay`, rounded up,
 /// but never past 12 hours from its receipt (`elapsed` ago).
 pub(crate) fn retry_after_seconds(delay: Duration, elapsed: Duration) -> i32 {
