@@ -18,8 +18,9 @@ use tokio::time::Instant;
 pub(crate) enum Op {
     /// `DeleteMessageBatch`.
     Delete,
-    /// `ChangeMessageVisibilityBatch` to this many seconds (0: visible again now).
-    Hide { seconds: i32 },
+    /// `ChangeMessageVisibilityBatch` hiding it for `delay` (zero: visible again now),
+    /// rounded up to whole seconds and capped at 12 h from receipt when the call is made.
+    Hide { delay: Duration },
     /// Send to the dead-letter queue, then delete.
     Reject(Box<Rejected>),
 }
@@ -74,6 +75,8 @@ pub(crate) struct Pending {
     pub(crate) tag: u64,
     pub(crate) receipt: String,
     pub(crate) message_id: Option<String>,
+    /// When the receive's answer came, for the 12 h cap of a retry-after.
+    pub(crate) received_at: Instant,
     pub(crate) op: Op,
 }
 
@@ -145,6 +148,7 @@ impl InFlight {
                         tag,
                         receipt: std::mem::take(&mut entry.receipt),
                         message_id: entry.message_id.take(),
+                        received_at: entry.received_at,
                         op,
                     }),
                     other => {
@@ -325,7 +329,9 @@ mod tests {
     async fn a_settled_message_is_renewed_until_the_keeper_takes_its_settlement() {
         let in_flight = InFlight::default();
         let tag = in_flight.insert("r".into(), None, Duration::from_secs(30));
-        assert!(in_flight.settle(tag, |_| Op::Hide { seconds: 0 }));
+        assert!(in_flight.settle(tag, |_| Op::Hide {
+            delay: Duration::ZERO,
+        }));
         tokio::time::advance(Duration::from_secs(20)).await;
         let due = due_now(&in_flight);
         assert_eq!(due, vec![(tag, "r".to_string(), Duration::from_secs(30))]);
@@ -366,7 +372,9 @@ mod tests {
         let tag = in_flight.insert("r".into(), Some("m".into()), Duration::from_secs(30));
         assert!(in_flight.settle(tag, |_| Op::Delete));
         assert!(
-            !in_flight.settle(tag, |_| Op::Hide { seconds: 0 }),
+            !in_flight.settle(tag, |_| Op::Hide {
+                delay: Duration::ZERO,
+            }),
             "settled once only"
         );
         assert_eq!((in_flight.len(), in_flight.settled.len()), (1, 1));

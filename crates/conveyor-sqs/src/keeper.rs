@@ -26,14 +26,9 @@ use crate::inflight::{InFlight, Op, Rejected};
 use crate::publisher::{chunk_lengths, unique_id};
 use crate::queue::{DeadLetter, QueueInfo};
 use crate::settle::{
-    BATCH_LIMIT, BatchCall, ChangeVisibility, Delete, MAX_VISIBILITY, settle_all,
-    whole_seconds_down, with_retries,
+    BATCH_LIMIT, BatchCall, ChangeVisibility, Delete, Hide, MAX_VISIBILITY, RECEIPT_SLACK,
+    settle_all, whole_seconds_down, with_retries,
 };
-
-/// How much sooner than SQS's 12 h limit, counted from when a receive's answer came, a
-/// renewal stops: SQS counts from its own receipt, a little earlier, and refuses a renewal
-/// past the limit.
-const RECEIPT_SLACK: Duration = Duration::from_secs(5);
 
 /// The longest reject reason a dead letter carries; a longer one is cut (at a character
 /// boundary) and ends with `…`.
@@ -179,7 +174,11 @@ impl<C: Calls> Keeper<C> {
         for pending in settled {
             match pending.op {
                 Op::Delete => deletes.push(pending.receipt),
-                Op::Hide { seconds } => hides.push((pending.receipt, seconds)),
+                Op::Hide { delay } => hides.push(Hide {
+                    receipt: pending.receipt,
+                    delay,
+                    received_at: pending.received_at,
+                }),
                 Op::Reject(rejected) => {
                     rejects.push((pending.receipt, pending.message_id, rejected))
                 }
@@ -266,7 +265,7 @@ impl<C: Calls> Keeper<C> {
         &self,
         rejects: Vec<(String, Option<String>, Box<Rejected>)>,
         deletes: &mut Vec<String>,
-        hides: &mut Vec<(String, i32)>,
+        hides: &mut Vec<Hide>,
     ) {
         let queue = self.queue.clone();
         let dead_letter_queue = match self.dead_letter_queue().await {
@@ -292,7 +291,7 @@ impl<C: Calls> Keeper<C> {
                         error = %Report(&error),
                         "rejected, but the dead-letter queue cannot be reached: the message is visible again"
                     );
-                    hides.push((receipt, 0));
+                    hides.push(Hide::visible_now(receipt));
                 }
                 return;
             }
@@ -310,7 +309,7 @@ impl<C: Calls> Keeper<C> {
                         error = %Report(&error),
                         "rejected, but the message cannot go to the dead-letter queue: it is visible again"
                     );
-                    hides.push((receipt, 0));
+                    hides.push(Hide::visible_now(receipt));
                 }
             }
         }
@@ -330,7 +329,7 @@ impl<C: Calls> Keeper<C> {
         dead_letter_queue: &QueueInfo,
         chunk: Vec<DeadLetterMessage>,
         deletes: &mut Vec<String>,
-        hides: &mut Vec<(String, i32)>,
+        hides: &mut Vec<Hide>,
     ) {
         let sent = |message: DeadLetterMessage| {
             tracing::info!(
@@ -357,7 +356,7 @@ impl<C: Calls> Keeper<C> {
                 error,
                 "rejected, but sending to the dead-letter queue failed for good: the message is visible again"
             );
-            hides.push((message.receipt, 0));
+            hides.push(Hide::visible_now(message.receipt));
         }
     }
 
@@ -837,6 +836,46 @@ mod tests {
             text.matches("held for as long as SQS allows").count(),
             1,
             "{text}"
+        );
+    }
+
+    /// A retry-after settled a minute short of 12 h from receipt waits behind its ack
+    /// neighbour's slow delete. The seconds it asks for are worked out when its own call is
+    /// made, not when it was settled, so it still stops short of SQS's limit.
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_after_waiting_behind_a_slow_call_still_stops_short_of_twelve_hours() {
+        let mut script = Script::new(true);
+        script.latency = Duration::from_secs(20);
+        let running = start(&script, QueueInfo::for_tests("q"));
+        let received = Instant::now();
+        let acked = running.receive("acked");
+        let retried = running.receive("retried");
+        tokio::time::sleep(MAX_VISIBILITY - Duration::from_secs(60)).await;
+        running.settle(acked, Settlement::Ack);
+        running.settle(
+            retried,
+            Settlement::RetryAfter(Duration::from_secs(24 * 3600)),
+        );
+        running.close().await;
+
+        let calls = script.timed_calls();
+        let delete = calls
+            .iter()
+            .position(|(_, call)| *call == Call::Delete(vec!["acked".into()]))
+            .expect("the ack's delete");
+        let (returned, seconds) = calls[delete..]
+            .iter()
+            .find_map(|(at, call)| match call {
+                Call::Visibility(entries) if entries[0].0 == "retried" => Some((*at, entries[0].1)),
+                _ => None,
+            })
+            .expect("the retry-after's call, after the delete");
+        let sent = returned - script.latency;
+        let hidden_until = sent + Duration::from_secs(u64::try_from(seconds).unwrap());
+        assert!(
+            hidden_until <= received + MAX_VISIBILITY - RECEIPT_SLACK,
+            "{seconds} s asked {:?} after receipt",
+            sent - received
         );
     }
 

@@ -61,8 +61,9 @@
 //!   generated id. Standard queues carry no groups: their deliveries have no key.
 //! - **Settlement**: ack deletes (`DeleteMessageBatch`, ten at a time or after 5 ms).
 //!   Retry and release set visibility 0; retry-after sets it to the delay rounded *up* to
-//!   whole seconds (1.5 s hides for 2 s, 300 ms for 1 s), capped at 12 hours from receipt
-//!   (both `ChangeMessageVisibilityBatch`). Reject ends the message's life at once: it is
+//!   whole seconds (1.5 s hides for 2 s, 300 ms for 1 s), capped, as renewals are, 5 s
+//!   short of 12 hours from receipt when its call is made (SQS counts from its own receipt
+//!   and refuses more) (both `ChangeMessageVisibilityBatch`). Reject ends the message's life at once: it is
 //!   sent (`SendMessageBatch`) to the dead-letter queue the queue's redrive policy names,
 //!   with its payload and headers and the reason in the
 //!   [`REJECT_REASON_HEADER`](conveyor::REJECT_REASON_HEADER) attribute (a FIFO

@@ -10,6 +10,7 @@ use std::time::Duration;
 use aws_sdk_sqs::types::BatchResultErrorEntry;
 use conveyor::{Settle, Settled, Settlement};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::calls::{Calls, Failed};
 use conveyor::Report;
@@ -23,6 +24,11 @@ pub(crate) const BATCH_LIMIT: usize = 10;
 
 /// SQS hides a message for at most 12 hours from its receipt.
 pub(crate) const MAX_VISIBILITY: Duration = Duration::from_secs(12 * 60 * 60);
+
+/// How much sooner than [`MAX_VISIBILITY`], counted from when a receive's answer came, a
+/// renewal or a retry-after stops: SQS counts from its own receipt, a little earlier, and
+/// refuses a visibility change past the limit; the call itself takes time to reach it too.
+pub(crate) const RECEIPT_SLACK: Duration = Duration::from_secs(5);
 
 /// How often a failed batch entry is tried again before it is reported.
 pub(crate) const ATTEMPTS: u32 = 3;
@@ -48,9 +54,12 @@ pub(crate) fn whole_seconds_down(duration: Duration) -> (i32, Duration) {
 }
 
 /// The visibility timeout, in seconds, that hides a message for `delay`, rounded up,
-/// but never past 12 hours from its receipt (`elapsed` ago).
+/// but never past 12 hours from its receipt (`elapsed` ago), less [`RECEIPT_SLACK`].
 pub(crate) fn retry_after_seconds(delay: Duration, elapsed: Duration) -> i32 {
-    let left = MAX_VISIBILITY.saturating_sub(elapsed).as_secs();
+    let left = MAX_VISIBILITY
+        .saturating_sub(RECEIPT_SLACK)
+        .saturating_sub(elapsed)
+        .as_secs();
     i32::try_from(whole_seconds_up(delay).min(left)).unwrap_or(i32::MAX)
 }
 
@@ -83,11 +92,10 @@ impl Settle for Settler {
             partition_key,
             ..
         } = settled;
-        let known = self.in_flight.settle(tag, |entry| match settlement {
+        let known = self.in_flight.settle(tag, |_| match settlement {
             Settlement::Ack => Op::Delete,
-            Settlement::RetryAfter(delay) => Op::Hide {
-                seconds: retry_after_seconds(delay, entry.received_at.elapsed()),
-            },
+            // Capped at 12 h from receipt when its call is made (see `Hide`).
+            Settlement::RetryAfter(delay) => Op::Hide { delay },
             Settlement::Reject { reason } => Op::Reject(Box::new(Rejected {
                 reason: reason.to_string(),
                 attempt,
@@ -96,7 +104,9 @@ impl Settle for Settler {
                 partition_key,
             })),
             // Retry, Release, and whatever a later core adds: visible again now.
-            _ => Op::Hide { seconds: 0 },
+            _ => Op::Hide {
+                delay: Duration::ZERO,
+            },
         });
         if !known {
             tracing::debug!(tag, "settled a message this subscription no longer holds");
@@ -140,24 +150,53 @@ impl<C: Calls> BatchCall<String> for Delete<'_, C> {
     }
 }
 
+/// A message to hide for `delay` (zero: visible again now), counted from when its call
+/// is made.
+#[derive(Debug)]
+pub(crate) struct Hide {
+    pub(crate) receipt: String,
+    pub(crate) delay: Duration,
+    /// When the receive's answer came: SQS refuses to hide it past 12 hours from there.
+    pub(crate) received_at: Instant,
+}
+
+impl Hide {
+    /// A message to make visible again now (its receipt time does not matter then).
+    pub(crate) fn visible_now(receipt: String) -> Hide {
+        Hide {
+            receipt,
+            delay: Duration::ZERO,
+            received_at: Instant::now(),
+        }
+    }
+
+    /// The seconds to ask for in a call made now. Worked out for each call, a retried one
+    /// included, not when the message was settled: a settlement may wait behind other
+    /// calls, and the 12 h cap counts to when SQS takes this one.
+    fn seconds(&self) -> i32 {
+        retry_after_seconds(self.delay, self.received_at.elapsed())
+    }
+}
+
 /// `ChangeMessageVisibilityBatch`: a receipt and the seconds to hide it for, per entry.
 pub(crate) struct ChangeVisibility<'a, C> {
     pub(crate) calls: &'a C,
     pub(crate) queue: &'a QueueInfo,
 }
 
-impl<C: Calls> BatchCall<(String, i32)> for ChangeVisibility<'_, C> {
+impl<C: Calls> BatchCall<Hide> for ChangeVisibility<'_, C> {
     const NAME: &'static str = "ChangeMessageVisibilityBatch";
 
     fn queue(&self) -> &QueueInfo {
         self.queue
     }
 
-    fn call(
-        &self,
-        batch: &[(String, i32)],
-    ) -> impl Future<Output = Result<Failed, SqsError>> + Send {
-        self.calls.change_visibility(self.queue, batch)
+    async fn call(&self, batch: &[Hide]) -> Result<Failed, SqsError> {
+        let entries: Vec<(String, i32)> = batch
+            .iter()
+            .map(|hide| (hide.receipt.clone(), hide.seconds()))
+            .collect();
+        self.calls.change_visibility(self.queue, &entries).await
     }
 }
 
@@ -398,15 +437,19 @@ mod tests {
         assert!(matches!(settled(Settlement::Ack), Op::Delete));
         assert!(matches!(
             settled(Settlement::Retry),
-            Op::Hide { seconds: 0 }
+            Op::Hide {
+                delay: Duration::ZERO
+            }
         ));
         assert!(matches!(
             settled(Settlement::Release),
-            Op::Hide { seconds: 0 }
+            Op::Hide {
+                delay: Duration::ZERO
+            }
         ));
         assert!(matches!(
             settled(Settlement::RetryAfter(Duration::from_secs(90))),
-            Op::Hide { seconds: 90 }
+            Op::Hide { delay } if delay == Duration::from_secs(90)
         ));
         assert!(matches!(
             settled(Settlement::Reject { reason: "bad" }),
@@ -424,33 +467,37 @@ mod tests {
         assert_eq!(whole_seconds_up(ms(2000)), 2);
         assert_eq!(whole_seconds_up(Duration::ZERO), 0);
         assert_eq!(whole_seconds_up(Duration::MAX), u64::MAX);
-        assert!(matches!(
-            settled(Settlement::RetryAfter(ms(1500))),
-            Op::Hide { seconds: 2 }
-        ));
-        assert!(matches!(
-            settled(Settlement::RetryAfter(ms(300))),
-            Op::Hide { seconds: 1 }
-        ));
+        assert_eq!(retry_after_seconds(ms(1500), Duration::ZERO), 2);
+        assert_eq!(retry_after_seconds(ms(300), Duration::ZERO), 1);
     }
 
     #[test]
     fn retry_after_never_hides_past_twelve_hours() {
-        assert!(matches!(
-            settled(Settlement::RetryAfter(Duration::from_secs(13 * 3600))),
-            Op::Hide { seconds } if seconds <= 12 * 3600
-        ));
-        assert!(matches!(
-            settled(Settlement::RetryAfter(Duration::MAX)),
-            Op::Hide { seconds } if seconds <= 12 * 3600
-        ));
-        // 11 h 59 min 59.5 s after receipt, half a second is left: it rounds down to 0
-        // rather than past the cap.
-        let elapsed = MAX_VISIBILITY - Duration::from_millis(500);
+        let limit = MAX_VISIBILITY - RECEIPT_SLACK;
+        for delay in [Duration::from_secs(13 * 3600), Duration::MAX] {
+            let seconds = retry_after_seconds(delay, Duration::ZERO);
+            assert_eq!(u64::try_from(seconds).unwrap(), limit.as_secs());
+        }
+        // Half a second short of the cap, it rounds down to 0 rather than past it.
+        let elapsed = limit - Duration::from_millis(500);
         assert_eq!(retry_after_seconds(Duration::from_secs(5), elapsed), 0);
         assert_eq!(
-            retry_after_seconds(Duration::from_millis(1500), Duration::ZERO),
-            2
+            retry_after_seconds(Duration::from_secs(5), MAX_VISIBILITY),
+            0
+        );
+    }
+
+    /// SQS counts 12 h from its own receipt, a little before the receive's answer came,
+    /// and the call takes time to reach it: a capped retry-after asked 999 ms after receipt
+    /// leaves that room, as renewals do, instead of asking for 12 h less 1 ms.
+    #[test]
+    fn a_capped_retry_after_leaves_room_for_the_calls_latency() {
+        let elapsed = Duration::from_millis(999);
+        let seconds = retry_after_seconds(Duration::from_secs(24 * 3600), elapsed);
+        let hidden_until = elapsed + Duration::from_secs(u64::try_from(seconds).unwrap());
+        assert!(
+            hidden_until <= MAX_VISIBILITY - RECEIPT_SLACK,
+            "{seconds} s asked {elapsed:?} after receipt: hidden until {hidden_until:?} after receipt"
         );
     }
 }
