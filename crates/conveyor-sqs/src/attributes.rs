@@ -3,7 +3,9 @@
 //! Headers travel as message attributes: UTF-8 values as `String`, anything else as
 //! `Binary`, so every header value comes back byte for byte. A body SQS cannot carry
 //! (not UTF-8, or characters SQS refuses) goes base64-encoded, marked by the
-//! [`BODY_ENCODING_ATTRIBUTE`] attribute, and is decoded on receipt.
+//! [`BODY_ENCODING_ATTRIBUTE`] attribute, and is decoded on receipt. An empty payload,
+//! which SQS refuses as a body (it takes at least one character), goes as a placeholder
+//! body marked by the same attribute, and comes back empty.
 
 use std::collections::HashMap;
 
@@ -19,8 +21,20 @@ use crate::error::{SqsError, shown};
 /// key. Standard queues have no groups, so their deliveries have no key.
 pub const PARTITION_KEY_HEADER: &str = "MessageGroupId";
 
-/// The message attribute that marks a base64-encoded body.
+/// The message attribute that marks a body that is not the payload as it is: `base64`
+/// for a base64-encoded one, `empty` for the placeholder an empty payload travels as
+/// (SQS takes no empty body). Like any attribute, it counts against SQS's ten.
 pub const BODY_ENCODING_ATTRIBUTE: &str = "conveyor-body-encoding";
+
+/// The [`BODY_ENCODING_ATTRIBUTE`] value of a base64-encoded body.
+const BASE64_ENCODING: &str = "base64";
+
+/// The [`BODY_ENCODING_ATTRIBUTE`] value of an empty payload, sent as [`EMPTY_BODY`].
+const EMPTY_ENCODING: &str = "empty";
+
+/// The body an empty payload travels as: SQS refuses a body of less than one character.
+/// Only the marker makes it empty again, so a payload `(empty)` stays what it is.
+const EMPTY_BODY: &str = "(empty)";
 
 /// SQS carries at most ten message attributes per message.
 pub(crate) const MAX_ATTRIBUTES: usize = 10;
@@ -182,13 +196,18 @@ impl<'q> Attributes<'q> {
         Ok(())
     }
 
-    /// The body (base64 where SQS cannot carry it as text), checked against SQS's limit
-    /// on attributes.
+    /// The body (base64 where SQS cannot carry it as text, a placeholder for an empty
+    /// payload), checked against SQS's limit on attributes.
     fn finish(mut self, payload: &[u8]) -> Result<Outgoing, SqsError> {
         let body = match std::str::from_utf8(payload) {
-            Ok(text) if text.chars().all(sqs_allows) && !text.is_empty() => text.to_string(),
+            // Base64 of nothing is nothing, and SQS takes no empty body.
+            _ if payload.is_empty() => {
+                self.insert(BODY_ENCODING_ATTRIBUTE, EMPTY_ENCODING.as_bytes())?;
+                EMPTY_BODY.to_string()
+            }
+            Ok(text) if text.chars().all(sqs_allows) => text.to_string(),
             _ => {
-                self.insert(BODY_ENCODING_ATTRIBUTE, b"base64")?;
+                self.insert(BODY_ENCODING_ATTRIBUTE, BASE64_ENCODING.as_bytes())?;
                 aws_smithy_types::base64::encode(payload)
             }
         };
@@ -220,10 +239,10 @@ fn attribute_bytes(attribute: &MessageAttributeValue) -> Option<&[u8]> {
 /// unwrapped, so that body and headers come out as with raw delivery.
 pub(crate) fn decode(message: &SqsMessage) -> (Bytes, Headers, Option<PartitionKey>) {
     let mut headers = Headers::new();
-    let mut base64 = false;
+    let mut encoding = None;
     let mut add = |name: &str, bytes: Bytes| {
         if name == BODY_ENCODING_ATTRIBUTE {
-            base64 = &bytes[..] == b"base64";
+            encoding = Some(bytes);
         } else {
             headers.insert(name.to_string(), bytes);
         }
@@ -248,16 +267,18 @@ pub(crate) fn decode(message: &SqsMessage) -> (Bytes, Headers, Option<PartitionK
             received
         }
     };
-    let payload = if base64 {
-        match aws_smithy_types::base64::decode(body) {
-            Ok(decoded) => Bytes::from(decoded),
-            Err(error) => {
-                tracing::warn!(%error, "a body marked base64 is not; handing it over as received");
-                Bytes::copy_from_slice(body.as_bytes())
+    let payload = match encoding.as_deref() {
+        Some(marker) if marker == BASE64_ENCODING.as_bytes() => {
+            match aws_smithy_types::base64::decode(body) {
+                Ok(decoded) => Bytes::from(decoded),
+                Err(error) => {
+                    tracing::warn!(%error, "a body marked base64 is not; handing it over as received");
+                    Bytes::copy_from_slice(body.as_bytes())
+                }
             }
         }
-    } else {
-        Bytes::copy_from_slice(body.as_bytes())
+        Some(marker) if marker == EMPTY_ENCODING.as_bytes() => Bytes::new(),
+        _ => Bytes::copy_from_slice(body.as_bytes()),
     };
     let key = message
         .attributes()
@@ -348,7 +369,7 @@ fn check_attribute_name(name: &str) -> Result<(), String> {
     } else if name.contains("..") {
         "has `..`, which SQS refuses".to_string()
     } else if name.eq_ignore_ascii_case(BODY_ENCODING_ATTRIBUTE) {
-        "is the attribute this transport marks a base64 body with".to_string()
+        "is the attribute this transport marks a base64 or empty body with".to_string()
     } else {
         return Ok(());
     };
@@ -436,6 +457,28 @@ mod tests {
         assert!(!headers.contains(BODY_ENCODING_ATTRIBUTE));
     }
 
+    /// SQS refuses an empty body (at least one character; AWS answers `MissingParameter`),
+    /// and base64 of an empty payload is still empty.
+    #[test]
+    fn an_empty_payload_travels_as_a_marked_placeholder_and_comes_back_empty() {
+        let outgoing = encode("q", false, &Message::new(Vec::<u8>::new()).into_parts())
+            .expect("an empty payload is a valid message");
+        assert!(!outgoing.body.is_empty());
+        assert_eq!(
+            outgoing
+                .attributes
+                .get(BODY_ENCODING_ATTRIBUTE)
+                .and_then(attribute_bytes),
+            Some(EMPTY_ENCODING.as_bytes())
+        );
+        let (payload, headers, _) = received(outgoing, None);
+        assert!(payload.is_empty(), "{payload:?}");
+        assert!(!headers.contains(BODY_ENCODING_ATTRIBUTE));
+        // The placeholder sent as a payload of its own is that payload.
+        let (payload, _) = sent_and_received(Message::new(EMPTY_BODY));
+        assert_eq!(payload.as_ref(), EMPTY_BODY.as_bytes());
+    }
+
     #[test]
     fn more_than_ten_attributes_are_refused() {
         let mut message = Message::builder();
@@ -495,8 +538,8 @@ mod tests {
             ("line\nbreak", "has `\\n`"),
             ("", "is empty"),
             (&"x".repeat(257), "longer than the 256 characters"),
-            (BODY_ENCODING_ATTRIBUTE, "marks a base64 body"),
-            ("Conveyor-Body-Encoding", "marks a base64 body"),
+            (BODY_ENCODING_ATTRIBUTE, "marks a base64 or empty body"),
+            ("Conveyor-Body-Encoding", "marks a base64 or empty body"),
         ] {
             let error = refused(
                 false,

@@ -3,7 +3,8 @@
 //! [`SnsPublisher`] is a [`Publisher`] whose destinations are topics (a name, which it
 //! creates or finds, or an ARN). A message maps onto SNS as onto SQS: headers and
 //! properties as message attributes (ten at most, since a queue subscribed with raw
-//! delivery gets them as its own), a body SNS cannot carry as text in base64; on a FIFO
+//! delivery gets them as its own), a body SNS cannot carry as text in base64 (an empty
+//! one as a marked placeholder, since SNS and SQS take no empty body); on a FIFO
 //! topic (a name ending in `.fifo`) the partition key is the `MessageGroupId` and the
 //! message id, else a fresh one, the deduplication id.
 //!

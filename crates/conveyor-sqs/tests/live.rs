@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::proxy::Proxy;
 use common::{ENDPOINT, broker, broker_at, declare, delete, eventually, unique};
 use conveyor::{
-    App, Backoff, Batch, Broker, DeliveryInfo, Error, Headers, Json, Message, Outcome,
+    App, Backoff, Batch, Broker, Bytes, DeliveryInfo, Error, Headers, Json, Message, Outcome,
     PartitionKey, Publisher, QueueSpec, REJECT_REASON_HEADER, State,
 };
 use conveyor_sqs::{SqsBroker, SqsQueueSpec};
@@ -86,6 +86,58 @@ async fn a_message_round_trips_with_its_headers_as_attributes() {
     assert_eq!(headers.get_str("correlation-id"), Some("order-7"));
     assert_eq!(info.receive_count, Some(1));
     assert_eq!(&*info.queue, queue.as_str());
+    delete(&broker, &[&queue]).await;
+}
+
+async fn record_payload(payload: Bytes, State(seen): State<Seen<Bytes>>) {
+    seen.lock().unwrap().push(payload);
+}
+
+/// SQS refuses an empty body (the emulator takes one): an empty payload is stored as a
+/// body of its own, and a delivery of it is empty again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_payload_is_stored_with_a_body_and_delivered_empty() {
+    let broker = broker().await;
+    let queue = declare(&broker, QueueSpec::new(unique("empty-body", false))).await;
+    broker
+        .publish(&queue, Message::new(Vec::<u8>::new()))
+        .await
+        .unwrap();
+
+    // What SQS stores, seen without the transport (and left visible for it).
+    let url = broker.queue_url(&queue).await.unwrap();
+    let stored = broker
+        .client()
+        .receive_message()
+        .queue_url(&url)
+        .wait_time_seconds(5)
+        .visibility_timeout(0)
+        .send()
+        .await
+        .unwrap();
+    let bodies: Vec<&str> = stored
+        .messages()
+        .iter()
+        .map(|m| m.body().unwrap_or_default())
+        .collect();
+    assert!(
+        bodies.len() == 1 && !bodies[0].is_empty(),
+        "stored bodies: {bodies:?}"
+    );
+
+    let seen: Seen<Bytes> = Seen::default();
+    let running = App::new("empty-body")
+        .with_state(seen.clone())
+        .mount(broker.queue(&queue), record_payload, |m| m)
+        .start()
+        .await
+        .unwrap();
+    eventually("the message", Duration::from_secs(20), || async {
+        count(&seen) == 1
+    })
+    .await;
+    running.shutdown().await.unwrap();
+    assert_eq!(seen.lock().unwrap()[0], Bytes::new());
     delete(&broker, &[&queue]).await;
 }
 
