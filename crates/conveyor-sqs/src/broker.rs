@@ -121,7 +121,11 @@ pub struct SqsBrokerBuilder {
 impl fmt::Debug for SqsBrokerBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SqsBrokerBuilder")
-            .field("endpoint", &self.endpoint)
+            // An endpoint may carry user information (a proxy or gateway in front of SQS).
+            .field(
+                "endpoint",
+                &self.endpoint.as_deref().map(conveyor::support::redact_url),
+            )
             .field("region", &self.region)
             .field("static_credentials", &self.credentials.is_some())
             .field("settings", &self.settings)
@@ -399,7 +403,7 @@ impl SqsBroker {
             .map(str::to_string)
             .ok_or_else(|| SqsError::Unexpected {
                 call: "GetQueueUrl",
-                queue: name_or_url.to_string(),
+                queue: crate::error::redacted(name_or_url).into_owned(),
                 detail: "no queue URL".into(),
             })
     }

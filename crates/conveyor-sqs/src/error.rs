@@ -16,7 +16,8 @@ use crate::broker::is_url;
 /// say); `Display` shows this error alone, and [`conveyor::Error`]'s `Display` shows it with
 /// its causes. The texts quote a queue name of at most 80 characters (SQS's longest) or a
 /// queue URL of at most 200 whole, and only the start of a longer one, ending in `…`; the
-/// fields keep it whole.
+/// fields keep it whole. Neither keeps the password of a queue URL that has one (user
+/// information, for a gateway in front of SQS): it is `***`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SqsError {
@@ -125,7 +126,7 @@ impl SqsError {
     {
         if no_such_queue(&error) {
             SqsError::NoSuchQueue {
-                queue: queue.to_string(),
+                queue: redacted(queue).into_owned(),
                 source: Some(Box::new(error)),
             }
         } else {
@@ -141,7 +142,7 @@ impl SqsError {
     {
         SqsError::Call {
             call,
-            queue: queue.to_string(),
+            queue: redacted(queue).into_owned(),
             source: Box::new(error),
         }
     }
@@ -185,13 +186,28 @@ fn not_sent_counts(not_sent: usize, unconfirmed: usize, total: usize) -> String 
 /// `name` (a queue name or URL, an attribute name) as an error text quotes it: whole when
 /// it is no longer than a valid one can be, else its first characters and `…`, cut at a
 /// character boundary. Control characters are escaped, so a quoted name stays on its line.
+/// A URL's password is `***` ([`redacted`]).
 pub(crate) fn shown(name: &str) -> Cow<'_, str> {
     let max = if is_url(name) {
         MAX_SHOWN_URL_CHARS
     } else {
         MAX_SHOWN_NAME_CHARS
     };
-    conveyor::support::bounded(name, max)
+    match redacted(name) {
+        Cow::Borrowed(name) => conveyor::support::bounded(name, max),
+        Cow::Owned(name) => Cow::Owned(conveyor::support::bounded(&name, max).into_owned()),
+    }
+}
+
+/// `name`, a queue name or URL as the user gave it, with a URL's password replaced by
+/// `***`: what errors, spans and metrics keep of it. A queue URL may carry user
+/// information (a gateway in front of SQS), and secrets never reach logs or errors.
+pub(crate) fn redacted(name: &str) -> Cow<'_, str> {
+    if is_url(name) && conveyor::support::url_password(name).is_some() {
+        Cow::Owned(conveyor::support::redact_url(name))
+    } else {
+        Cow::Borrowed(name)
+    }
 }
 
 /// Whether SQS answered that the queue does not exist, in either spelling of the code.

@@ -9,7 +9,7 @@ use tracing::Instrument;
 use crate::attributes::{self, Outgoing};
 use crate::broker::SqsBroker;
 use crate::calls::{Calls, Failed, send_built, send_entry};
-use crate::error::{SqsError, shown};
+use crate::error::{SqsError, redacted, shown};
 use crate::queue::QueueInfo;
 use crate::settle::{BATCH_LIMIT, BatchCall, whole_seconds_up, with_retries};
 
@@ -94,10 +94,12 @@ impl Publisher for SqsBroker {
     /// and the whole must fit the queue's size limit. What fails is [`Error::Publish`],
     /// saying why.
     async fn publish(&self, destination: &str, mut message: Message) -> Result<(), Error> {
-        let span = conveyor::trace::publish_span("aws_sqs", destination);
+        // A queue URL's password stays out of the span and the metrics.
+        let label = redacted(destination);
+        let span = conveyor::trace::publish_span("aws_sqs", &label);
         conveyor::trace::inject_context(&span, message.headers_mut());
         let sent = self.send_one(destination, message).instrument(span).await;
-        record_sent(destination, 1, &sent);
+        record_sent(&label, 1, &sent);
         sent
     }
 
@@ -113,13 +115,14 @@ impl Publisher for SqsBroker {
         destination: &str,
         mut messages: Vec<Message>,
     ) -> Result<(), Error> {
-        let span = conveyor::trace::publish_span("aws_sqs", destination);
+        let label = redacted(destination);
+        let span = conveyor::trace::publish_span("aws_sqs", &label);
         for message in &mut messages {
             conveyor::trace::inject_context(&span, message.headers_mut());
         }
         let count = messages.len() as u64;
         let sent = self.send_all(destination, messages).instrument(span).await;
-        record_sent(destination, count, &sent);
+        record_sent(&label, count, &sent);
         sent
     }
 }

@@ -218,3 +218,34 @@ async fn an_https_endpoint_is_spoken_to_over_tls() {
     assert_eq!(&first[..2], &[22, 3], "{first:?}");
     println!("{}", conveyor::Report(&error));
 }
+
+/// No secret in logs or errors (DESIGN §6): an endpoint or a queue URL with user
+/// information (a proxy or gateway in front of SQS) has its password in neither the
+/// builder's `Debug` nor a publish error, shown or debugged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_in_an_endpoint_or_a_queue_url_stays_out_of_debug_and_errors() {
+    let builder = conveyor_sqs::SqsBroker::builder()
+        .endpoint("http://svc:s3cr3t-pw@127.0.0.1:1")
+        .static_credentials("AKIAEXAMPLEKEY", "example-secret-key");
+    let debug = format!("{builder:?}");
+    assert!(debug.contains("svc:***@127.0.0.1:1"), "{debug}");
+
+    let broker = broker().await;
+    let error = broker
+        .publish(
+            &format!(
+                "http://svc:s3cr3t-pw@127.0.0.1:4566/123456789012/{}",
+                unique("gone", false)
+            ),
+            Message::new("x"),
+        )
+        .await
+        .unwrap_err();
+    let error = format!("{} | {error:?}", conveyor::Report(&error));
+    assert!(error.contains("svc:***@127.0.0.1:4566"), "{error}");
+    for text in [&debug, &error] {
+        for secret in ["s3cr3t-pw", "example-secret-key"] {
+            assert!(!text.contains(secret), "`{secret}` in: {text}");
+        }
+    }
+}

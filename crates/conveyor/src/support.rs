@@ -2,8 +2,8 @@
 //! is written once: a lock that outlives a panic, a wait on a [`Notify`] for a condition
 //! that misses no wake-up, the table of deliveries not settled yet, the queue their
 //! settlements wait in for the subscription's settle task, the pause between retries of a
-//! failing broker call, error texts that quote a name boundedly, and ids no one else
-//! makes.
+//! failing broker call, error texts that quote a name boundedly, URLs with their
+//! password hidden, and ids no one else makes.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -130,6 +130,83 @@ pub fn bounded(name: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
         text.push('…');
     }
     std::borrow::Cow::Owned(text)
+}
+
+/// `url` with the password, if any, replaced by `***`: safe to log, or to quote in an
+/// error.
+///
+/// A password should be percent-encoded, but people paste raw ones, with `/`, `?`, `#`,
+/// `@` or `:` in them. So the user information is taken to end at the *last* `@` of the
+/// URL, not at the first `/`: whatever could be a password is hidden, at the price of
+/// hiding a little more than needed for the rare URL with an `@` in its path or query.
+/// A URL mistyped with one slash after its scheme, or none, is redacted all the same (a
+/// prefix followed by no slash counts as a scheme only if it is one of the transports'
+/// own, `amqp`, `amqps`, `http` or `https`, so that in `user:password@host` the user is
+/// not taken for one).
+///
+/// ```
+/// use conveyor::support::redact_url;
+///
+/// assert_eq!(redact_url("amqp://app:s3cret@rabbit:5672/prod"), "amqp://app:***@rabbit:5672/prod");
+/// assert_eq!(redact_url("https://app:ab/cd@gw.example/q"), "https://app:***@gw.example/q");
+/// assert_eq!(redact_url("amqp:/app:s3cret@rabbit/prod"), "amqp:/app:***@rabbit/prod");
+/// assert_eq!(redact_url("http://127.0.0.1:4566/123/q"), "http://127.0.0.1:4566/123/q");
+/// ```
+pub fn redact_url(url: &str) -> String {
+    match url_password_range(url) {
+        Some(range) => format!(
+            "{}***{}",
+            url.get(..range.start).unwrap_or_default(),
+            url.get(range.end..).unwrap_or_default()
+        ),
+        None => url.to_string(),
+    }
+}
+
+/// `url`'s password as written (what [`redact_url`] hides), if it has one: for a
+/// transport that must also hide it where a library quotes it in its own words.
+///
+/// ```
+/// use conveyor::support::url_password;
+///
+/// assert_eq!(url_password("amqp://app:s3cret@rabbit/prod"), Some("s3cret"));
+/// assert_eq!(url_password("amqp://guest@rabbit"), None);
+/// ```
+pub fn url_password(url: &str) -> Option<&str> {
+    url_password_range(url).and_then(|range| url.get(range))
+}
+
+/// Where `url`'s password is: from the colon after the user name to the last `@`.
+fn url_password_range(url: &str) -> Option<std::ops::Range<usize>> {
+    let start = authority_start(url);
+    let authority = url.get(start..)?;
+    let at = authority.rfind('@')?;
+    let colon = authority.get(..at)?.find(':')?;
+    Some(start + colon + 1..start + at)
+}
+
+/// Where a URL's user information starts: after the scheme and its slashes, however
+/// many. A prefix counts as a scheme only if slashes follow it or it is one of the
+/// transports' own, so that in `user:password@host` the user is not taken for a scheme.
+fn authority_start(url: &str) -> usize {
+    let Some(colon) = url.find(':') else {
+        return 0;
+    };
+    let scheme = &url[..colon];
+    let well_formed = scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    let after = &url[colon + 1..];
+    let slashes = after.len() - after.trim_start_matches('/').len();
+    let known = ["amqp", "amqps", "http", "https"]
+        .iter()
+        .any(|known| scheme.eq_ignore_ascii_case(known));
+    if well_formed && (slashes > 0 || known) {
+        colon + 1 + slashes
+    } else {
+        0
+    }
 }
 
 /// What a transport keeps of each delivery until it is settled, under the delivery tag
@@ -442,6 +519,72 @@ impl RetryPause {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_url_password_is_replaced() {
+        assert_eq!(
+            redact_url("amqps://u:p%40ss@host/vhost?heartbeat=10"),
+            "amqps://u:***@host/vhost?heartbeat=10"
+        );
+        assert_eq!(
+            redact_url("http://svc:s3cr3t-pw@127.0.0.1:1/123456789012/q"),
+            "http://svc:***@127.0.0.1:1/123456789012/q"
+        );
+    }
+
+    #[test]
+    fn raw_url_passwords_with_url_delimiters_never_show() {
+        for password in [
+            "ab/cd",
+            "a?b",
+            "a#b",
+            "p@ss",
+            "a:b",
+            "x/y@z?w#v:u",
+            "p%2Fq%40r",
+        ] {
+            for scheme in ["amqp", "https"] {
+                let url = format!("{scheme}://app:{password}@host:5672/prod?heartbeat=10");
+                let redacted = redact_url(&url);
+                assert_eq!(
+                    redacted,
+                    format!("{scheme}://app:***@host:5672/prod?heartbeat=10")
+                );
+                assert!(!redacted.contains(password), "{redacted}");
+                assert_eq!(url_password(&url), Some(password));
+            }
+        }
+    }
+
+    #[test]
+    fn passwords_of_urls_mistyped_without_both_slashes_never_show() {
+        for (url, redacted) in [
+            ("amqp:/app:s3cret@h/prod", "amqp:/app:***@h/prod"),
+            ("amqp:app:s3cret@h/prod", "amqp:app:***@h/prod"),
+            ("AMQPS:app:s3cret@h", "AMQPS:app:***@h"),
+            ("amqp:///app:s3cret@h", "amqp:///app:***@h"),
+            ("http:app:s3cret@h/q", "http:app:***@h/q"),
+            ("app:s3cret@h:5672", "app:***@h:5672"),
+            ("app:s3:cret@h", "app:***@h"),
+        ] {
+            assert_eq!(redact_url(url), redacted, "{url}");
+        }
+    }
+
+    #[test]
+    fn urls_without_a_password_are_unchanged() {
+        for url in [
+            "amqp://guest@h",
+            "amqp://h/a@b",
+            "not a url",
+            "rabbit:5672",
+            "https://sqs.us-east-1.amazonaws.com/123456789012/orders",
+            "orders",
+        ] {
+            assert_eq!(redact_url(url), url);
+            assert_eq!(url_password(url), None, "{url}");
+        }
+    }
 
     #[test]
     fn a_tag_finds_its_value_until_removed_and_never_a_later_one_in_its_slot() {
