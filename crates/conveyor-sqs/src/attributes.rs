@@ -291,7 +291,11 @@ pub(crate) fn decode(message: &SqsMessage) -> (Bytes, Headers, Option<PartitionK
 }
 
 /// The JSON envelope SNS wraps a message in when it delivers it to a queue without raw
-/// delivery.
+/// delivery. Besides the message, SNS always sends its signature and the URLs of its
+/// certificate and of the unsubscribe link, which a payload of the user's has no reason
+/// to carry: they are required, so that a published payload that only resembles a
+/// notification (an archived one, a relay's) is not taken for one and cut down to its
+/// `Message`.
 #[derive(serde::Deserialize)]
 struct SnsEnvelope {
     #[serde(rename = "Type")]
@@ -302,6 +306,14 @@ struct SnsEnvelope {
     message: String,
     #[serde(rename = "MessageAttributes", default)]
     attributes: HashMap<String, SnsAttribute>,
+    #[serde(rename = "Signature")]
+    signature: String,
+    #[serde(rename = "SignatureVersion")]
+    signature_version: String,
+    #[serde(rename = "SigningCertURL")]
+    signing_cert_url: String,
+    #[serde(rename = "UnsubscribeURL")]
+    unsubscribe_url: String,
 }
 
 #[derive(serde::Deserialize)]
@@ -320,7 +332,15 @@ impl SnsEnvelope {
             return None;
         }
         let envelope: SnsEnvelope = serde_json::from_str(body).ok()?;
-        (envelope.kind == "Notification" && envelope.topic_arn.starts_with("arn:"))
+        let signed = [
+            &envelope.signature,
+            &envelope.signature_version,
+            &envelope.signing_cert_url,
+            &envelope.unsubscribe_url,
+        ]
+        .iter()
+        .all(|field| !field.is_empty());
+        (envelope.kind == "Notification" && envelope.topic_arn.starts_with("arn:") && signed)
             .then_some(envelope)
     }
 
@@ -409,9 +429,15 @@ mod tests {
         }
     }
 
+    /// What SNS adds to every notification it delivers, and a payload has no reason to.
+    const SIGNED: &str = r#""SignatureVersion":"1","Signature":"EXAMPLE","SigningCertURL":"https://sns.us-east-1.amazonaws.com/c.pem","UnsubscribeURL":"https://sns.us-east-1.amazonaws.com/?Action=Unsubscribe""#;
+
     #[test]
     fn only_an_sns_notification_is_unwrapped() {
-        let envelope = r#"{"Type":"Notification","TopicArn":"arn:aws:sns:us-east-1:1:t","Message":"hi","MessageAttributes":{"a":{"Type":"String","Value":"v"},"b":{"Type":"Binary","Value":"AQI="}}}"#;
+        let envelope = format!(
+            r#"{{"Type":"Notification","TopicArn":"arn:aws:sns:us-east-1:1:t","Message":"hi","MessageAttributes":{{"a":{{"Type":"String","Value":"v"}},"b":{{"Type":"Binary","Value":"AQI="}}}},{SIGNED}}}"#
+        );
+        let envelope = envelope.as_str();
         let unwrapped = SnsEnvelope::of(envelope).expect("a notification");
         assert_eq!(unwrapped.message, "hi");
         let mut attributes: Vec<(&str, Bytes)> = unwrapped.attributes().collect();
@@ -425,13 +451,35 @@ mod tests {
         );
         // A payload of the user's that looks alike, but is no notification from a topic.
         for body in [
-            r#"{"Type":"Notification","Message":"hi"}"#,
-            r#"{"Type":"Order","TopicArn":"arn:aws:sns:us-east-1:1:t","Message":"hi"}"#,
-            r#"{"TopicArn":"not an arn","Type":"Notification","Message":"hi"}"#,
-            "plain text",
+            format!(r#"{{"Type":"Notification","Message":"hi",{SIGNED}}}"#),
+            format!(
+                r#"{{"Type":"Order","TopicArn":"arn:aws:sns:us-east-1:1:t","Message":"hi",{SIGNED}}}"#
+            ),
+            format!(r#"{{"TopicArn":"not an arn","Type":"Notification","Message":"hi",{SIGNED}}}"#),
+            "plain text".to_string(),
         ] {
-            assert!(SnsEnvelope::of(body).is_none(), "{body}");
+            assert!(SnsEnvelope::of(&body).is_none(), "{body}");
         }
+    }
+
+    /// A service that publishes an SNS notification it holds (an archive, a replay, a
+    /// relay's copy without the signature) as a plain message's payload gets the whole
+    /// notification back, not its `Message`.
+    #[test]
+    fn a_published_payload_that_looks_like_an_sns_notification_comes_back_whole() {
+        let notification = r#"{"Type":"Notification","MessageId":"m-1","TopicArn":"arn:aws:sns:us-east-1:123456789012:orders","Message":"hi","Timestamp":"2026-01-01T00:00:00.000Z"}"#;
+        let (payload, headers) = sent_and_received(Message::new(notification));
+        assert_eq!(
+            payload.as_ref(),
+            notification.as_bytes(),
+            "headers {headers:?}"
+        );
+        // One field short of what SNS sends is still no envelope.
+        let unsigned = format!(
+            r#"{{"Type":"Notification","TopicArn":"arn:aws:sns:us-east-1:1:t","Message":"hi",{}}}"#,
+            SIGNED.replace(r#""Signature":"EXAMPLE","#, "")
+        );
+        assert!(SnsEnvelope::of(&unsigned).is_none(), "{unsigned}");
     }
 
     #[test]
