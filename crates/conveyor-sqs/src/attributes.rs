@@ -199,22 +199,27 @@ impl<'q> Attributes<'q> {
     /// The body (base64 where SQS cannot carry it as text, a placeholder for an empty
     /// payload), checked against SQS's limit on attributes.
     fn finish(mut self, payload: &[u8]) -> Result<Outgoing, SqsError> {
+        // What the marker says of the body, if it needs one, for the error below.
+        let mut marked = None;
         let body = match std::str::from_utf8(payload) {
             // Base64 of nothing is nothing, and SQS takes no empty body.
             _ if payload.is_empty() => {
                 self.insert(BODY_ENCODING_ATTRIBUTE, EMPTY_ENCODING.as_bytes())?;
+                marked = Some("an empty");
                 EMPTY_BODY.to_string()
             }
             Ok(text) if text.chars().all(sqs_allows) => text.to_string(),
             _ => {
                 self.insert(BODY_ENCODING_ATTRIBUTE, BASE64_ENCODING.as_bytes())?;
+                marked = Some("a binary");
                 aws_smithy_types::base64::encode(payload)
             }
         };
         if self.map.len() > MAX_ATTRIBUTES {
             return Err(self.invalid(format!(
-                "{} message attributes (headers and properties); SQS carries at most {MAX_ATTRIBUTES}",
-                self.map.len()
+                "{} message attributes (headers and properties{}); SQS carries at most {MAX_ATTRIBUTES}",
+                self.map.len(),
+                self.not_set_as_headers(marked)
             )));
         }
         Ok(Outgoing {
@@ -222,6 +227,39 @@ impl<'q> Attributes<'q> {
             body,
             attributes: self.map,
         })
+    }
+
+    /// The attributes counted that the sender may not know it set, for the error that
+    /// refuses an eleventh: the body's marker (`marked` says of what body), and the trace
+    /// context that tracing adds to the headers. Empty when there are none.
+    fn not_set_as_headers(&self, marked: Option<&str>) -> String {
+        let mut counted = Vec::new();
+        if let Some(body) = marked {
+            counted.push(format!(
+                "`{BODY_ENCODING_ATTRIBUTE}`, which marks {body} body"
+            ));
+        }
+        let trace: Vec<&str> = [
+            conveyor::trace::TRACEPARENT_HEADER,
+            conveyor::trace::TRACESTATE_HEADER,
+        ]
+        .into_iter()
+        .filter(|header| {
+            self.map
+                .keys()
+                .any(|name| name.eq_ignore_ascii_case(header))
+        })
+        .collect();
+        match trace.as_slice() {
+            [] => {}
+            [one] => counted.push(format!("`{one}`, the trace context")),
+            [one, two, ..] => counted.push(format!("`{one}` and `{two}`, the trace context")),
+        }
+        if counted.is_empty() {
+            String::new()
+        } else {
+            format!(", counting {}", counted.join(" and "))
+        }
     }
 }
 
@@ -525,6 +563,45 @@ mod tests {
         // The placeholder sent as a payload of its own is that payload.
         let (payload, _) = sent_and_received(Message::new(EMPTY_BODY));
         assert_eq!(payload.as_ref(), EMPTY_BODY.as_bytes());
+    }
+
+    /// Ten headers and a body that needs the marker: the error says the marker is the
+    /// eleventh, which the sender never set as a header.
+    #[test]
+    fn at_the_limit_the_error_names_the_body_marker_that_took_a_slot() {
+        for (payload, body) in [
+            (vec![0u8, 0xff], "a binary body"),
+            (Vec::new(), "an empty body"),
+        ] {
+            let mut message = Message::builder();
+            for i in 0..10 {
+                message = message.header(format!("h{i}"), "v");
+            }
+            let error = refused(false, message.payload(payload));
+            assert_eq!(
+                error,
+                format!(
+                    "11 message attributes (headers and properties, counting `{BODY_ENCODING_ATTRIBUTE}`, which marks {body}); SQS carries at most 10"
+                )
+            );
+        }
+    }
+
+    /// Nine headers, the trace context tracing added, and a binary body: both named.
+    #[test]
+    fn at_the_limit_the_error_names_the_trace_context_that_took_a_slot() {
+        let mut message = Message::builder().header(
+            conveyor::trace::TRACEPARENT_HEADER,
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        );
+        for i in 0..9 {
+            message = message.header(format!("h{i}"), "v");
+        }
+        let error = refused(false, message.payload(vec![0u8, 0xff]));
+        assert!(
+            error.contains("counting `conveyor-body-encoding`, which marks a binary body and `traceparent`, the trace context)"),
+            "{error}"
+        );
     }
 
     #[test]
