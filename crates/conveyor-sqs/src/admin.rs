@@ -269,7 +269,7 @@ impl SqsBroker {
             deleted.insert(receipt);
         })
         .await
-        .entries;
+        .all();
         if let Some((_, first)) = failed.first() {
             let error = SqsError::BatchEntries {
                 call: "DeleteMessageBatch",

@@ -80,9 +80,13 @@ pub enum SqsError {
     },
     /// Some messages of a batch publish were not sent, and the others were. SQS failed
     /// the entries of those not sent, also when they were tried again, and the messages
-    /// after them were not tried. Where a call failed as a whole (no answer, or an error
-    /// for the call), its messages are `unconfirmed` instead: SQS may have stored them, so
-    /// they are not sent again, and sending them again yourself may store them twice.
+    /// after them were not tried. On a FIFO queue a failed entry is not tried again once
+    /// SQS stored a later message of its group in the same call (nor is a failed one of
+    /// that group after it): it would be stored out of order, so it is named not sent, and
+    /// `first` says so where it is the first. Where a call failed as a whole (no answer,
+    /// or an error for the call), its messages are `unconfirmed` instead: SQS may have
+    /// stored them, so they are not sent again, and sending them again yourself may store
+    /// them twice.
     #[error(
         "SQS SendMessageBatch on `{}`: {}: {first}",
         shown(queue),

@@ -346,7 +346,7 @@ impl<C: Calls> Keeper<C> {
             calls: &self.calls,
             queue: dead_letter_queue,
         };
-        let failed = with_retries(&send, chunk, sent).await.entries;
+        let failed = with_retries(&send, chunk, sent).await.all();
         for (message, error) in failed {
             tracing::error!(
                 queue = self.queue.name,

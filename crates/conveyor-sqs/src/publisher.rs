@@ -105,9 +105,11 @@ impl Publisher for SqsBroker {
 
     /// Sends with `SendMessageBatch`, ten messages or the queue's size limit per call,
     /// whichever comes first. Every message is checked before the first call, so a bad
-    /// one sends nothing. Entries SQS fails are tried again (up to three calls); if some
-    /// still fail, the error's source is [`SqsError::NotSent`], which names by index the
-    /// messages not sent (the others were), so that resending those sends nothing twice.
+    /// one sends nothing. Entries SQS fails are tried again (up to three calls), except, on
+    /// a FIFO queue, one of whose group SQS stored a later message in the same call (it
+    /// would be stored out of order); if some are not sent, the error's source is
+    /// [`SqsError::NotSent`], which names by index the messages not sent (the others
+    /// were), so that resending those sends nothing twice.
     /// A call that fails as a whole is not made again (SQS may have stored its messages);
     /// `NotSent` names its messages as unconfirmed.
     async fn publish_batch(
@@ -245,12 +247,63 @@ impl<C: Calls> BatchCall<(usize, Prepared)> for SendPublished<'_, C> {
         });
         send_built(self.calls, self.queue, built).await
     }
+
+    /// On a FIFO queue, what [`out_of_order`] finds: sent again, those would be stored
+    /// after messages of their group that come after them.
+    fn hold_back(&self, batch: &[(usize, Prepared)], failed: &[bool]) -> Vec<Option<&'static str>> {
+        if !self.queue.fifo {
+            return Vec::new();
+        }
+        let groups: Vec<Option<&str>> = batch
+            .iter()
+            .map(|(_, message)| message.group.as_deref())
+            .collect();
+        out_of_order(&groups, failed)
+    }
+}
+
+/// Of one `SendMessageBatch`'s entries on a FIFO queue (their message `groups`, those
+/// SQS `failed`), the failed ones that sending again would store out of their group's
+/// order, each with why: one that SQS stored a later message of its group after, and
+/// every failed one of its group after it (so the rest of the group goes back to the
+/// caller, in order, rather than around the gap).
+fn out_of_order(groups: &[Option<&str>], failed: &[bool]) -> Vec<Option<&'static str>> {
+    let mut held = vec![None; groups.len()];
+    // From the end: the groups of which a later entry was stored.
+    let mut stored_later = std::collections::HashSet::new();
+    for (i, group) in groups.iter().enumerate().rev() {
+        let Some(group) = group else { continue };
+        if failed.get(i).copied().unwrap_or(false) {
+            if stored_later.contains(group) {
+                held[i] = Some(
+                    "not sent again: SQS stored a later message of its message group in the same call, so it would now be stored out of order",
+                );
+            }
+        } else {
+            stored_later.insert(*group);
+        }
+    }
+    // From the start: the groups with a gap, whose later failed entries stay behind it.
+    let mut gap = std::collections::HashSet::new();
+    for (i, group) in groups.iter().enumerate() {
+        let Some(group) = group else { continue };
+        if held[i].is_some() {
+            gap.insert(*group);
+        } else if failed.get(i).copied().unwrap_or(false) && gap.contains(group) {
+            held[i] = Some(
+                "not sent again: an earlier message of its message group was not sent, and it would be stored ahead of it",
+            );
+        }
+    }
+    held
 }
 
 /// Sends `prepared` to `queue` in batch calls, in order. The entries a call fails (SQS
-/// throttling, an internal error) are tried again, as settlements are; if some still
-/// fail, the error names by index every message not sent: those, and all after them. A
-/// call that fails as a whole is not made again: its messages are named unconfirmed.
+/// throttling, an internal error) are tried again, as settlements are, but on a FIFO
+/// queue not one whose group SQS stored a later message of meanwhile ([`out_of_order`]);
+/// if some are not sent, the error names by index every message not sent: those, and
+/// all after them. A call that fails as a whole is not made again: its messages are
+/// named unconfirmed.
 async fn send_in_batches<C: Calls>(
     calls: &C,
     queue: &QueueInfo,
@@ -262,15 +315,25 @@ async fn send_in_batches<C: Calls>(
     for length in chunk_lengths(&sizes, queue.max_message_size) {
         let chunk: Vec<(usize, Prepared)> = messages.by_ref().take(length).collect();
         let failed = with_retries(&SendPublished { calls, queue }, chunk, |_| ()).await;
-        if let Some((_, first)) = failed.entries.first() {
-            let first = first.clone();
-            let call_failed = failed.call_failed;
-            let failed: Vec<usize> = failed.entries.into_iter().map(|((i, _), _)| i).collect();
-            let (mut not_sent, unconfirmed) = if call_failed {
-                (Vec::new(), failed)
+        let mut not_sent: Vec<(usize, String)> = failed
+            .held_back
+            .into_iter()
+            .map(|((i, _), reason)| (i, reason))
+            .collect();
+        let mut unconfirmed = Vec::new();
+        for ((i, _), reason) in failed.entries {
+            if failed.call_failed {
+                unconfirmed.push((i, reason));
             } else {
-                (failed, Vec::new())
-            };
+                not_sent.push((i, reason));
+            }
+        }
+        not_sent.sort_by_key(|(i, _)| *i);
+        // The first failure in the publish's order, not sent before unconfirmed.
+        if let Some((_, first)) = not_sent.first().or(unconfirmed.first()) {
+            let first = first.clone();
+            let unconfirmed = unconfirmed.into_iter().map(|(i, _)| i).collect();
+            let mut not_sent: Vec<usize> = not_sent.into_iter().map(|(i, _)| i).collect();
             not_sent.extend(messages.map(|(i, _)| i));
             return Err(SqsError::NotSent {
                 queue: queue.name.clone(),
@@ -442,6 +505,79 @@ mod tests {
                 .contains("10 of 25 messages unconfirmed (their call failed as a whole; SQS may have stored them) and 5 not sent"),
             "{error}"
         );
+    }
+
+    /// Messages `0`, `1`, ... on a FIFO queue, each in the group `groups` gives it.
+    fn grouped(queue: &QueueInfo, groups: &[&str]) -> Vec<Prepared> {
+        groups
+            .iter()
+            .enumerate()
+            .map(|(i, group)| {
+                let message = Message::builder().partition_key(*group).json(&i).unwrap();
+                prepare(queue, message.into_parts()).unwrap()
+            })
+            .collect()
+    }
+
+    /// SQS fails alice's first message and stores her second and third in the same call:
+    /// sent again, the first would be stored after them. It is named not sent, saying
+    /// why, and bob's failed message, with nothing of his stored after it, is sent again.
+    #[tokio::test(start_paused = true)]
+    async fn a_fifo_entry_failed_before_later_ones_of_its_group_were_stored_is_not_sent_again() {
+        let queue = queue(true, false);
+        let sqs = Flaky::failing("0", 1);
+        sqs.failing.lock().unwrap().insert("3".into(), 1);
+        let messages = grouped(&queue, &["alice", "alice", "alice", "bob", "carol"]);
+        let error = send_in_batches(&sqs, &queue, messages)
+            .await
+            .expect_err("alice's first message is out of order now");
+        assert_eq!(
+            sqs.calls(),
+            vec![bodies(0..5), bodies(3..4)],
+            "bob's message again, alice's not"
+        );
+        let SqsError::NotSent {
+            not_sent,
+            unconfirmed,
+            ..
+        } = &error
+        else {
+            panic!("{error:?}");
+        };
+        assert_eq!((not_sent, unconfirmed), (&vec![0], &vec![]));
+        assert!(
+            error.to_string().contains("1 of 5 messages not sent")
+                && error.to_string().contains("out of order"),
+            "{error}"
+        );
+    }
+
+    /// SQS fails alice's first and third messages and stores her second: neither is sent
+    /// again, so that the third does not go ahead of the first.
+    #[tokio::test(start_paused = true)]
+    async fn a_fifo_entry_after_a_gap_in_its_group_is_not_sent_again_either() {
+        let queue = queue(true, false);
+        let sqs = Flaky::failing("0", 1);
+        sqs.failing.lock().unwrap().insert("2".into(), 1);
+        let error = send_in_batches(&sqs, &queue, grouped(&queue, &["alice"; 3]))
+            .await
+            .expect_err("alice's first and third messages are not sent");
+        assert_eq!(sqs.calls(), vec![bodies(0..3)]);
+        assert!(
+            matches!(&error, SqsError::NotSent { not_sent, .. } if *not_sent == vec![0, 2]),
+            "{error:?}"
+        );
+    }
+
+    /// SQS fails alice's last message only: sent again, it still comes after the others.
+    #[tokio::test(start_paused = true)]
+    async fn a_fifo_entry_with_nothing_of_its_group_stored_after_it_is_sent_again() {
+        let queue = queue(true, false);
+        let sqs = Flaky::failing("2", 1);
+        send_in_batches(&sqs, &queue, grouped(&queue, &["alice"; 3]))
+            .await
+            .unwrap();
+        assert_eq!(sqs.calls(), vec![bodies(0..3), bodies(2..3)]);
     }
 
     fn queue(fifo: bool, content_based_deduplication: bool) -> QueueInfo {

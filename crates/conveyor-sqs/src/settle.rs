@@ -127,6 +127,13 @@ pub(crate) trait BatchCall<T>: Sync {
     /// The queue the call goes to.
     fn queue(&self) -> &QueueInfo;
 
+    /// Of one call's entries (`batch`, of which those that failed are `failed`), the failed
+    /// ones not to try again, each with why (`None`: tried again). By default every failed
+    /// entry is tried again; an empty answer says so too.
+    fn hold_back(&self, _batch: &[T], _failed: &[bool]) -> Vec<Option<&'static str>> {
+        Vec::new()
+    }
+
     /// One call for `batch` (ten entries at most, each entry's id its index); answers with
     /// the entries that failed.
     fn call(&self, batch: &[T]) -> impl Future<Output = Result<Failed, SqsError>> + Send;
@@ -210,7 +217,7 @@ pub(crate) async fn settle_all<T: Send, B: BatchCall<T>>(call: &B, entries: Vec<
         if batch.is_empty() {
             return;
         }
-        let failed = with_retries(call, batch, |_| {}).await.entries;
+        let failed = with_retries(call, batch, |_| {}).await.all();
         if let Some((_, first)) = failed.first() {
             tracing::error!(
                 queue = call.queue().name,
@@ -229,19 +236,33 @@ pub(crate) struct Failures<T> {
     pub(crate) entries: Vec<(T, String)>,
     /// Whether that last call failed as a whole, so that SQS may have carried it out.
     pub(crate) call_failed: bool,
+    /// Entries that failed and were not tried again ([`BatchCall::hold_back`]), each
+    /// with why: SQS did not carry them out.
+    pub(crate) held_back: Vec<(T, String)>,
+}
+
+impl<T> Failures<T> {
+    /// Every entry not carried out, held back or still failing.
+    pub(crate) fn all(self) -> Vec<(T, String)> {
+        let mut all = self.held_back;
+        all.extend(self.entries);
+        all
+    }
 }
 
 /// One batch call (`batch` is ten entries at most), and the entries that failed tried
 /// again, up to [`ATTEMPTS`] calls in all, pausing 200 ms then 400 ms before each retry.
 /// A call that fails as a whole fails each of its entries (and is the last call unless
 /// [`BatchCall::REPEAT_FAILED_CALL`]). Every entry that succeeds goes to `done`; those
-/// still failing after the last call come back, each with its last reason.
+/// still failing after the last call come back, each with its last reason, and so do
+/// those the call holds back from a retry ([`BatchCall::hold_back`]).
 pub(crate) async fn with_retries<T: Send, B: BatchCall<T>>(
     call: &B,
     mut batch: Vec<T>,
     mut done: impl FnMut(T),
 ) -> Failures<T> {
     let mut attempt = 1;
+    let mut held_back = Vec::new();
     loop {
         let mut reasons: Vec<Option<String>> = vec![None; batch.len()];
         let mut call_failed = false;
@@ -260,17 +281,24 @@ pub(crate) async fn with_retries<T: Send, B: BatchCall<T>>(
                 call_failed = true;
             }
         }
+        let failing: Vec<bool> = reasons.iter().map(Option::is_some).collect();
+        let mut holding = call.hold_back(&batch, &failing).into_iter();
         let mut failed = Vec::new();
         for (entry, reason) in batch.into_iter().zip(reasons) {
-            match reason {
-                Some(reason) => failed.push((entry, reason)),
-                None => done(entry),
+            let hold = holding.next().flatten();
+            match (reason, hold) {
+                (Some(reason), Some(why)) => {
+                    held_back.push((entry, format!("{why} (it failed: {reason})")));
+                }
+                (Some(reason), None) => failed.push((entry, reason)),
+                (None, _) => done(entry),
             }
         }
         if failed.is_empty() || attempt == ATTEMPTS || (call_failed && !B::REPEAT_FAILED_CALL) {
             return Failures {
                 entries: failed,
                 call_failed,
+                held_back,
             };
         }
         tracing::warn!(
