@@ -68,6 +68,10 @@ struct SendDeadLetters<'a, C> {
 
 impl<C: Calls> BatchCall<DeadLetterMessage> for SendDeadLetters<'_, C> {
     const NAME: &'static str = "SendMessageBatch";
+    // A send that got no answer may have stored its messages: sent again, a standard
+    // dead-letter queue (which deduplicates nothing) would hold each up to three times.
+    // Its messages are made visible again instead, as for any send that fails.
+    const REPEAT_FAILED_CALL: bool = false;
 
     fn queue(&self) -> &QueueInfo {
         self.queue
@@ -503,6 +507,8 @@ mod tests {
         latency: Duration,
         dead_letter_queue: Option<Arc<QueueInfo>>,
         fail_sends: bool,
+        /// Sends fail as a whole, as when no answer comes.
+        send_calls_fail: bool,
         /// Deletes never return.
         deletes_hang: bool,
     }
@@ -520,6 +526,7 @@ mod tests {
                 latency: Duration::ZERO,
                 dead_letter_queue: None,
                 fail_sends: false,
+                send_calls_fail: false,
                 deletes_hang: false,
             }
         }
@@ -590,6 +597,9 @@ mod tests {
                 })
                 .collect();
             self.call(Call::Send(queue.name.clone(), seen)).await;
+            if self.send_calls_fail {
+                return Err(SqsError::Config("no answer".into()));
+            }
             if self.fail_sends {
                 Ok((0..entries.len())
                     .map(|i| (i, "InternalError".into()))
@@ -1080,6 +1090,29 @@ mod tests {
             calls.last(),
             Some(&Call::Visibility(vec![("r".into(), 0)])),
             "visible again, for the redrive policy to take"
+        );
+    }
+
+    /// A send to the dead-letter queue that gets no answer may have stored the message:
+    /// it is not made again (a standard queue would store it up to three times); the
+    /// message is made visible again, as for a send that failed.
+    #[tokio::test(start_paused = true)]
+    async fn a_dead_letter_send_that_fails_as_a_whole_is_not_made_again() {
+        let (mut script, queue) = with_dead_letter_queue("orders", false);
+        script.send_calls_fail = true;
+        let running = start(&script, queue);
+        let tag = running.receive("r");
+        reject(&running, tag, "x", None, "bad input");
+        running.close().await;
+        assert_eq!(
+            script.calls(),
+            vec![
+                Call::Send(
+                    "orders-dead".into(),
+                    vec![("x".into(), None, Some("bad input".into()))]
+                ),
+                Call::Visibility(vec![("r".into(), 0)]),
+            ]
         );
     }
 

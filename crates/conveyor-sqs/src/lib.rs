@@ -72,7 +72,9 @@
 //!   redrive policy a rejected message is deleted, with an error log naming the queue and
 //!   the reason. If the dead-letter queue cannot be reached, or refuses the message, it is
 //!   made visible again rather than lost (the redrive policy still moves it after
-//!   `maxReceiveCount` receives). The reason is cut to 1 KiB, and left out (with a
+//!   `maxReceiveCount` receives). A send that gets no answer is not repeated (it may have
+//!   been stored, and a standard queue would keep each copy): the message is made visible
+//!   again too. The reason is cut to 1 KiB, and left out (with a
 //!   warning) where the message already carries ten attributes.
 //! - **Attempts** are SQS's `ApproximateReceiveCount` plus the retries a sequential or lane
 //!   mount makes in place (the delivery stays held and hidden meanwhile; SQS's count does
