@@ -10,7 +10,7 @@ use crate::broker::{Created, SqsBroker, transport};
 use crate::calls::Calls;
 use conveyor::Report;
 
-use crate::error::{SqsError, no_such_queue, shown};
+use crate::error::{SqsError, no_such_queue, redacted, shown};
 use crate::queue::QueueInfo;
 use crate::settle::{BATCH_LIMIT, Delete, with_retries};
 use crate::spec::Declaration;
@@ -94,7 +94,7 @@ impl conveyor::Broker for SqsBroker {
         depth(answer.attributes()).map_err(|detail| {
             transport(SqsError::Unexpected {
                 call: "GetQueueAttributes",
-                queue: name.to_string(),
+                queue: redacted(name).into_owned(),
                 detail,
             })
         })
@@ -161,13 +161,15 @@ impl conveyor::Broker for SqsBroker {
         message: conveyor::Message,
         timeout: std::time::Duration,
     ) -> Result<conveyor::Message, Error> {
+        // What a timeout's error quotes: a queue URL's password stays out of it.
+        let label = redacted(destination);
         // The timeout covers making the reply queue: a stalled SQS holds no one past it.
-        conveyor::request::within(destination, timeout, async {
+        conveyor::request::within(&label, timeout, async {
             let requester = self.requester().await.map_err(transport)?;
             requester
                 .reader
                 .replies()
-                .exchange(destination, timeout, |correlation_id| {
+                .exchange(&label, timeout, |correlation_id| {
                     requester.send(self, destination, message, correlation_id)
                 })
                 .await
@@ -194,7 +196,7 @@ impl SqsBroker {
         info.arn.clone().ok_or_else(|| {
             transport(SqsError::Unexpected {
                 call: "GetQueueAttributes",
-                queue: dead_letter_queue.to_string(),
+                queue: redacted(dead_letter_queue).into_owned(),
                 detail: "no QueueArn".into(),
             })
         })

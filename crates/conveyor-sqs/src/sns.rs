@@ -244,7 +244,7 @@ impl SqsBroker {
         let queue_arn = info.arn.clone().ok_or_else(|| {
             transport(SqsError::Unexpected {
                 call: "GetQueueAttributes",
-                queue: queue.to_string(),
+                queue: crate::error::redacted(queue).into_owned(),
                 detail: "no QueueArn".into(),
             })
         })?;

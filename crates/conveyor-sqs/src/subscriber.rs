@@ -1,5 +1,6 @@
 //! `SqsQueue`, a queue to mount on, and `SqsSubscriber`, its open subscription.
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +12,7 @@ use tokio::task::JoinHandle;
 use crate::broker::{Created, SqsBroker, is_url};
 use conveyor::Report;
 
-use crate::error::{SqsError, shown};
+use crate::error::{SqsError, redacted, shown};
 use crate::inflight::InFlight;
 use crate::keeper::Keeper;
 use crate::pump::{Handover, Next, Pump};
@@ -27,17 +28,32 @@ use crate::spec::check_name;
 /// let orders = broker.queue("orders").receive_batch(4);
 /// # }
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct SqsQueue {
     broker: SqsBroker,
+    /// The name or URL as given, for the calls.
     name: String,
+    /// The same with a URL's password hidden: what the app's logs, metrics and this
+    /// `Debug` name it by.
+    label: String,
     receive_batch: usize,
+}
+
+impl fmt::Debug for SqsQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqsQueue")
+            .field("broker", &self.broker)
+            .field("name", &self.label)
+            .field("receive_batch", &self.receive_batch)
+            .finish()
+    }
 }
 
 impl SqsQueue {
     pub(crate) fn new(broker: SqsBroker, name: String) -> Self {
         SqsQueue {
             broker,
+            label: redacted(&name).into_owned(),
             name,
             receive_batch: BATCH_LIMIT,
         }
@@ -72,7 +88,7 @@ impl SqsQueue {
                 // which it keeps.
                 if self.broker.create(&self.name, &attributes).await? == Created::Matches {
                     tracing::info!(
-                        queue = self.name,
+                        queue = self.label,
                         fifo,
                         "the queue did not exist; created it"
                     );
@@ -111,7 +127,7 @@ impl Source for SqsQueue {
     type Subscriber = SqsSubscriber;
 
     fn queue_name(&self) -> &str {
-        &self.name
+        &self.label
     }
 
     /// Resolves the queue (creating it plainly if it is named and missing) and its
@@ -199,7 +215,7 @@ impl Source for SqsQueue {
             .run(),
         );
         Ok(SqsSubscriber {
-            queue: self.name,
+            queue: self.label,
             handover,
             stop,
             closing,

@@ -243,7 +243,21 @@ async fn a_password_in_an_endpoint_or_a_queue_url_stays_out_of_debug_and_errors(
         .unwrap_err();
     let error = format!("{} | {error:?}", conveyor::Report(&error));
     assert!(error.contains("svc:***@127.0.0.1:4566"), "{error}");
-    for text in [&debug, &error] {
+    // A queue mounted by such a URL: the name the app logs it by, and its `Debug`.
+    let queue = broker.queue("http://svc:s3cr3t-pw@127.0.0.1:4566/123456789012/orders");
+    let mounted = format!("{} | {queue:?}", conveyor::Source::queue_name(&queue));
+    assert!(mounted.contains("svc:***@127.0.0.1:4566"), "{mounted}");
+    // A request to it that gets no reply in time.
+    let timed_out = broker
+        .request(
+            "http://svc:s3cr3t-pw@127.0.0.1:4566/123456789012/orders",
+            Message::new("x"),
+            std::time::Duration::ZERO,
+        )
+        .await
+        .unwrap_err();
+    let timed_out = format!("{} | {timed_out:?}", conveyor::Report(&timed_out));
+    for text in [&debug, &error, &mounted, &timed_out] {
         for secret in ["s3cr3t-pw", "example-secret-key"] {
             assert!(!text.contains(secret), "`{secret}` in: {text}");
         }
