@@ -237,13 +237,14 @@ fn endpoint_url(endpoint: &str) -> String {
     format!("{scheme}://{endpoint}")
 }
 
-/// Shows the URL as it is safe to print: the AMQP password hidden.
+/// Shows the URL as it is safe to print: a password hidden (AMQP's, or one in an SQS
+/// endpoint).
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Target::Amqp(url) => f.write_str(&redact_url(url)),
             Target::Sqs { region, endpoint } => match endpoint {
-                Some(endpoint) => write!(f, "sqs://{region}/{endpoint}"),
+                Some(endpoint) => write!(f, "sqs://{region}/{}", redact_url(endpoint)),
                 None => write!(f, "sqs://{region}"),
             },
         }
@@ -330,6 +331,15 @@ mod tests {
         let error = Target::parse("sqs://key:s3cret@us-east-1").unwrap_err();
         assert!(error.to_string().contains("credentials"), "{error}");
         assert!(Target::parse("sqs://cn-north-1").is_ok());
+    }
+
+    #[test]
+    fn an_sqs_endpoints_password_is_not_shown() {
+        let target = Target::parse("sqs://us-east-1/proxy:s3cret@vpce.example.com").unwrap();
+        assert_eq!(
+            target.to_string(),
+            "sqs://us-east-1/https://proxy:***@vpce.example.com"
+        );
     }
 
     #[test]
