@@ -38,7 +38,8 @@ impl Sqlite {
                      id INTEGER PRIMARY KEY AUTOINCREMENT,
                      destination TEXT NOT NULL,
                      message BLOB NOT NULL,
-                     sent INTEGER NOT NULL DEFAULT 0);",
+                     sent INTEGER NOT NULL DEFAULT 0);
+                 CREATE TABLE IF NOT EXISTS outbox_set_aside (id INTEGER PRIMARY KEY, reason TEXT);",
             )
             .map_err(failed)?;
         Ok(Sqlite(Arc::new(Mutex::new(connection))))
@@ -68,7 +69,9 @@ impl OutboxStore for Sqlite {
             .map_err(|_| Error::config("a poisoned lock"))?;
         let mut query = connection
             .prepare(
-                "SELECT id, destination, message FROM outbox WHERE sent = 0 ORDER BY id LIMIT ?1",
+                "SELECT id, destination, message FROM outbox
+                 WHERE sent = 0 AND id NOT IN (SELECT id FROM outbox_set_aside)
+                 ORDER BY id LIMIT ?1",
             )
             .map_err(failed)?;
         let rows = query
@@ -99,6 +102,17 @@ impl OutboxStore for Sqlite {
             self.execute("UPDATE outbox SET sent = 1 WHERE id = ?1", params![id])?;
         }
         Ok(())
+    }
+
+    /// Keeps a message the broker refuses for good, with why, for someone to look at:
+    /// the relay goes on without it.
+    async fn set_aside(&self, id: u64, reason: &str) -> Result<bool, Error> {
+        let id = i64::try_from(id).map_err(|_| Error::config("an outbox id too large"))?;
+        self.execute(
+            "INSERT OR REPLACE INTO outbox_set_aside (id, reason) VALUES (?1, ?2)",
+            params![id, reason],
+        )?;
+        Ok(true)
     }
 }
 

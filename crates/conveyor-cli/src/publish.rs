@@ -62,7 +62,8 @@ pub async fn run<B: Inspect>(broker: &B, queue: &str, input: Input) -> Result<()
             let lines: Vec<usize> = call.iter().map(|(line, _)| *line).collect();
             // A message the broker returned did not arrive; of several, which one came
             // back is not known, so a returned call of several may still have delivered.
-            let unsent = B::refused_unsent(&error) || (call.len() == 1 && B::returned(&error));
+            let unsent = matches!(error, conveyor::Error::Refused { .. })
+                || (call.len() == 1 && B::returned(&error));
             let (sent, outcome) = outcome(&lines, &error, unsent);
             return Err(Failure::broker(format!(
                 "published {} of {count} to `{queue}`{}{outcome}: {}",

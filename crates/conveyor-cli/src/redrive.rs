@@ -217,7 +217,8 @@ enum Publish {
 async fn publish<B: Inspect>(broker: &B, to: &str, delivery: &Delivery) -> Result<(), Publish> {
     let sorted = |published: Result<(), conveyor::Error>| match published {
         Ok(()) => Ok(()),
-        Err(error) if B::refused_unsent(&error) => Err(Publish::Refused(error)),
+        // Refused before it was sent: another form of it duplicates nothing.
+        Err(error @ conveyor::Error::Refused { .. }) => Err(Publish::Refused(error)),
         Err(error) => Err(Publish::Failed(error)),
     };
     match sorted(broker.publish_redriven(to, delivery, Form::Full).await) {

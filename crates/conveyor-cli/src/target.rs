@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use conveyor::{Broker, Delivery, Publisher};
 use conveyor_lapin::{LapinBroker, LapinError, LapinQueue, amqp_properties, redact_url};
-use conveyor_sqs::{SqsBroker, SqsError, SqsQueue};
+use conveyor_sqs::{SqsBroker, SqsQueue};
 
 use crate::Failure;
 use crate::redrive::{Form, redriven, redriven_amqp};
@@ -16,12 +16,6 @@ use crate::redrive::{Form, redriven, redriven_amqp};
 pub trait Inspect: Broker {
     /// The queue `name`, to receive from without declaring anything.
     fn inspect(&self, name: &str) -> Self::Queue;
-
-    /// Whether a publish that failed with `error` was refused before anything was sent,
-    /// because the message cannot be carried as it is (too many attributes, headers
-    /// over the frame limit): nothing reached the broker, so sending another form of
-    /// the message duplicates nothing.
-    fn refused_unsent(error: &conveyor::Error) -> bool;
 
     /// Whether a publish that failed with `error` reached the broker and came back
     /// undelivered (RabbitMQ returns a message no queue took). Of a call of one message,
@@ -84,16 +78,6 @@ impl Inspect for LapinBroker {
         }
     }
 
-    fn refused_unsent(error: &conveyor::Error) -> bool {
-        let conveyor::Error::Publish { source, .. } = error else {
-            return false;
-        };
-        matches!(
-            source.downcast_ref::<LapinError>(),
-            Some(LapinError::Invalid { .. } | LapinError::HeadersTooLarge { .. })
-        )
-    }
-
     /// A mandatory publish that no queue took (a queue that does not exist, say) comes
     /// back with `basic.return` before its confirm.
     fn returned(error: &conveyor::Error) -> bool {
@@ -115,16 +99,6 @@ impl Inspect for SqsBroker {
 
     fn inspect(&self, name: &str) -> SqsQueue {
         self.queue(name)
-    }
-
-    fn refused_unsent(error: &conveyor::Error) -> bool {
-        let conveyor::Error::Publish { source, .. } = error else {
-            return false;
-        };
-        matches!(
-            source.downcast_ref::<SqsError>(),
-            Some(SqsError::InvalidMessage { .. })
-        )
     }
 
     /// A standard queue has no message groups, so the publisher sends no key there. SQS

@@ -980,7 +980,7 @@ impl LapinBroker {
     /// [`amqp_properties`](crate::amqp_properties) publishes a received message again.
     ///
     /// Refused before it is sent, as [`LapinError::Invalid`] or
-    /// [`LapinError::HeadersTooLarge`] in a [`conveyor::Error::Publish`], where the broker
+    /// [`LapinError::HeadersTooLarge`] in a [`conveyor::Error::Refused`], where the broker
     /// would close the channel (or the connection) over it: an `expiration` that is not a
     /// number of milliseconds up to 2^32 − 1, headers over the frame limit. A `user_id`
     /// other than the login's is refused by the broker, which closes the publishing channel

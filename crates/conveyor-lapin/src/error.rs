@@ -8,7 +8,8 @@ use std::time::Duration;
 ///
 /// `Display` shows this error alone, and [`conveyor::Error`]'s `Display` shows it with its
 /// causes. A variant that only ever comes wrapped in an error that names the queue or
-/// destination ([`conveyor::Error::Publish`], [`conveyor::Error::Subscribe`], or the
+/// destination ([`conveyor::Error::Publish`], [`conveyor::Error::Refused`],
+/// [`conveyor::Error::Subscribe`], or the
 /// caller's own [`LapinPublisher::publish_to`](crate::LapinPublisher::publish_to)) says
 /// why, and not again where: the field keeps the name. A name longer than AMQP allows
 /// (255 bytes) is quoted by its first 64 characters and `…`; the fields keep it whole.
@@ -211,12 +212,24 @@ impl LapinError {
         }
     }
 
-    /// Wraps this error as the core's [`conveyor::Error::Publish`] for `destination` (by
-    /// its first 64 characters if it is longer than AMQP allows).
+    /// Wraps this error as the core's publish error for `destination` (by its first 64
+    /// characters if it is longer than AMQP allows): [`conveyor::Error::Refused`] for a
+    /// message refused before it was sent ([`LapinError::Invalid`],
+    /// [`LapinError::HeadersTooLarge`]), [`conveyor::Error::Publish`] for anything else.
     pub fn into_publish(self, destination: &str) -> conveyor::Error {
-        conveyor::Error::Publish {
-            destination: shown(destination).into_owned(),
-            source: Box::new(self),
+        let destination = shown(destination).into_owned();
+        let source = Box::new(self);
+        match *source {
+            LapinError::Invalid { .. } | LapinError::HeadersTooLarge { .. } => {
+                conveyor::Error::Refused {
+                    destination,
+                    source,
+                }
+            }
+            _ => conveyor::Error::Publish {
+                destination,
+                source,
+            },
         }
     }
 }

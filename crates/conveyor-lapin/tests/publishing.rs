@@ -189,7 +189,7 @@ async fn amqp_properties_and_typed_headers_go_out_and_come_back_as_they_are() {
         )
         .await
         .unwrap_err();
-    let conveyor::Error::Publish { source, .. } = &error else {
+    let conveyor::Error::Refused { source, .. } = &error else {
         panic!("{error}");
     };
     assert!(

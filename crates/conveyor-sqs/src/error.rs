@@ -53,7 +53,7 @@ pub enum SqsError {
         source: Option<BoxError>,
     },
     /// A message cannot be sent as it is; the text says why, and only that: the
-    /// [`conveyor::Error::Publish`] that carries it names the queue.
+    /// [`conveyor::Error::Refused`] that carries it names the queue.
     #[error("{reason}")]
     InvalidMessage {
         /// The queue.

@@ -77,12 +77,22 @@ fn prepare(queue: &QueueInfo, parts: MessageParts) -> Result<Prepared, SqsError>
 /// process, has used.
 pub(crate) use conveyor::support::unique_id;
 
-/// `error` as the core's publish error. Its text quotes `destination`, so an oversize one
-/// is cut there as in every error text (see [`shown`]).
+/// `error` as the core's publish error: [`Error::Refused`] for a message SQS cannot
+/// carry as it is ([`SqsError::InvalidMessage`], found before anything is sent),
+/// [`Error::Publish`] for anything else. Its text quotes `destination`, so an oversize
+/// one is cut there as in every error text (see [`shown`]).
 fn publish_error(destination: &str, error: SqsError) -> Error {
-    Error::Publish {
-        destination: shown(destination).into_owned(),
-        source: Box::new(error),
+    let destination = shown(destination).into_owned();
+    let source = Box::new(error);
+    match *source {
+        SqsError::InvalidMessage { .. } => Error::Refused {
+            destination,
+            source,
+        },
+        _ => Error::Publish {
+            destination,
+            source,
+        },
     }
 }
 
@@ -91,8 +101,8 @@ impl Publisher for SqsBroker {
     /// message is checked first: a FIFO queue needs a partition key (its group), headers
     /// must fit in ten message attributes, with names SQS takes and values that are not
     /// empty (and, on a FIFO queue, a `MessageGroupId` header must be the partition key),
-    /// and the whole must fit the queue's size limit. What fails is [`Error::Publish`],
-    /// saying why.
+    /// and the whole must fit the queue's size limit. A message that fails the check is
+    /// [`Error::Refused`], any other failure [`Error::Publish`], saying why.
     async fn publish(&self, destination: &str, mut message: Message) -> Result<(), Error> {
         // A queue URL's password stays out of the span and the metrics.
         let label = redacted(destination);
@@ -154,8 +164,8 @@ fn record_sent(destination: &str, count: u64, sent: &Result<(), Error>) {
     }
     let error = match sent {
         Ok(()) => None,
+        Err(Error::Refused { .. }) => Some("invalid"),
         Err(Error::Publish { source, .. }) => Some(match source.downcast_ref::<SqsError>() {
-            Some(SqsError::InvalidMessage { .. }) => "invalid",
             Some(SqsError::NoSuchQueue { .. }) => "no_such_queue",
             _ => "error",
         }),

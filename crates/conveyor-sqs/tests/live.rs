@@ -179,7 +179,7 @@ async fn headers_named_like_sqs_system_attributes_come_back_or_are_refused() {
         .await
         .expect_err("a group header other than the partition key");
     assert!(
-        matches!(&refused, Error::Publish { destination, .. } if *destination == fifo),
+        matches!(&refused, Error::Refused { destination, .. } if *destination == fifo),
         "{refused:?}"
     );
     assert!(

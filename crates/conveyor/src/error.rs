@@ -7,8 +7,9 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Everything that can go wrong in Conveyor itself, each variant naming what failed and where.
 ///
-/// Transports wrap their broker's errors in [`Error::Transport`], [`Error::Subscribe`] or
-/// [`Error::Publish`], keeping the broker error as the `source`, so it can be downcast.
+/// Transports wrap their broker's errors in [`Error::Transport`], [`Error::Subscribe`],
+/// [`Error::Publish`] or [`Error::Refused`], keeping the broker error as the `source`, so
+/// it can be downcast.
 ///
 /// `Display` tells the whole story on one line, the causes included ("cannot publish to
 /// `q`: 24 message attributes; SQS carries at most 10"), so a log line with `%error`
@@ -32,6 +33,32 @@ pub enum Error {
         /// The queue, exchange or topic the message was for.
         destination: String,
         /// Why it failed.
+        #[source]
+        source: BoxError,
+    },
+    /// A message the transport refused before sending it, because the broker cannot carry
+    /// it as it is: too large, too many headers or attributes, a delay the broker cannot
+    /// do, a name too long. Nothing was sent, and sending it again as it is fails the
+    /// same way, so code that retries publishes can set it aside instead (the outbox
+    /// relay does, [`OutboxStore::set_aside`](crate::outbox::OutboxStore::set_aside)). A
+    /// failure of the broker or the connection is [`Error::Publish`].
+    ///
+    /// ```
+    /// # async fn f(broker: conveyor::MemoryBroker) {
+    /// use conveyor::{Error, Publisher};
+    ///
+    /// match broker.publish_json("orders", &7u64).await {
+    ///     Ok(()) => {}
+    ///     Err(Error::Refused { .. }) => { /* fix the message: it never goes as it is */ }
+    ///     Err(_) => { /* try again later */ }
+    /// }
+    /// # }
+    /// ```
+    #[error("cannot publish to `{destination}`: {}", Report(source.as_ref()))]
+    Refused {
+        /// The queue, exchange or topic the message was for.
+        destination: String,
+        /// Why the transport cannot send it.
         #[source]
         source: BoxError,
     },

@@ -10,7 +10,9 @@
 //! At least once: a crash after a publish and before its mark publishes that message
 //! again; a crash between the commit and the relay loses nothing, since the relay finds
 //! the rows when it starts. A message whose publish fails stops the pass there, so that
-//! nothing after it (of its partition key, or any other) overtakes it.
+//! nothing after it (of its partition key, or any other) overtakes it; but one the
+//! broker refuses for good ([`Error::Refused`]) is set aside where the store can
+//! ([`OutboxStore::set_aside`]), and the pass goes on.
 //!
 //! The order is the store's ids. A store whose ids are given as rows are added (an
 //! auto-increment) can see two transactions commit out of id order: the relay may then
@@ -100,6 +102,19 @@ pub trait OutboxStore: Send + Sync {
 
     /// Marks the messages with these ids sent.
     fn mark_sent(&self, ids: &[u64]) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Sets aside the message `id`, which the broker refused for good, for `reason`
+    /// ([`Error::Refused`]: too large, too many headers, a delay it cannot do): sent again
+    /// it would fail the same way, and hold back every message after it for ever. A store
+    /// that can (a `failed` column, say, which [`pending`](Self::pending) then leaves
+    /// out) returns `Ok(true)`, and the relay goes on past the message, logging it; the
+    /// messages after it, of its partition key too, are then published without it. By
+    /// default a store cannot: the relay stops at the message, as at any failure, until
+    /// someone fixes it or takes it out.
+    fn set_aside(&self, id: u64, reason: &str) -> impl Future<Output = Result<bool, Error>> + Send {
+        let _ = (id, reason);
+        async { Ok(false) }
+    }
 }
 
 /// A [`Publisher`] that adds each message to an [`OutboxStore`] instead of publishing it:
@@ -166,7 +181,8 @@ impl<S: OutboxStore, P: Publisher> OutboxRelay<S, P> {
     /// One pass: publishes pending messages in order, each taken by the broker before
     /// the next, marking them sent as it goes; returns how many it published. A publish
     /// that fails ends the pass with its error, after marking those before it: the
-    /// next pass starts with it.
+    /// next pass starts with it. A message refused for good is set aside instead, if
+    /// the store can ([`OutboxStore::set_aside`]).
     pub async fn relay_once(&self) -> Result<usize, Error> {
         self.pass().await.map_err(|(_, error)| error)
     }
@@ -188,6 +204,25 @@ impl<S: OutboxStore, P: Publisher> OutboxRelay<S, P> {
                 .await
             {
                 Ok(()) => sent.push(entry.id),
+                Err(error @ Error::Refused { .. }) => {
+                    let reason = crate::Report(&error).to_string();
+                    if self
+                        .store
+                        .set_aside(entry.id, &reason)
+                        .await
+                        .map_err(|e| (None, e))?
+                    {
+                        tracing::warn!(
+                            outbox_id = entry.id,
+                            destination = %entry.destination,
+                            reason,
+                            "set aside an outbox message the broker refuses for good"
+                        );
+                        continue;
+                    }
+                    failed = Some((Some(entry.id), error));
+                    break;
+                }
                 Err(error) => {
                     failed = Some((Some(entry.id), error));
                     break;

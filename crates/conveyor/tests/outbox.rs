@@ -18,6 +18,9 @@ struct Database {
     table: Arc<Mutex<Vec<Row>>>,
     /// How many `mark_sent` calls fail before one succeeds (a crash after publishing).
     failing_marks: Arc<AtomicUsize>,
+    /// Whether it keeps messages set aside (a `failed` column), and those it keeps.
+    sets_aside: bool,
+    aside: Arc<Mutex<Vec<(u64, String)>>>,
 }
 
 /// A transaction on the database: its writes are seen once it commits.
@@ -69,9 +72,10 @@ impl OutboxStore for Database {
 
     async fn pending(&self, max: usize) -> Result<Vec<OutboxEntry>, Error> {
         let table = self.table.lock().unwrap();
+        let aside = self.aside.lock().unwrap();
         table
             .iter()
-            .filter(|(_, _, _, sent)| !sent)
+            .filter(|(id, _, _, sent)| !sent && !aside.iter().any(|(a, _)| a == id))
             .take(max)
             .map(|(id, destination, bytes, _)| {
                 Ok(OutboxEntry {
@@ -95,6 +99,13 @@ impl OutboxStore for Database {
             row.3 |= ids.contains(&row.0);
         }
         Ok(())
+    }
+
+    async fn set_aside(&self, id: u64, reason: &str) -> Result<bool, Error> {
+        if self.sets_aside {
+            self.aside.lock().unwrap().push((id, reason.to_string()));
+        }
+        Ok(self.sets_aside)
     }
 }
 
@@ -247,4 +258,80 @@ async fn a_relay_whose_publishes_keep_failing_tries_again_after_longer_and_longe
     let tries = away.calls.load(Ordering::SeqCst);
     // 100 ms, 200 ms, ... 25.6 s, then 30 s: 10 tries within the minute.
     assert!((9..=11).contains(&tries), "{tries} tries in a minute");
+}
+
+/// In front of the broker: refuses for good every message to `refusing`, as a broker
+/// refuses one too large for it.
+#[derive(Clone)]
+struct Refusing(MemoryBroker);
+
+impl Publisher for Refusing {
+    async fn publish(&self, destination: &str, message: Message) -> Result<(), Error> {
+        if destination == "refusing" {
+            return Err(Error::Refused {
+                destination: destination.into(),
+                source: "over the broker's size limit".into(),
+            });
+        }
+        self.0.publish(destination, message).await
+    }
+}
+
+/// Alice's steps 0 and 2 to `orders`, and between them one to `refusing`, committed.
+async fn three_with_a_refused_one_between(database: &Database) {
+    let outbox = Outbox::new(database.begin());
+    outbox.publish("orders", order("alice", 0)).await.unwrap();
+    outbox.publish("refusing", order("alice", 1)).await.unwrap();
+    outbox.publish("orders", order("alice", 2)).await.unwrap();
+    outbox.into_inner().commit();
+}
+
+fn steps(broker: &MemoryBroker) -> Vec<u32> {
+    broker
+        .published("orders")
+        .iter()
+        .map(|message| message.json().unwrap())
+        .collect()
+}
+
+/// A message the broker refuses for good is set aside by a store that can, with the
+/// reason, and the relay publishes what follows it. (It held back everything after it
+/// for ever.)
+#[tokio::test]
+async fn a_message_refused_for_good_is_set_aside_and_the_rest_go_on() {
+    let database = Database {
+        sets_aside: true,
+        ..Database::default()
+    };
+    three_with_a_refused_one_between(&database).await;
+    let broker = MemoryBroker::new();
+    broker.record_history(true);
+    let relay = OutboxRelay::new(database.clone(), Refusing(broker.clone()));
+
+    assert_eq!(relay.relay_once().await.unwrap(), 2);
+    assert_eq!(steps(&broker), vec![0, 2]);
+    let aside = database.aside.lock().unwrap().clone();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(aside[0].0, 1);
+    assert!(
+        aside[0].1.contains("over the broker's size limit"),
+        "{aside:?}"
+    );
+    assert_eq!(database.pending(10).await.unwrap().len(), 0);
+}
+
+/// A store that cannot set messages aside (the default) keeps the order: the relay
+/// stops at the refused message, with its error.
+#[tokio::test]
+async fn a_store_that_cannot_set_aside_stops_at_a_message_refused_for_good() {
+    let database = Database::default();
+    three_with_a_refused_one_between(&database).await;
+    let broker = MemoryBroker::new();
+    broker.record_history(true);
+    let relay = OutboxRelay::new(database.clone(), Refusing(broker.clone()));
+
+    let error = relay.relay_once().await.unwrap_err();
+    assert!(matches!(error, Error::Refused { .. }), "{error}");
+    assert_eq!(steps(&broker), vec![0]);
+    assert_eq!(database.pending(10).await.unwrap().len(), 2);
 }
