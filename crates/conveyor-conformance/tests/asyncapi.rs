@@ -312,3 +312,40 @@ async fn queues_of_one_name_on_two_brokers_are_two_channels_with_their_own_bindi
         "{document:#}"
     );
 }
+
+/// A destination sent to through `publish_via` (whose broker the document cannot know)
+/// is the channel of the mounted queue of that name, whether that mount comes before or
+/// after: one channel, on which the send and the receive meet. (It was a second channel,
+/// `invoices_2`, without bindings.)
+#[tokio::test]
+async fn a_queue_sent_to_through_publish_via_and_consumed_is_one_channel() {
+    let memory = MemoryBroker::new();
+    let sqs = common::sqs().await;
+    let sending = |app: App| {
+        app.mount(memory.queue("orders"), bill, |m| {
+            m.publish_to("invoices").publish_via(sqs.clone())
+        })
+    };
+    let consuming = |app: App| app.mount(sqs.queue("invoices"), take_any, |m| m);
+    for app in [
+        consuming(sending(App::new("shop"))),
+        sending(consuming(App::new("shop"))),
+    ] {
+        let document = app.asyncapi().into_json();
+        let found = errors(&schema(), &document);
+        assert!(found.is_empty(), "{found:#?}\n{document:#}");
+        let mut ids: Vec<&str> = document["channels"]
+            .as_object()
+            .map(|channels| channels.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        ids.sort_unstable();
+        assert_eq!(ids, ["invoices", "orders"], "{document:#}");
+        let invoices = &document["channels"]["invoices"];
+        assert!(invoices["bindings"]["sqs"].is_object(), "{document:#}");
+        assert_eq!(
+            document["operations"]["send_invoices"]["channel"],
+            document["operations"]["receive_invoices"]["channel"],
+            "{document:#}"
+        );
+    }
+}

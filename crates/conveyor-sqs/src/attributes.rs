@@ -329,9 +329,10 @@ pub(crate) fn decode(message: &SqsMessage) -> (Bytes, Headers, Option<PartitionK
 }
 
 /// The JSON envelope SNS wraps a message in when it delivers it to a queue without raw
-/// delivery. Besides the message, SNS always sends its signature and the URLs of its
-/// certificate and of the unsubscribe link, which a payload of the user's has no reason
-/// to carry: they are required, so that a published payload that only resembles a
+/// delivery. Besides the message, SNS always sends its message id and the unsubscribe
+/// link, and from a standard topic its signature and the URL of its certificate (a FIFO
+/// topic's notifications are not signed), which a payload of the user's has no reason to
+/// carry: they are required, so that a published payload that only resembles a
 /// notification (an archived one, a relay's) is not taken for one and cut down to its
 /// `Message`.
 #[derive(serde::Deserialize)]
@@ -344,14 +345,16 @@ struct SnsEnvelope {
     message: String,
     #[serde(rename = "MessageAttributes", default)]
     attributes: HashMap<String, SnsAttribute>,
-    #[serde(rename = "Signature")]
-    signature: String,
-    #[serde(rename = "SignatureVersion")]
-    signature_version: String,
-    #[serde(rename = "SigningCertURL")]
-    signing_cert_url: String,
+    #[serde(rename = "MessageId")]
+    message_id: String,
     #[serde(rename = "UnsubscribeURL")]
     unsubscribe_url: String,
+    #[serde(rename = "Signature", default)]
+    signature: String,
+    #[serde(rename = "SignatureVersion", default)]
+    signature_version: String,
+    #[serde(rename = "SigningCertURL", default)]
+    signing_cert_url: String,
 }
 
 #[derive(serde::Deserialize)]
@@ -370,15 +373,15 @@ impl SnsEnvelope {
             return None;
         }
         let envelope: SnsEnvelope = serde_json::from_str(body).ok()?;
-        let signed = [
-            &envelope.signature,
-            &envelope.signature_version,
-            &envelope.signing_cert_url,
-            &envelope.unsubscribe_url,
-        ]
-        .iter()
-        .all(|field| !field.is_empty());
-        (envelope.kind == "Notification" && envelope.topic_arn.starts_with("arn:") && signed)
+        let present = |fields: &[&String]| fields.iter().all(|field| !field.is_empty());
+        let sent_by_sns = present(&[&envelope.message_id, &envelope.unsubscribe_url])
+            && (envelope.topic_arn.ends_with(".fifo")
+                || present(&[
+                    &envelope.signature,
+                    &envelope.signature_version,
+                    &envelope.signing_cert_url,
+                ]));
+        (envelope.kind == "Notification" && envelope.topic_arn.starts_with("arn:") && sent_by_sns)
             .then_some(envelope)
     }
 
@@ -468,7 +471,7 @@ mod tests {
     }
 
     /// What SNS adds to every notification it delivers, and a payload has no reason to.
-    const SIGNED: &str = r#""SignatureVersion":"1","Signature":"EXAMPLE","SigningCertURL":"https://sns.us-east-1.amazonaws.com/c.pem","UnsubscribeURL":"https://sns.us-east-1.amazonaws.com/?Action=Unsubscribe""#;
+    const SIGNED: &str = r#""MessageId":"m-1","SignatureVersion":"1","Signature":"EXAMPLE","SigningCertURL":"https://sns.us-east-1.amazonaws.com/c.pem","UnsubscribeURL":"https://sns.us-east-1.amazonaws.com/?Action=Unsubscribe""#;
 
     #[test]
     fn only_an_sns_notification_is_unwrapped() {
@@ -517,6 +520,23 @@ mod tests {
             r#"{{"Type":"Notification","TopicArn":"arn:aws:sns:us-east-1:1:t","Message":"hi",{}}}"#,
             SIGNED.replace(r#""Signature":"EXAMPLE","#, "")
         );
+        assert!(SnsEnvelope::of(&unsigned).is_none(), "{unsigned}");
+    }
+
+    /// A FIFO topic's notification carries no signature (aws/aws-sdk-net#3000): it is an
+    /// envelope all the same, and its message comes out. (It came through whole.)
+    #[test]
+    fn an_sns_fifo_topics_unsigned_notification_is_unwrapped() {
+        let body = r#"{"Type":"Notification","MessageId":"19848d6e","SequenceNumber":"10000000000000003000","TopicArn":"arn:aws:sns:us-east-1:123456789012:orders.fifo","Message":"{\"id\":1}","Timestamp":"2023-07-06T13:24:10.934Z","UnsubscribeURL":"https://sns.us-east-1.amazonaws.com/?Action=Unsubscribe","MessageAttributes":{"x-tenant":{"Type":"String","Value":"acme"}}}"#;
+        let message = SqsMessage::builder()
+            .body(body)
+            .attributes(MessageSystemAttributeName::MessageGroupId, "alice")
+            .build();
+        let (payload, headers, _) = decode(&message);
+        assert_eq!(payload.as_ref(), br#"{"id":1}"#);
+        assert_eq!(headers.get_str("x-tenant"), Some("acme"));
+        // A standard topic's notification without its signature is no envelope.
+        let unsigned = body.replace("orders.fifo", "orders");
         assert!(SnsEnvelope::of(&unsigned).is_none(), "{unsigned}");
     }
 

@@ -228,7 +228,9 @@ impl Builder {
     /// The id of the channel at `address` on a broker of `system` (`None`: unknown),
     /// made on first sight. A queue of one name on two kinds of broker is two
     /// channels (`orders`, `orders_2`), each with its own bindings; two brokers of one
-    /// kind describe a queue alike, and share its channel.
+    /// kind describe a queue alike, and share its channel. A destination of unknown
+    /// broker (sent through `publish_via`) is the channel of a mounted queue of its name,
+    /// if there is one, made before or after.
     fn channel(
         &mut self,
         system: Option<&str>,
@@ -245,6 +247,30 @@ impl Builder {
         };
         if let Some(id) = self.addresses.get(&key) {
             return id.clone();
+        }
+        if system.is_none() {
+            // Sent through another broker's publisher: the queue of that name a mount
+            // reads, whichever broker it is on (the first channel made, if several).
+            let known = self.addresses.iter().filter(|(k, _)| k.address == address);
+            if let Some(id) = known.map(|(_, id)| id).min() {
+                return id.clone();
+            }
+        } else {
+            // A channel made earlier for a destination of unknown broker is this queue.
+            let unknown = ChannelKey {
+                system: None,
+                binding: None,
+                address: address.to_string(),
+            };
+            if let Some(id) = self.addresses.remove(&unknown) {
+                if let (Some((protocol, binding)), Some(Value::Object(channel))) =
+                    (&description.channel_binding, self.channels.get_mut(&id))
+                {
+                    channel.insert("bindings".into(), json!({ *protocol: binding }));
+                }
+                self.addresses.insert(key, id.clone());
+                return id;
+            }
         }
         let id = unique(
             &self.channels.keys().cloned().collect(),

@@ -184,18 +184,19 @@ impl<S: OutboxStore, P: Publisher> OutboxRelay<S, P> {
     /// next pass starts with it. A message refused for good is set aside instead, if
     /// the store can ([`OutboxStore::set_aside`]).
     pub async fn relay_once(&self) -> Result<usize, Error> {
-        self.pass().await.map_err(|(_, error)| error)
+        self.pass().await.map_err(|stopped| stopped.error)
     }
 
-    /// [`relay_once`](Self::relay_once), failing with the id of the message whose
-    /// publish failed, if one did.
-    async fn pass(&self) -> Result<usize, (Option<u64>, Error)> {
-        let pending = self
-            .store
-            .pending(self.batch)
-            .await
-            .map_err(|e| (None, e))?;
+    /// [`relay_once`](Self::relay_once), saying more of a pass that failed.
+    async fn pass(&self) -> Result<usize, Stopped> {
+        let store_failed = |error| Stopped {
+            id: None,
+            error,
+            progressed: false,
+        };
+        let pending = self.store.pending(self.batch).await.map_err(store_failed)?;
         let mut sent = Vec::with_capacity(pending.len());
+        let mut set_aside = false;
         let mut failed = None;
         for entry in pending {
             match self
@@ -210,8 +211,9 @@ impl<S: OutboxStore, P: Publisher> OutboxRelay<S, P> {
                         .store
                         .set_aside(entry.id, &reason)
                         .await
-                        .map_err(|e| (None, e))?
+                        .map_err(store_failed)?
                     {
+                        set_aside = true;
                         tracing::warn!(
                             outbox_id = entry.id,
                             destination = %entry.destination,
@@ -220,20 +222,24 @@ impl<S: OutboxStore, P: Publisher> OutboxRelay<S, P> {
                         );
                         continue;
                     }
-                    failed = Some((Some(entry.id), error));
+                    failed = Some((entry.id, error));
                     break;
                 }
                 Err(error) => {
-                    failed = Some((Some(entry.id), error));
+                    failed = Some((entry.id, error));
                     break;
                 }
             }
         }
         if !sent.is_empty() {
-            self.store.mark_sent(&sent).await.map_err(|e| (None, e))?;
+            self.store.mark_sent(&sent).await.map_err(store_failed)?;
         }
         match failed {
-            Some(failed) => Err(failed),
+            Some((id, error)) => Err(Stopped {
+                id: Some(id),
+                error,
+                progressed: set_aside || !sent.is_empty(),
+            }),
             None => Ok(sent.len()),
         }
     }
@@ -241,10 +247,11 @@ impl<S: OutboxStore, P: Publisher> OutboxRelay<S, P> {
     /// Relays until `signal` completes: passes one after another while they find
     /// messages, and every [`interval`](Self::interval) otherwise. A failed pass is
     /// logged, with the id of the message whose publish failed, and tried again after a
-    /// pause that doubles with each failure in a row, from the interval (or 100 ms) up
-    /// to 30 s: a broker that is away, or a message it will never take, is not asked
-    /// again ten times a second. Such a message holds back all that follows it until it
-    /// is published: fix it or take it out of the store.
+    /// pause: 100 ms (or the interval, if longer), doubling with each pass in a row that
+    /// failed without publishing anything, up to 30 s, so that a broker that is away, or
+    /// a message it will never take, is not asked again ten times a second. Such a
+    /// message holds back all that follows it until it is published, set aside
+    /// ([`OutboxStore::set_aside`]), fixed or taken out of the store.
     pub async fn run_until(&self, signal: impl Future<Output = ()>) {
         let mut signal = std::pin::pin!(signal);
         let mut failures = RetryPause::new();
@@ -258,7 +265,16 @@ impl<S: OutboxStore, P: Publisher> OutboxRelay<S, P> {
                     failures.reset();
                     None
                 }
-                Err((id, error)) => {
+                Err(Stopped {
+                    id,
+                    error,
+                    progressed,
+                }) => {
+                    // A pass that got some way is no failure in a row: a broker that
+                    // refuses one publish in fifty must not slow the relay to a crawl.
+                    if progressed {
+                        failures.reset();
+                    }
                     let pause = failures.failed().max(self.interval);
                     tracing::warn!(
                         outbox_id = id,
@@ -279,6 +295,15 @@ impl<S: OutboxStore, P: Publisher> OutboxRelay<S, P> {
             }
         }
     }
+}
+
+/// A pass of the relay that failed.
+struct Stopped {
+    /// The message whose publish failed; `None` when the store failed.
+    id: Option<u64>,
+    error: Error,
+    /// Whether the pass published or set aside messages before it failed.
+    progressed: bool,
 }
 
 /// The version of [`encode`]'s format. Version 2 writes the delay as a presence byte,
