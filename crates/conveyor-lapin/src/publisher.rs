@@ -168,9 +168,24 @@ impl LapinPublisher {
         let span = publish_span(exchange, routing_key);
         let mut message = message;
         conveyor::trace::inject_context(&span, message.headers_mut());
+        self.send_one(exchange, routing_key, span, || {
+            self.prepare(exchange, routing_key, message, options)
+        })
+        .await
+    }
+
+    /// Sends the message `prepare` makes (a refusal counts as a failed publish), in
+    /// `span`, waits for its confirm, and counts it in the publish metrics.
+    async fn send_one(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        span: tracing::Span,
+        prepare: impl FnOnce() -> Result<Prepared, LapinError>,
+    ) -> Result<(), LapinError> {
         let started = Instant::now();
         let sent = async {
-            let prepared = self.prepare(exchange, routing_key, message, options)?;
+            let prepared = prepare()?;
             let confirm = self.send(&prepared).await?;
             self.confirmed(prepared.destination, confirm).await
         }
@@ -219,25 +234,20 @@ impl LapinPublisher {
         properties: BasicProperties,
     ) -> Result<(), LapinError> {
         let span = publish_span(exchange, routing_key);
-        let started = Instant::now();
-        let sent = async {
-            let prepared = self.checked(Prepared::new(
+        self.send_one(exchange, routing_key, span, || {
+            let options = BasicPublishOptions {
+                mandatory: true,
+                immediate: false,
+            };
+            self.checked(Prepared::new(
                 exchange,
                 routing_key,
-                BasicPublishOptions {
-                    mandatory: true,
-                    immediate: false,
-                },
+                options,
                 payload,
                 properties,
-            )?)?;
-            let confirm = self.send(&prepared).await?;
-            self.confirmed(prepared.destination, confirm).await
-        }
-        .instrument(span)
-        .await;
-        record(exchange, routing_key, 1, started, &sent);
-        sent
+            )?)
+        })
+        .await
     }
 
     /// Sends every message, then waits for all their confirms.
