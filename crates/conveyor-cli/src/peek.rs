@@ -59,8 +59,14 @@ pub async fn run<B: Inspect>(broker: &B, queue: &str, count: usize) -> Result<()
     }
     tokio::select! {
         biased;
-        // A second signal: leave now; what is held comes back after the broker's timeout.
-        () = interrupt.recv() => return Err(Failure::interrupted("interrupted twice, before the messages were handed back")),
+        // A signal now (the second, or the first if the pass ended by itself): leave now;
+        // what is held comes back after the broker's timeout.
+        () = interrupt.recv() => {
+            let twice = if interrupted { " twice" } else { "" };
+            return Err(Failure::interrupted(format!(
+                "interrupted{twice}, before the messages were handed back"
+            )));
+        }
         () = pass.close() => {}
     }
     if let Some(failure) = failed {

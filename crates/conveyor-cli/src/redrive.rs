@@ -94,13 +94,6 @@ pub async fn run<B: Inspect>(broker: &B, plan: &Plan) -> Result<(), Failure> {
         if seen >= ready_now || plan.limit.is_some_and(|limit| moved >= limit) {
             break End::Done;
         }
-        if let Some(pace) = &mut pace {
-            tokio::select! {
-                biased;
-                () = interrupt.recv() => break End::Interrupted,
-                _ = pace.tick() => {}
-            }
-        }
         let next = tokio::select! {
             biased;
             () = interrupt.recv() => break End::Interrupted,
@@ -125,6 +118,17 @@ pub async fn run<B: Inspect>(broker: &B, plan: &Plan) -> Result<(), Failure> {
                 Ok(()) => continue,
                 // Standard output gone (`| head`): stop, and hand back all that is held.
                 Err(failure) => break End::Failed(failure),
+            }
+        }
+        // Only moves are paced: what the filter passes over costs the target nothing.
+        if let Some(pace) = &mut pace {
+            tokio::select! {
+                biased;
+                () = interrupt.recv() => {
+                    passed_over.push(delivery);
+                    break End::Interrupted;
+                }
+                _ = pace.tick() => {}
             }
         }
         // Published and confirmed, then removed: never removed first. A delivery dropped
@@ -154,12 +158,14 @@ pub async fn run<B: Inspect>(broker: &B, plan: &Plan) -> Result<(), Failure> {
     }
     tokio::select! {
         biased;
-        // A second signal: leave now. Nothing is lost: what is held goes back to the
-        // dead-letter queue when the connection ends (SQS: after the visibility timeout);
-        // removals not yet sent leave their messages to be sent again (at least once).
+        // A signal now (the second, or the first if the pass ended by itself): leave
+        // now. Nothing is lost: what is held goes back to the dead-letter queue when the
+        // connection ends (SQS: after the visibility timeout); removals not yet sent
+        // leave their messages to be sent again (at least once).
         () = interrupt.recv() => {
+            let twice = if matches!(end, End::Interrupted) { " twice" } else { "" };
             return Err(Failure::interrupted(format!(
-                "interrupted twice: moved {moved}; what was held goes back to `{}`",
+                "interrupted{twice} while closing: moved {moved}; what was held goes back to `{}`",
                 plan.from
             )));
         }
