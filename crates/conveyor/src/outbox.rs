@@ -309,7 +309,8 @@ struct Stopped {
 /// The version of [`encode`]'s format. Version 2 writes the delay as a presence byte,
 /// then whole seconds and nanoseconds: version 1's whole milliseconds cut 1.5 ms to 1 ms,
 /// and its "no delay" marker (`u64::MAX` ms) was also a delay a message could have.
-/// [`decode`] still reads version 1, for records an outbox wrote before.
+/// [`encode`] writes version 1 still where it holds the delay exactly, and [`decode`]
+/// reads both.
 const FORMAT: u8 = 2;
 
 /// Version 1 of the format: the delay in whole milliseconds, `u64::MAX` for none.
@@ -318,8 +319,21 @@ const FORMAT_MILLIS: u8 = 1;
 /// `message` as bytes, for a store that keeps it in one column: its payload, headers,
 /// partition key, properties and delay. [`decode`] gives it back.
 pub fn encode(message: &Message) -> Vec<u8> {
+    // Version 1 wherever it holds the delay exactly (none, or whole milliseconds), so
+    // that in a rolling deploy a relay not yet upgraded reads what an upgraded writer adds.
+    let millis = match message.delay() {
+        None => Some(u64::MAX),
+        Some(delay) if delay.subsec_nanos() % 1_000_000 == 0 => u64::try_from(delay.as_millis())
+            .ok()
+            .filter(|ms| *ms != u64::MAX),
+        Some(_) => None,
+    };
     let mut out = Vec::with_capacity(message.payload().len().saturating_add(64));
-    out.push(FORMAT);
+    out.push(if millis.is_some() {
+        FORMAT_MILLIS
+    } else {
+        FORMAT
+    });
     let text = |out: &mut Vec<u8>, value: Option<&str>| match value {
         None => out.push(0),
         Some(value) => {
@@ -332,9 +346,10 @@ pub fn encode(message: &Message) -> Vec<u8> {
     text(&mut out, message.message_id());
     text(&mut out, message.correlation_id());
     text(&mut out, message.reply_to());
-    match message.delay() {
-        None => out.push(0),
-        Some(delay) => {
+    match (millis, message.delay()) {
+        (Some(millis), _) => out.extend_from_slice(&millis.to_be_bytes()),
+        (None, None) => out.push(0),
+        (None, Some(delay)) => {
             out.push(1);
             out.extend_from_slice(&delay.as_secs().to_be_bytes());
             out.extend_from_slice(&delay.subsec_nanos().to_be_bytes());
@@ -523,6 +538,26 @@ mod tests {
         assert_eq!(delayed.delay(), Some(Duration::from_millis(1500)));
         assert_eq!(&delayed.payload()[..], b"hi");
         assert_eq!(decode(&record(u64::MAX)).unwrap().delay(), None);
+    }
+
+    /// What the first format can hold exactly is written in it, for a relay not yet
+    /// upgraded; the rest in the second. Either way it comes back as it went.
+    #[test]
+    fn a_record_the_first_format_can_hold_is_written_in_it() {
+        for (delay, format) in [
+            (None, FORMAT_MILLIS),
+            (Some(Duration::from_millis(1500)), FORMAT_MILLIS),
+            (Some(Duration::from_micros(1500)), FORMAT),
+            (Some(Duration::from_millis(u64::MAX)), FORMAT),
+        ] {
+            let mut message = Message::builder();
+            if let Some(delay) = delay {
+                message = message.delay(delay);
+            }
+            let bytes = encode(&message.payload("x"));
+            assert_eq!(bytes[0], format, "{delay:?}");
+            assert_eq!(decode(&bytes).unwrap().delay(), delay);
+        }
     }
 
     #[test]
