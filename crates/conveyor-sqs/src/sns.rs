@@ -205,10 +205,7 @@ impl Publisher for SnsPublisher {
         let sent = self.send(destination, message).instrument(span).await;
         let error = sent.as_ref().err().map(|_| "error");
         conveyor::telemetry::record_sent("aws_sns", destination, 1, error);
-        sent.map_err(|source| Error::Publish {
-            destination: destination.to_string(),
-            source: Box::new(source),
-        })
+        sent.map_err(|error| crate::publisher::publish_error(destination, error))
     }
 }
 

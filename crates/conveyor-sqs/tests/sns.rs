@@ -223,3 +223,22 @@ async fn a_queue_without_raw_delivery_gets_the_same_body_and_headers_unwrapped()
     assert!(!headers.contains("TopicArn") && !headers.contains("Type"));
     common::delete(&broker, &[&queue]).await;
 }
+
+/// A message a FIFO topic cannot take (no partition key, so no message group) is refused
+/// before any call, as on a queue: `Error::Refused`, which code that retries publishes
+/// (the outbox relay) can tell from a broker failure. (It was an `Error::Publish`.)
+#[tokio::test]
+async fn a_message_a_fifo_topic_cannot_take_is_refused_before_any_call() {
+    let broker = common::broker().await;
+    let sns = broker.sns().unwrap();
+    let topic = sns
+        .declare_topic(&common::unique("keyless", true))
+        .await
+        .unwrap();
+    let refused = sns.publish(&topic, Message::new("x")).await.unwrap_err();
+    assert!(
+        matches!(&refused, conveyor::Error::Refused { .. }),
+        "{refused:?}"
+    );
+    assert!(refused.to_string().contains("message group"), "{refused}");
+}
