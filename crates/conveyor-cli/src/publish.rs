@@ -60,10 +60,10 @@ pub async fn run<B: Inspect>(broker: &B, queue: &str, input: Input) -> Result<()
             .collect();
         if let Err(error) = broker.publish_batch(queue, messages).await {
             let lines: Vec<usize> = call.iter().map(|(line, _)| *line).collect();
-            // A message the broker returned did not arrive; of several, which one came
-            // back is not known, so a returned call of several may still have delivered.
+            // A message the broker returned or nacked did not arrive; of several, which
+            // one is not known, so such a call of several may still have delivered.
             let unsent = matches!(error, conveyor::Error::Refused { .. })
-                || (call.len() == 1 && B::returned(&error));
+                || (call.len() == 1 && B::undelivered(&error));
             let (sent, outcome) = outcome(&lines, &error, unsent);
             return Err(Failure::broker(format!(
                 "published {} of {count} to `{queue}`{}{outcome}: {}",

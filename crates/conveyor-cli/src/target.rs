@@ -17,10 +17,11 @@ pub trait Inspect: Broker {
     /// The queue `name`, to receive from without declaring anything.
     fn inspect(&self, name: &str) -> Self::Queue;
 
-    /// Whether a publish that failed with `error` reached the broker and came back
-    /// undelivered (RabbitMQ returns a message no queue took). Of a call of one message,
-    /// that one did not arrive; of a call of several, the error does not say which.
-    fn returned(error: &conveyor::Error) -> bool {
+    /// Whether a publish that failed with `error` reached the broker and was not taken
+    /// (RabbitMQ returns a message no queue took, and nacks one its queue refused, a
+    /// full `reject-publish` queue say). Of a call of one message, that one did not
+    /// arrive; of a call of several, the error does not say which.
+    fn undelivered(error: &conveyor::Error) -> bool {
         let _ = error;
         false
     }
@@ -79,14 +80,14 @@ impl Inspect for LapinBroker {
     }
 
     /// A mandatory publish that no queue took (a queue that does not exist, say) comes
-    /// back with `basic.return` before its confirm.
-    fn returned(error: &conveyor::Error) -> bool {
+    /// back with `basic.return` before its confirm; one its queue refused is nacked.
+    fn undelivered(error: &conveyor::Error) -> bool {
         let conveyor::Error::Publish { source, .. } = error else {
             return false;
         };
         matches!(
             source.downcast_ref::<LapinError>(),
-            Some(LapinError::Returned { .. })
+            Some(LapinError::Returned { .. } | LapinError::Nacked { .. })
         )
     }
 }

@@ -947,6 +947,35 @@ mod rabbitmq {
             "{ran:?}"
         );
     }
+
+    /// A message its queue refused (full, `reject-publish`) is nacked: it did not arrive.
+    /// (It was reported as "may or may not have arrived".)
+    #[tokio::test]
+    async fn a_message_its_full_queue_refused_is_reported_as_not_sent() {
+        use conveyor_lapin::RabbitQueueSpec;
+
+        let live = rabbitmq().await;
+        let queue = live.name("full");
+        live.broker
+            .declare_queue(
+                &QueueSpec::new(queue.as_str())
+                    .argument("x-max-length", 1)
+                    .argument("x-overflow", "reject-publish"),
+            )
+            .await
+            .expect("the queue is declared");
+        let ran = live.run_with_input(&["publish", &queue], Some(b"{}")).await;
+        assert!(ran.status.success(), "{ran:?}");
+        let ran = live.run_with_input(&["publish", &queue], Some(b"{}")).await;
+        assert_eq!(ran.status.code(), Some(1), "{ran:?}");
+        assert!(
+            ran.stderr.contains(&format!(
+                "published 0 of 1 to `{queue}` (the file as one message); not sent: line 1: "
+            )),
+            "{ran:?}"
+        );
+        live.delete(&[&queue]).await;
+    }
 }
 
 mod sqs {
