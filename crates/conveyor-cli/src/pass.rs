@@ -6,6 +6,7 @@ use std::time::Duration;
 use conveyor::{Broker, Delivery, Source, SubscribeSettings, Subscriber};
 
 use crate::Failure;
+use crate::interrupt::Interrupt;
 use crate::target::Inspect;
 
 /// How long a pass waits for the next message before it takes the queue to be done:
@@ -68,4 +69,34 @@ impl<S: Subscriber> Pass<S> {
         self.subscriber.stop_receiving().await;
         self.subscriber.close().await;
     }
+
+    /// [`close`](Self::close), unless a second signal comes first (`interrupted`: the
+    /// first came already): `Err(Interrupted)` then, and the command leaves at once, what
+    /// is held going back when the connection ends and removals not yet sent leaving
+    /// their messages to be sent again. A first signal lets the close finish, so that
+    /// what was settled reaches the broker.
+    pub async fn close_unless_interrupted_twice(
+        self,
+        interrupt: &mut Interrupt,
+        mut interrupted: bool,
+    ) -> Result<(), Interrupted> {
+        let close = self.close();
+        tokio::pin!(close);
+        loop {
+            tokio::select! {
+                biased;
+                () = interrupt.recv() => {
+                    if interrupted {
+                        return Err(Interrupted);
+                    }
+                    interrupted = true;
+                }
+                () = &mut close => return Ok(()),
+            }
+        }
+    }
 }
+
+/// A second signal came while a pass was closing.
+#[derive(Debug)]
+pub struct Interrupted;

@@ -57,17 +57,16 @@ pub async fn run<B: Inspect>(broker: &B, queue: &str, count: usize) -> Result<()
     for delivery in held {
         delivery.settle(Settlement::Release);
     }
-    tokio::select! {
-        biased;
-        // A signal now (the second, or the first if the pass ended by itself): leave now;
-        // what is held comes back after the broker's timeout.
-        () = interrupt.recv() => {
-            let twice = if interrupted { " twice" } else { "" };
-            return Err(Failure::interrupted(format!(
-                "interrupted{twice}, before the messages were handed back"
-            )));
-        }
-        () = pass.close() => {}
+    // Only a second signal leaves before the messages are handed back; what is held
+    // then comes back after the broker's timeout.
+    if pass
+        .close_unless_interrupted_twice(&mut interrupt, interrupted)
+        .await
+        .is_err()
+    {
+        return Err(Failure::interrupted(
+            "interrupted twice, before the messages were handed back",
+        ));
     }
     if let Some(failure) = failed {
         return Err(failure);

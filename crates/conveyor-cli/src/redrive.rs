@@ -156,20 +156,20 @@ pub async fn run<B: Inspect>(broker: &B, plan: &Plan) -> Result<(), Failure> {
     for delivery in passed_over {
         delivery.settle(Settlement::Release);
     }
-    tokio::select! {
-        biased;
-        // A signal now (the second, or the first if the pass ended by itself): leave
-        // now. Nothing is lost: what is held goes back to the dead-letter queue when the
-        // connection ends (SQS: after the visibility timeout); removals not yet sent
-        // leave their messages to be sent again (at least once).
-        () = interrupt.recv() => {
-            let twice = if matches!(end, End::Interrupted) { " twice" } else { "" };
-            return Err(Failure::interrupted(format!(
-                "interrupted{twice} while closing: moved {moved}; what was held goes back to `{}`",
-                plan.from
-            )));
-        }
-        () = pass.close() => {}
+    // The removals reach the broker before the command ends; only a second signal cuts
+    // that short. Nothing is lost then either: what is held goes back to the dead-letter
+    // queue when the connection ends (SQS: after the visibility timeout), and removals
+    // not yet sent leave their messages to be sent again (at least once).
+    let interrupted = matches!(end, End::Interrupted);
+    if pass
+        .close_unless_interrupted_twice(&mut interrupt, interrupted)
+        .await
+        .is_err()
+    {
+        return Err(Failure::interrupted(format!(
+            "interrupted twice: moved {moved}; what was held goes back to `{}`",
+            plan.from
+        )));
     }
 
     let verb = if plan.dry_run { "would move" } else { "moved" };

@@ -81,7 +81,7 @@ pub(crate) use conveyor::support::unique_id;
 /// carry as it is ([`SqsError::InvalidMessage`], found before anything is sent),
 /// [`Error::Publish`] for anything else. Its text quotes `destination`, so an oversize
 /// one is cut there as in every error text (see [`shown`]).
-pub(crate) fn publish_error(destination: &str, error: SqsError) -> Error {
+fn publish_error(destination: &str, error: SqsError) -> Error {
     let destination = shown(destination).into_owned();
     let source = Box::new(error);
     match *source {

@@ -203,9 +203,23 @@ impl Publisher for SnsPublisher {
         let span = conveyor::trace::publish_span("aws_sns", destination);
         conveyor::trace::inject_context(&span, message.headers_mut());
         let sent = self.send(destination, message).instrument(span).await;
-        let error = sent.as_ref().err().map(|_| "error");
+        let error = sent.as_ref().err().map(|error| match error {
+            SqsError::InvalidMessage { .. } => "invalid",
+            _ => "error",
+        });
         conveyor::telemetry::record_sent("aws_sns", destination, 1, error);
-        sent.map_err(|error| crate::publisher::publish_error(destination, error))
+        // Named whole: a topic's name or ARN can be longer than any queue's.
+        let destination = destination.to_string();
+        sent.map_err(|error| match error {
+            SqsError::InvalidMessage { .. } => Error::Refused {
+                destination,
+                source: Box::new(error),
+            },
+            error => Error::Publish {
+                destination,
+                source: Box::new(error),
+            },
+        })
     }
 }
 

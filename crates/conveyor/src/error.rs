@@ -37,11 +37,14 @@ pub enum Error {
         source: BoxError,
     },
     /// A message the transport refused before sending it, because the broker cannot carry
-    /// it as it is: too large, too many headers or attributes, a delay the broker cannot
+    /// it as it is: too large where the transport can tell (SQS's size limit, AMQP's
+    /// frame limit on headers), too many headers or attributes, a delay the broker cannot
     /// do, a name too long. Nothing was sent, and sending it again as it is fails the
     /// same way, so code that retries publishes can set it aside instead (the outbox
     /// relay does, [`OutboxStore::set_aside`](crate::outbox::OutboxStore::set_aside)). A
-    /// failure of the broker or the connection is [`Error::Publish`].
+    /// failure of the broker or the connection is [`Error::Publish`], and so is what only
+    /// the broker can refuse, after the message was sent: a body over RabbitMQ's
+    /// `max_message_size`, which AMQP does not negotiate, say.
     ///
     /// ```
     /// # async fn f(broker: conveyor::MemoryBroker) {

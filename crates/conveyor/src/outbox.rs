@@ -207,12 +207,15 @@ impl<S: OutboxStore, P: Publisher> OutboxRelay<S, P> {
                 Ok(()) => sent.push(entry.id),
                 Err(error @ Error::Refused { .. }) => {
                     let reason = crate::Report(&error).to_string();
-                    if self
-                        .store
-                        .set_aside(entry.id, &reason)
-                        .await
-                        .map_err(store_failed)?
-                    {
+                    let set = match self.store.set_aside(entry.id, &reason).await {
+                        Ok(set) => set,
+                        // Stop here, as at any failure: those sent before are marked.
+                        Err(store_error) => {
+                            failed = Some((entry.id, store_error));
+                            break;
+                        }
+                    };
+                    if set {
                         set_aside = true;
                         tracing::warn!(
                             outbox_id = entry.id,
@@ -248,7 +251,7 @@ impl<S: OutboxStore, P: Publisher> OutboxRelay<S, P> {
     /// messages, and every [`interval`](Self::interval) otherwise. A failed pass is
     /// logged, with the id of the message whose publish failed, and tried again after a
     /// pause: 100 ms (or the interval, if longer), doubling with each pass in a row that
-    /// failed without publishing anything, up to 30 s, so that a broker that is away, or
+    /// failed without publishing or setting aside anything, up to 30 s, so that a broker that is away, or
     /// a message it will never take, is not asked again ten times a second. Such a
     /// message holds back all that follows it until it is published, set aside
     /// ([`OutboxStore::set_aside`]), fixed or taken out of the store.

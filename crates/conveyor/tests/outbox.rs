@@ -21,6 +21,8 @@ struct Database {
     /// Whether it keeps messages set aside (a `failed` column), and those it keeps.
     sets_aside: bool,
     aside: Arc<Mutex<Vec<(u64, String)>>>,
+    /// Whether setting a message aside fails (the database is away).
+    set_aside_fails: bool,
 }
 
 /// A transaction on the database: its writes are seen once it commits.
@@ -102,6 +104,9 @@ impl OutboxStore for Database {
     }
 
     async fn set_aside(&self, id: u64, reason: &str) -> Result<bool, Error> {
+        if self.set_aside_fails {
+            return Err(Error::config("the database is away"));
+        }
         if self.sets_aside {
             self.aside.lock().unwrap().push((id, reason.to_string()));
         }
@@ -374,4 +379,35 @@ async fn passes_that_publish_some_before_failing_do_not_back_off() {
         .await;
     let taken = broker.taken.load(Ordering::SeqCst);
     assert_eq!(taken, 1000, "relayed {taken} of 1000 in a minute");
+}
+
+/// A store that fails to set a message aside stops the pass there, but the messages
+/// published before it are marked sent, so they are not published again. (They were
+/// left unmarked.)
+#[tokio::test]
+async fn a_failed_set_aside_still_marks_what_went_before_it() {
+    let database = Database {
+        sets_aside: true,
+        set_aside_fails: true,
+        ..Database::default()
+    };
+    three_with_a_refused_one_between(&database).await;
+    let broker = MemoryBroker::new();
+    broker.record_history(true);
+    let relay = OutboxRelay::new(database.clone(), Refusing(broker.clone()));
+
+    let error = relay.relay_once().await.unwrap_err();
+    assert!(
+        error.to_string().contains("the database is away"),
+        "{error}"
+    );
+    assert_eq!(steps(&broker), vec![0]);
+    let pending: Vec<u64> = database
+        .pending(10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|entry| entry.id)
+        .collect();
+    assert_eq!(pending, vec![1, 2]);
 }
