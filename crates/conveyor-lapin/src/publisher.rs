@@ -93,10 +93,12 @@ impl PublishOptions {
 /// let publisher = broker.publisher().await?;
 /// // To a queue, through the default exchange:
 /// publisher.publish("orders", Message::builder().partition_key("alice").json(&42)?).await?;
-/// // To an exchange with a routing key:
+/// // To an exchange with a routing key; `into_publish` names it in the core's error
+/// // (`Error::Refused` for a message refused before it was sent, as `Publisher` gives):
 /// publisher
 ///     .publish_to("events", "orders.created", Message::new("hi"), PublishOptions::default())
-///     .await?;
+///     .await
+///     .map_err(|error| error.into_publish("events"))?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
@@ -158,6 +160,10 @@ impl LapinPublisher {
     }
 
     /// Publishes `message` to `exchange` under `routing_key`, and waits for the confirm.
+    /// [`LapinError::into_publish`] makes the error the core's publish error
+    /// ([`conveyor::Error::Refused`] or [`conveyor::Error::Publish`]); `?` into a
+    /// [`conveyor::Error`] gives [`conveyor::Error::Config`] for bad input and
+    /// [`conveyor::Error::Transport`] for anything else.
     pub async fn publish_to(
         &self,
         exchange: &str,
