@@ -39,8 +39,10 @@ pub enum Error {
     /// A message the transport refused before sending it, because the broker cannot carry
     /// it as it is: too large where the transport can tell (SQS's size limit, AMQP's
     /// frame limit on headers), too many headers or attributes, a delay the broker cannot
-    /// do, a name too long. Nothing was sent, and sending it again as it is fails the
-    /// same way, so code that retries publishes can set it aside instead (the outbox
+    /// do, a name too long. It was not sent (nor, on RabbitMQ and SQS, which check a
+    /// whole batch first, any message of its batch; a publisher that sends a batch one
+    /// message at a time, as SNS's does, may have sent those before it), and sending it
+    /// again as it is fails the same way, so code that retries publishes can set it aside instead (the outbox
     /// relay does, [`OutboxStore::set_aside`](crate::outbox::OutboxStore::set_aside)). A
     /// failure of the broker or the connection is [`Error::Publish`], and so is what only
     /// the broker can refuse, after the message was sent: a body over RabbitMQ's
