@@ -42,11 +42,12 @@ pub enum Error {
     /// do, a name too long. It was not sent (nor, on RabbitMQ and SQS, which check a
     /// whole batch first, any message of its batch; a publisher that sends a batch one
     /// message at a time, as SNS's does, may have sent those before it), and sending it
-    /// again as it is fails the same way, so code that retries publishes can set it aside instead (the outbox
-    /// relay does, [`OutboxStore::set_aside`](crate::outbox::OutboxStore::set_aside)). A
-    /// failure of the broker or the connection is [`Error::Publish`], and so is what only
-    /// the broker can refuse, after the message was sent: a body over RabbitMQ's
-    /// `max_message_size`, which AMQP does not negotiate, say.
+    /// again as it is fails the same way, so code that retries publishes can set it
+    /// aside instead (the outbox relay does,
+    /// [`OutboxStore::set_aside`](crate::outbox::OutboxStore::set_aside)). A failure of
+    /// the broker or the connection is [`Error::Publish`], and so is what only the broker
+    /// can refuse, after the message was sent: a body over RabbitMQ's `max_message_size`,
+    /// which AMQP does not negotiate, say.
     ///
     /// ```
     /// # async fn f(broker: conveyor::MemoryBroker) {

@@ -251,10 +251,10 @@ impl<S: OutboxStore, P: Publisher> OutboxRelay<S, P> {
     /// messages, and every [`interval`](Self::interval) otherwise. A failed pass is
     /// logged, with the id of the message whose publish failed, and tried again after a
     /// pause: 100 ms (or the interval, if longer), doubling with each pass in a row that
-    /// failed without publishing or setting aside anything, up to 30 s, so that a broker that is away, or
-    /// a message it will never take, is not asked again ten times a second. Such a
-    /// message holds back all that follows it until it is published, set aside
-    /// ([`OutboxStore::set_aside`]), fixed or taken out of the store.
+    /// failed without publishing or setting aside anything, up to 30 s, so that a broker
+    /// that is away, or a message it will never take, is not asked again ten times a
+    /// second. Such a message holds back all that follows it until it is published, set
+    /// aside ([`OutboxStore::set_aside`]), fixed or taken out of the store.
     pub async fn run_until(&self, signal: impl Future<Output = ()>) {
         let mut signal = std::pin::pin!(signal);
         let mut failures = RetryPause::new();
@@ -349,10 +349,11 @@ pub fn encode(message: &Message) -> Vec<u8> {
     text(&mut out, message.message_id());
     text(&mut out, message.correlation_id());
     text(&mut out, message.reply_to());
-    match (millis, message.delay()) {
-        (Some(millis), _) => out.extend_from_slice(&millis.to_be_bytes()),
-        (None, None) => out.push(0),
-        (None, Some(delay)) => {
+    match millis {
+        Some(millis) => out.extend_from_slice(&millis.to_be_bytes()),
+        // Version 2 is written only for a delay version 1 cannot hold.
+        None => {
+            let delay = message.delay().unwrap_or_default();
             out.push(1);
             out.extend_from_slice(&delay.as_secs().to_be_bytes());
             out.extend_from_slice(&delay.subsec_nanos().to_be_bytes());
