@@ -1003,11 +1003,7 @@ impl LapinBroker {
         payload: Bytes,
         properties: BasicProperties,
     ) -> Result<(), conveyor::Error> {
-        let destination = if exchange.is_empty() {
-            routing_key
-        } else {
-            exchange
-        };
+        let destination = crate::publisher::destination_name(exchange, routing_key);
         let publisher = self
             .confirm_publisher()
             .await

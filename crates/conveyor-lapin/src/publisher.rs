@@ -418,16 +418,7 @@ fn prepare(
         properties = properties.with_priority(v);
     }
     if let Some(ttl) = options.expiration {
-        // A longer one would have the broker close the channel, failing every publish
-        // under way on it.
-        if ttl.as_millis() > MAX_EXPIRATION_MS {
-            return Err(LapinError::Invalid {
-                what: "expiration",
-                reason: format!(
-                    "{ttl:?} is over the longest per-message TTL RabbitMQ takes, {MAX_EXPIRATION_MS} ms (about 49.7 days)"
-                ),
-            });
-        }
+        // One over RabbitMQ's longest is refused by `Prepared::new`.
         properties = properties.with_expiration(ttl.as_millis().to_string().into());
     }
     Prepared::new(
@@ -444,8 +435,9 @@ fn prepare(
 
 impl Prepared {
     /// `payload` with `properties` to `exchange` under `routing_key`, if AMQP can carry
-    /// the names, and the broker takes the properties' expiration (it would close the
-    /// channel over one that is not a number of milliseconds up to [`MAX_EXPIRATION_MS`]).
+    /// the names, and the broker takes the properties' expiration: it would close the
+    /// channel over one that is not a number of milliseconds up to [`MAX_EXPIRATION_MS`]
+    /// (about 49.7 days), failing every publish under way on it.
     fn new(
         exchange: &str,
         routing_key: &str,
@@ -525,11 +517,7 @@ fn record(
     sent: &Result<(), LapinError>,
 ) {
     let error = sent.as_ref().err().map(LapinError::kind);
-    let destination = if exchange.is_empty() {
-        routing_key
-    } else {
-        exchange
-    };
+    let destination = destination_name(exchange, routing_key);
     conveyor::telemetry::record_sent("rabbitmq", destination, count, error);
     // A message refused before it was sent made no broker call.
     if !matches!(
@@ -540,15 +528,19 @@ fn record(
     }
 }
 
-/// The span a publish to `exchange` under `routing_key` runs in: named after the
-/// exchange, or after the queue for the default exchange.
+/// The span a publish to `exchange` under `routing_key` runs in ([`destination_name`]).
 fn publish_span(exchange: &str, routing_key: &str) -> tracing::Span {
-    let destination = if exchange.is_empty() {
+    conveyor::trace::publish_span("rabbitmq", destination_name(exchange, routing_key))
+}
+
+/// What a publish to `exchange` under `routing_key` is named by in spans, metrics and
+/// errors: the exchange, or the queue for the default exchange.
+pub(crate) fn destination_name<'a>(exchange: &'a str, routing_key: &'a str) -> &'a str {
+    if exchange.is_empty() {
         routing_key
     } else {
         exchange
-    };
-    conveyor::trace::publish_span("rabbitmq", destination)
+    }
 }
 
 #[cfg(test)]
