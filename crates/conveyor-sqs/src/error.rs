@@ -121,6 +121,24 @@ pub enum SqsError {
 }
 
 impl SqsError {
+    /// This error as the core's publish error for `destination`, named as given:
+    /// [`conveyor::Error::Refused`] for a message SQS (or SNS) cannot carry as it is
+    /// ([`SqsError::InvalidMessage`], found before anything is sent),
+    /// [`conveyor::Error::Publish`] for anything else.
+    pub(crate) fn into_publish(self, destination: String) -> conveyor::Error {
+        let source = Box::new(self);
+        match *source {
+            SqsError::InvalidMessage { .. } => conveyor::Error::Refused {
+                destination,
+                source,
+            },
+            _ => conveyor::Error::Publish {
+                destination,
+                source,
+            },
+        }
+    }
+
     /// The SDK error from `call` on `queue`: [`SqsError::NoSuchQueue`] where SQS answered
     /// that the queue does not exist, [`SqsError::Call`] otherwise; either keeps it whole.
     pub(crate) fn from_sdk<E, R>(call: &'static str, queue: &str, error: SdkError<E, R>) -> Self

@@ -77,23 +77,10 @@ fn prepare(queue: &QueueInfo, parts: MessageParts) -> Result<Prepared, SqsError>
 /// process, has used.
 pub(crate) use conveyor::support::unique_id;
 
-/// `error` as the core's publish error: [`Error::Refused`] for a message SQS cannot
-/// carry as it is ([`SqsError::InvalidMessage`], found before anything is sent),
-/// [`Error::Publish`] for anything else. Its text quotes `destination`, so an oversize
-/// one is cut there as in every error text (see [`shown`]).
+/// `error` as the core's publish error ([`SqsError::into_publish`]). Its text quotes
+/// `destination`, so an oversize one is cut there as in every error text (see [`shown`]).
 fn publish_error(destination: &str, error: SqsError) -> Error {
-    let destination = shown(destination).into_owned();
-    let source = Box::new(error);
-    match *source {
-        SqsError::InvalidMessage { .. } => Error::Refused {
-            destination,
-            source,
-        },
-        _ => Error::Publish {
-            destination,
-            source,
-        },
-    }
+    error.into_publish(shown(destination).into_owned())
 }
 
 impl Publisher for SqsBroker {

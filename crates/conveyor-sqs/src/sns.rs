@@ -209,17 +209,7 @@ impl Publisher for SnsPublisher {
         });
         conveyor::telemetry::record_sent("aws_sns", destination, 1, error);
         // Named whole: a topic's name or ARN can be longer than any queue's.
-        let destination = destination.to_string();
-        sent.map_err(|error| match error {
-            SqsError::InvalidMessage { .. } => Error::Refused {
-                destination,
-                source: Box::new(error),
-            },
-            error => Error::Publish {
-                destination,
-                source: Box::new(error),
-            },
-        })
+        sent.map_err(|error| error.into_publish(destination.to_string()))
     }
 }
 
