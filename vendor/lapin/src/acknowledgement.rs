@@ -5,7 +5,7 @@ use crate::{
     publisher_confirm::{Confirmation, PublisherConfirm},
     returned_messages::ReturnedMessages,
     shared::SharedMutex,
-    types::DeliveryTag,
+    types::{DeliveryTag, ShortString},
 };
 use std::{collections::HashMap, fmt, sync::MutexGuard};
 use tracing::trace;
@@ -20,8 +20,15 @@ impl Acknowledgements {
         Self(SharedMutex::new(Inner::new(channel_id, returned_messages)))
     }
 
-    pub(crate) fn register_pending(&self) -> PublisherConfirm {
-        self.lock_inner().register_pending()
+    pub(crate) fn register_pending(
+        &self,
+        exchange: ShortString,
+        routing_key: ShortString,
+        mandatory: bool,
+        message_id: Option<ShortString>,
+    ) -> PublisherConfirm {
+        self.lock_inner()
+            .register_pending(exchange, routing_key, mandatory, message_id)
     }
 
     pub(crate) fn get_last_pending(&self) -> Option<Promise<()>> {
@@ -80,11 +87,22 @@ impl fmt::Debug for Acknowledgements {
     }
 }
 
+/// A publish waiting for its confirm: its resolvers, and what the broker's return of it
+/// would name: where it went (exchange and routing key) and its message id. Only a
+/// mandatory publish is returned.
+struct Pending {
+    resolvers: (PromiseResolver<Confirmation>, PromiseResolver<()>),
+    exchange: ShortString,
+    routing_key: ShortString,
+    mandatory: bool,
+    message_id: Option<ShortString>,
+}
+
 struct Inner {
     channel_id: u16,
     delivery_tag: IdSequence<DeliveryTag>,
     last: Option<Promise<()>>,
-    pending: HashMap<DeliveryTag, (PromiseResolver<Confirmation>, PromiseResolver<()>)>,
+    pending: HashMap<DeliveryTag, Pending>,
     returned_messages: ReturnedMessages,
 }
 
@@ -99,24 +117,45 @@ impl Inner {
         }
     }
 
-    fn register_pending(&mut self) -> PublisherConfirm {
+    fn register_pending(
+        &mut self,
+        exchange: ShortString,
+        routing_key: ShortString,
+        mandatory: bool,
+        message_id: Option<ShortString>,
+    ) -> PublisherConfirm {
         let delivery_tag = self.delivery_tag.next();
         trace!("Publishing with delivery_tag {}", delivery_tag);
         let (promise, resolver) = Promise::new("acknowledgement");
         let (err_promise, err_resolver) = Promise::new("acknowledgement-error");
         let promise = PublisherConfirm::new(promise, self.returned_messages.clone());
         self.last = Some(err_promise);
-        self.pending.insert(delivery_tag, (resolver, err_resolver));
+        self.pending.insert(
+            delivery_tag,
+            Pending {
+                resolvers: (resolver, err_resolver),
+                exchange,
+                routing_key,
+                mandatory,
+                message_id,
+            },
+        );
         promise
     }
 
-    fn complete_pending(
-        &mut self,
-        success: bool,
-        delivery_tag: DeliveryTag,
-        resolvers: (PromiseResolver<Confirmation>, PromiseResolver<()>),
-    ) {
-        let returned_message = self.returned_messages.get_waiting_message();
+    fn complete_pending(&mut self, success: bool, delivery_tag: DeliveryTag, pending: Pending) {
+        // Conveyor patch (PATCHED.md, the fifth change): the return of this publish's
+        // message, not merely the oldest one waiting, which may be another publish's
+        // when one confirm covers several (`multiple`) or one ack overtakes another.
+        let returned_message = pending.mandatory.then(|| {
+            self.returned_messages.take_waiting_message(
+                &pending.exchange,
+                &pending.routing_key,
+                pending.message_id.as_ref(),
+            )
+        });
+        let returned_message = returned_message.flatten();
+        let resolvers = pending.resolvers;
         resolvers.0.resolve(if success {
             Confirmation::Ack(returned_message)
         } else {
@@ -128,14 +167,16 @@ impl Inner {
     }
 
     fn drop_all(&mut self, success: bool) {
-        for (delivery_tag, resolvers) in std::mem::take(&mut self.pending) {
-            self.complete_pending(success, delivery_tag, resolvers);
+        let mut pending: Vec<_> = std::mem::take(&mut self.pending).into_iter().collect();
+        pending.sort_unstable_by_key(|(delivery_tag, _)| *delivery_tag);
+        for (delivery_tag, pending) in pending {
+            self.complete_pending(success, delivery_tag, pending);
         }
     }
 
     fn drop_pending(&mut self, delivery_tag: DeliveryTag, success: bool) -> AMQPResult {
-        if let Some(resolvers) = self.pending.remove(&delivery_tag) {
-            self.complete_pending(success, delivery_tag, resolvers);
+        if let Some(pending) = self.pending.remove(&delivery_tag) {
+            self.complete_pending(success, delivery_tag, pending);
             Ok(())
         } else {
             Err(AMQPError::new(
@@ -159,13 +200,15 @@ impl Inner {
         // also handle the underlying acknowledgement state independently, so returning the
         // last error is sufficient.
         let mut res = Ok(());
-        for tag in self
+        let mut tags = self
             .pending
             .keys()
             .filter(|tag| **tag <= delivery_tag)
             .cloned()
-            .collect::<Vec<DeliveryTag>>()
-        {
+            .collect::<Vec<DeliveryTag>>();
+        // Conveyor patch: in publish order, as the broker sent their returns.
+        tags.sort_unstable();
+        for tag in tags {
             if let Err(err) = self.drop_pending(tag, success) {
                 res = Err(err);
             }
@@ -174,13 +217,16 @@ impl Inner {
     }
 
     fn on_channel_error(&mut self, error: Error) {
-        for (delivery_tag, resolvers) in self.pending.drain() {
+        for (delivery_tag, Pending { resolvers, .. }) in self.pending.drain() {
             resolvers.0.reject(error.clone());
             if Some(delivery_tag) == self.delivery_tag.current() {
                 resolvers.1.reject(error.clone());
             }
         }
         self.returned_messages.clear_dropped_confirms();
+        // Conveyor patch: the returns still waiting were of the publishes just failed; a
+        // publish on the recovered channel must not take one for its own.
+        self.returned_messages.clear_waiting_messages();
     }
 
     fn reset(&mut self, error: Error) {

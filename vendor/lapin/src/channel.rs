@@ -630,9 +630,20 @@ impl Channel {
         }
     }
 
-    fn before_basic_publish(&self) -> Option<PublisherConfirm> {
+    fn before_basic_publish(
+        &self,
+        exchange: &ShortString,
+        routing_key: &ShortString,
+        mandatory: bool,
+        message_id: Option<ShortString>,
+    ) -> Option<PublisherConfirm> {
         if self.status.confirm() {
-            Some(self.acknowledgements.register_pending())
+            Some(self.acknowledgements.register_pending(
+                exchange.clone(),
+                routing_key.clone(),
+                mandatory,
+                message_id,
+            ))
         } else {
             None
         }

@@ -1,6 +1,8 @@
 use crate::{
-    BasicProperties, Promise, message::BasicReturnMessage, publisher_confirm::Confirmation,
-    types::PayloadSize,
+    BasicProperties, Promise,
+    message::BasicReturnMessage,
+    publisher_confirm::Confirmation,
+    types::{PayloadSize, ShortString},
 };
 use std::{
     collections::VecDeque,
@@ -45,8 +47,28 @@ impl ReturnedMessages {
         self.lock_inner().register_dropped_confirm(promise);
     }
 
-    pub(crate) fn get_waiting_message(&self) -> Option<BasicReturnMessage> {
-        self.lock_inner().waiting_messages.pop_front()
+    /// The oldest return waiting for its confirm of a message published to `exchange`
+    /// with `routing_key`, and with `message_id` if it had one. (Conveyor patch,
+    /// PATCHED.md: the oldest of any, before, which gave a publish another one's return
+    /// when one confirm covered both.)
+    pub(crate) fn take_waiting_message(
+        &self,
+        exchange: &ShortString,
+        routing_key: &ShortString,
+        message_id: Option<&ShortString>,
+    ) -> Option<BasicReturnMessage> {
+        let mut inner = self.lock_inner();
+        let at = inner.waiting_messages.iter().position(|message| {
+            let delivery = &message.delivery;
+            delivery.exchange == *exchange
+                && delivery.routing_key == *routing_key
+                && message_id.is_none_or(|id| delivery.properties.message_id().as_ref() == Some(id))
+        })?;
+        inner.waiting_messages.remove(at)
+    }
+
+    pub(crate) fn clear_waiting_messages(&self) {
+        self.lock_inner().waiting_messages.clear();
     }
 
     pub(crate) fn clear_dropped_confirms(&self) {
@@ -111,7 +133,15 @@ impl Inner {
 
     fn new_delivery_complete(&mut self, confirm_mode: bool) {
         if let Some(message) = self.current_message.take() {
-            warn!(?message, "Server returned us a message");
+            // Conveyor patch (PATCHED.md, the fifth change): where it went and why, not
+            // the message: its payload and headers are the application's data.
+            warn!(
+                exchange = %message.delivery.exchange,
+                routing_key = %message.delivery.routing_key,
+                reply_code = message.reply_code,
+                reply_text = %message.reply_text,
+                "Server returned us a message"
+            );
             if confirm_mode {
                 self.waiting_messages.push_back(message);
             } else {

@@ -673,7 +673,14 @@ impl Channel {
             return Err(self.status.state_error("basic.publish"));
         }
 
-        let start_hook_res = self.before_basic_publish();
+        // Conveyor patch (PATCHED.md, the fifth change): the confirm knows where its
+        // message went, to take the broker's return of that message and no other.
+        let start_hook_res = self.before_basic_publish(
+            &exchange,
+            &routing_key,
+            options.mandatory,
+            properties.message_id().clone(),
+        );
         let BasicPublishOptions {
             mandatory,
             immediate,
