@@ -301,8 +301,8 @@ impl SqsBroker {
             .filter(|(receipt, _)| deleted.contains(receipt))
             .map(|(_, message)| {
                 // The subscriber's own mapping, so a dead letter reads as its delivery did.
-                let (payload, headers, key) = attributes::decode(&message);
-                DeadLetter::new(payload, headers, key)
+                let decoded = attributes::decode(&message);
+                DeadLetter::new(decoded.payload, decoded.headers, decoded.key)
             })
             .collect())
     }

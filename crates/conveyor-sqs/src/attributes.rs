@@ -1,7 +1,8 @@
 //! How a Conveyor message maps onto an SQS message: body, message attributes, group.
 //!
 //! Headers travel as message attributes: UTF-8 values as `String`, anything else as
-//! `Binary`, so every header value comes back byte for byte. A body SQS cannot carry
+//! `Binary`, so every header value comes back byte for byte; a type given in an
+//! [`AttributeTypes`] (a received message's own, or a publisher's) replaces that choice. A body SQS cannot carry
 //! (not UTF-8, or characters SQS refuses) goes base64-encoded, marked by the
 //! [`BODY_ENCODING_ATTRIBUTE`] attribute, and is decoded on receipt. An empty payload,
 //! which SQS refuses as a body (it takes at least one character), goes as a placeholder
@@ -15,6 +16,7 @@ use aws_sdk_sqs::types::{
 };
 use conveyor::{Bytes, Headers, MessageParts, PartitionKey, REJECT_REASON_HEADER};
 
+use crate::data_types::{self, AttributeTypes, Carried, as_sqs_text, sqs_allows};
 use crate::error::{SqsError, shown};
 
 /// The header that holds a delivery's FIFO message group, which is also its partition
@@ -56,9 +58,16 @@ pub(crate) struct Outgoing {
 /// The message's properties (content type, message id, correlation id) travel as
 /// attributes under the core's header names for them, so they come back as those
 /// headers; a header of the same name must hold the same value.
-pub(crate) fn encode(queue: &str, fifo: bool, parts: &MessageParts) -> Result<Outgoing, SqsError> {
+///
+/// A header named in `types` goes as the type given there.
+pub(crate) fn encode(
+    queue: &str,
+    fifo: bool,
+    parts: &MessageParts,
+    types: &AttributeTypes,
+) -> Result<Outgoing, SqsError> {
     let group = parts.partition_key.as_ref().map(PartitionKey::as_str);
-    let mut attributes = Attributes::new(queue);
+    let mut attributes = Attributes::new(queue, types);
     attributes.add_headers(&parts.headers, fifo.then_some(group))?;
     for (name, value) in parts.property_headers() {
         attributes.add_property(name, value.as_bytes())?;
@@ -70,19 +79,22 @@ pub(crate) fn encode(queue: &str, fifo: bool, parts: &MessageParts) -> Result<Ou
 /// received, and `reason` in the [`REJECT_REASON_HEADER`] attribute (replacing one an
 /// earlier rejection left; an empty reason is left out, since SQS takes no empty value).
 /// `group` is the message group on a FIFO dead-letter queue, `None` on a standard one.
+/// The headers keep the types they were received with (`types`); the reason is a `String`.
 pub(crate) fn encode_dead_letter(
     queue: &str,
     group: Option<&str>,
     payload: &[u8],
     headers: &Headers,
+    types: &AttributeTypes,
     reason: Option<&str>,
 ) -> Result<Outgoing, SqsError> {
-    let mut attributes = Attributes::new(queue);
+    let mut attributes = Attributes::new(queue, types);
     let mut kept = headers.clone();
     kept.remove(REJECT_REASON_HEADER);
     attributes.add_headers(&kept, group.map(Some))?;
     if let Some(reason) = reason.filter(|reason| !reason.is_empty()) {
-        attributes.add(REJECT_REASON_HEADER, reason.as_bytes())?;
+        check_attribute_name(REJECT_REASON_HEADER).map_err(|reason| attributes.invalid(reason))?;
+        attributes.insert(REJECT_REASON_HEADER, reason.as_bytes(), None)?;
     }
     attributes.finish(payload)
 }
@@ -93,14 +105,17 @@ const MAX_ATTRIBUTE_NAME_CHARS: usize = 256;
 /// Message attributes being gathered for one message, with the size SQS counts.
 struct Attributes<'q> {
     queue: &'q str,
+    /// The types headers go as where their value alone would not say it.
+    types: &'q AttributeTypes,
     map: HashMap<String, MessageAttributeValue>,
     size: usize,
 }
 
 impl<'q> Attributes<'q> {
-    fn new(queue: &'q str) -> Self {
+    fn new(queue: &'q str, types: &'q AttributeTypes) -> Self {
         Attributes {
             queue,
+            types,
             map: HashMap::new(),
             size: 0,
         }
@@ -156,7 +171,8 @@ impl<'q> Attributes<'q> {
         }
     }
 
-    /// Adds `value` as a `String` attribute where SQS takes it as text, else `Binary`.
+    /// Adds the header `name` as the type [`Attributes::types`] gives it, else as a
+    /// `String` attribute where SQS takes it as text, else `Binary`.
     fn add(&mut self, name: &str, value: &[u8]) -> Result<(), SqsError> {
         check_attribute_name(name).map_err(|reason| self.invalid(reason))?;
         if value.is_empty() {
@@ -165,28 +181,42 @@ impl<'q> Attributes<'q> {
                 shown(name)
             )));
         }
-        self.insert(name, value)
+        self.insert(name, value, self.types.get(name))
     }
 
-    /// Adds an attribute whose name is known to be valid.
-    fn insert(&mut self, name: &str, value: &[u8]) -> Result<(), SqsError> {
-        let (data_type, attribute) = match std::str::from_utf8(value) {
-            Ok(text) if !text.is_empty() && text.chars().all(sqs_allows) => (
-                "String",
-                MessageAttributeValue::builder()
-                    .data_type("String")
-                    .string_value(text),
-            ),
-            _ => (
-                "Binary",
-                MessageAttributeValue::builder()
-                    .data_type("Binary")
-                    .binary_value(Blob::new(value.to_vec())),
-            ),
+    /// Adds an attribute whose name is known to be valid, as `data_type` (`None`: as
+    /// [`data_types::sent_as`] chooses).
+    fn insert(
+        &mut self,
+        name: &str,
+        value: &[u8],
+        data_type: Option<&str>,
+    ) -> Result<(), SqsError> {
+        let data_type = data_type.unwrap_or_else(|| data_types::sent_as(value));
+        let invalid = |reason: String| self.invalid(format!("header `{}`: {reason}", shown(name)));
+        let builder = MessageAttributeValue::builder().data_type(data_type);
+        let attribute = match data_types::carried(data_type).map_err(invalid)? {
+            Carried::Bytes => builder.binary_value(Blob::new(value.to_vec())),
+            Carried::Text => {
+                let text = std::str::from_utf8(value)
+                    .ok()
+                    .filter(|text| as_sqs_text(text))
+                    .ok_or_else(|| {
+                        invalid(format!(
+                            "type `{}` carries text, and the value is not text SQS takes",
+                            data_type.escape_debug()
+                        ))
+                    })?;
+                if data_types::is_number(data_type) && !data_types::is_numeric(text) {
+                    return Err(invalid(format!(
+                        "type `{}` carries a number, and the value is not one",
+                        data_type.escape_debug()
+                    )));
+                }
+                builder.string_value(text)
+            }
         };
-        let attribute = attribute
-            .build()
-            .map_err(|e| self.invalid(format!("header `{}`: {e}", shown(name))))?;
+        let attribute = attribute.build().map_err(|e| invalid(e.to_string()))?;
         self.size = self
             .size
             .saturating_add(name.len())
@@ -204,13 +234,13 @@ impl<'q> Attributes<'q> {
         let body = match std::str::from_utf8(payload) {
             // Base64 of nothing is nothing, and SQS takes no empty body.
             _ if payload.is_empty() => {
-                self.insert(BODY_ENCODING_ATTRIBUTE, EMPTY_ENCODING.as_bytes())?;
+                self.insert(BODY_ENCODING_ATTRIBUTE, EMPTY_ENCODING.as_bytes(), None)?;
                 marked = Some("an empty");
                 EMPTY_BODY.to_string()
             }
             Ok(text) if text.chars().all(sqs_allows) => text.to_string(),
             _ => {
-                self.insert(BODY_ENCODING_ATTRIBUTE, BASE64_ENCODING.as_bytes())?;
+                self.insert(BODY_ENCODING_ATTRIBUTE, BASE64_ENCODING.as_bytes(), None)?;
                 marked = Some("a binary");
                 aws_smithy_types::base64::encode(payload)
             }
@@ -272,16 +302,28 @@ fn attribute_bytes(attribute: &MessageAttributeValue) -> Option<&[u8]> {
     }
 }
 
-/// What a received SQS message becomes: payload, headers and partition key. A message an
-/// SNS topic delivered without raw delivery comes wrapped in SNS's JSON envelope: it is
-/// unwrapped, so that body and headers come out as with raw delivery.
-pub(crate) fn decode(message: &SqsMessage) -> (Bytes, Headers, Option<PartitionKey>) {
+/// What a received SQS message becomes.
+pub(crate) struct Decoded {
+    pub(crate) payload: Bytes,
+    pub(crate) headers: Headers,
+    pub(crate) key: Option<PartitionKey>,
+    /// The types of the headers whose value alone does not say theirs.
+    pub(crate) types: AttributeTypes,
+}
+
+/// What a received SQS message becomes: payload, headers, partition key, and the types of
+/// its attributes where their value alone would go out as another. A message an SNS topic
+/// delivered without raw delivery comes wrapped in SNS's JSON envelope: it is unwrapped,
+/// so that body and headers come out as with raw delivery.
+pub(crate) fn decode(message: &SqsMessage) -> Decoded {
     let mut headers = Headers::new();
+    let mut types = AttributeTypes::new();
     let mut encoding = None;
-    let mut add = |name: &str, bytes: Bytes| {
+    let mut add = |name: &str, data_type: &str, bytes: Bytes| {
         if name == BODY_ENCODING_ATTRIBUTE {
             encoding = Some(bytes);
         } else {
+            types.note_received(name, data_type, &bytes);
             headers.insert(name.to_string(), bytes);
         }
     };
@@ -292,15 +334,15 @@ pub(crate) fn decode(message: &SqsMessage) -> (Bytes, Headers, Option<PartitionK
     };
     let body = match &envelope {
         Some(envelope) => {
-            for (name, value) in envelope.attributes() {
-                add(name, value);
+            for (name, data_type, value) in envelope.attributes() {
+                add(name, data_type, value);
             }
             envelope.message.as_str()
         }
         None => {
             for (name, value) in message.message_attributes().into_iter().flatten() {
                 let bytes = attribute_bytes(value).map_or_else(Bytes::new, Bytes::copy_from_slice);
-                add(name, bytes);
+                add(name, value.data_type(), bytes);
             }
             received
         }
@@ -325,7 +367,12 @@ pub(crate) fn decode(message: &SqsMessage) -> (Bytes, Headers, Option<PartitionK
     if let Some(key) = &key {
         headers.insert(PARTITION_KEY_HEADER, key.as_str().to_string());
     }
-    (payload, headers, key)
+    Decoded {
+        payload,
+        headers,
+        key,
+        types,
+    }
 }
 
 /// The JSON envelope SNS wraps a message in when it delivers it to a queue without raw
@@ -385,8 +432,9 @@ impl SnsEnvelope {
             .then_some(envelope)
     }
 
-    /// Its message attributes as header bytes (a `Binary` one base64-decoded).
-    fn attributes(&self) -> impl Iterator<Item = (&str, Bytes)> {
+    /// Its message attributes: name, type, and value as header bytes (a `Binary` one
+    /// base64-decoded).
+    fn attributes(&self) -> impl Iterator<Item = (&str, &str, Bytes)> {
         self.attributes.iter().map(|(name, attribute)| {
             let bytes = match attribute.kind.as_str() {
                 "Binary" => aws_smithy_types::base64::decode(&attribute.value)
@@ -394,14 +442,9 @@ impl SnsEnvelope {
                     .unwrap_or_else(|_| Bytes::copy_from_slice(attribute.value.as_bytes())),
                 _ => Bytes::copy_from_slice(attribute.value.as_bytes()),
             };
-            (name.as_str(), bytes)
+            (name.as_str(), attribute.kind.as_str(), bytes)
         })
     }
-}
-
-/// The characters SQS accepts in a body or string attribute.
-fn sqs_allows(c: char) -> bool {
-    matches!(c, '\u{9}' | '\u{A}' | '\u{D}' | '\u{20}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}' | '\u{10000}'..='\u{10FFFF}')
 }
 
 /// SQS's rules for message attribute names, and the name this transport keeps for
@@ -453,18 +496,20 @@ mod tests {
         if let Some(group) = group {
             message = message.attributes(MessageSystemAttributeName::MessageGroupId, group);
         }
-        decode(&message.build())
+        let decoded = decode(&message.build());
+        (decoded.payload, decoded.headers, decoded.key)
     }
 
     fn sent_and_received(message: Message) -> (Bytes, Headers) {
-        let outgoing = encode("q", false, &message.into_parts()).expect("encodable");
+        let outgoing =
+            encode("q", false, &message.into_parts(), &AttributeTypes::new()).expect("encodable");
         let (payload, headers, _) = received(outgoing, None);
         (payload, headers)
     }
 
     /// Why `message` cannot go to a queue (FIFO when `fifo`).
     fn refused(fifo: bool, message: Message) -> String {
-        match encode("q", fifo, &message.into_parts()) {
+        match encode("q", fifo, &message.into_parts(), &AttributeTypes::new()) {
             Ok(_) => panic!("the message should be refused"),
             Err(error) => error.to_string(),
         }
@@ -481,13 +526,13 @@ mod tests {
         let envelope = envelope.as_str();
         let unwrapped = SnsEnvelope::of(envelope).expect("a notification");
         assert_eq!(unwrapped.message, "hi");
-        let mut attributes: Vec<(&str, Bytes)> = unwrapped.attributes().collect();
+        let mut attributes: Vec<(&str, &str, Bytes)> = unwrapped.attributes().collect();
         attributes.sort();
         assert_eq!(
             attributes,
             vec![
-                ("a", Bytes::from_static(b"v")),
-                ("b", Bytes::from_static(&[1, 2]))
+                ("a", "String", Bytes::from_static(b"v")),
+                ("b", "Binary", Bytes::from_static(&[1, 2]))
             ]
         );
         // A payload of the user's that looks alike, but is no notification from a topic.
@@ -532,7 +577,9 @@ mod tests {
             .body(body)
             .attributes(MessageSystemAttributeName::MessageGroupId, "alice")
             .build();
-        let (payload, headers, _) = decode(&message);
+        let Decoded {
+            payload, headers, ..
+        } = decode(&message);
         assert_eq!(payload.as_ref(), br#"{"id":1}"#);
         assert_eq!(headers.get_str("x-tenant"), Some("acme"));
         // A standard topic's notification without its signature is no envelope.
@@ -567,8 +614,13 @@ mod tests {
     /// and base64 of an empty payload is still empty.
     #[test]
     fn an_empty_payload_travels_as_a_marked_placeholder_and_comes_back_empty() {
-        let outgoing = encode("q", false, &Message::new(Vec::<u8>::new()).into_parts())
-            .expect("an empty payload is a valid message");
+        let outgoing = encode(
+            "q",
+            false,
+            &Message::new(Vec::<u8>::new()).into_parts(),
+            &AttributeTypes::new(),
+        )
+        .expect("an empty payload is a valid message");
         assert!(!outgoing.body.is_empty());
         assert_eq!(
             outgoing
@@ -645,6 +697,7 @@ mod tests {
             Some("alice"),
             &[0u8, 0xff],
             &headers,
+            &AttributeTypes::new(),
             Some("bad input"),
         )
         .expect("encodable");
@@ -662,9 +715,38 @@ mod tests {
 
     #[test]
     fn an_empty_reject_reason_is_left_out_not_sent_empty() {
-        let outgoing =
-            encode_dead_letter("dead", None, b"x", &Headers::new(), Some("")).expect("encodable");
+        let outgoing = encode_dead_letter(
+            "dead",
+            None,
+            b"x",
+            &Headers::new(),
+            &AttributeTypes::new(),
+            Some(""),
+        )
+        .expect("encodable");
         assert!(outgoing.attributes.is_empty());
+    }
+
+    /// A received type goes out again, and counts in the size as SQS counts it; the
+    /// reason is always text, whatever type an earlier one had.
+    #[test]
+    fn a_dead_letter_keeps_its_headers_types_and_its_reason_is_a_string() {
+        let mut headers = Headers::new();
+        headers.insert("price", "7");
+        headers.insert(REJECT_REASON_HEADER, "12");
+        let types = AttributeTypes::new()
+            .with("price", "Number")
+            .with(REJECT_REASON_HEADER, "Number");
+        let outgoing = encode_dead_letter("dead", None, b"x", &headers, &types, Some("bad input"))
+            .expect("encodable");
+        let data_type = |name: &str| outgoing.attributes[name].data_type().to_string();
+        assert_eq!(data_type("price"), "Number");
+        assert_eq!(data_type(REJECT_REASON_HEADER), "String");
+        let reason = REJECT_REASON_HEADER.len() + "String".len() + "bad input".len();
+        assert_eq!(
+            outgoing.size,
+            "price".len() + "Number".len() + 1 + reason + 1
+        );
     }
 
     #[test]
@@ -746,7 +828,13 @@ mod tests {
             .partition_key("alice")
             .header(PARTITION_KEY_HEADER, "alice")
             .payload("x");
-        let outgoing = encode("q.fifo", true, &message.into_parts()).expect("encodable");
+        let outgoing = encode(
+            "q.fifo",
+            true,
+            &message.into_parts(),
+            &AttributeTypes::new(),
+        )
+        .expect("encodable");
         assert!(outgoing.attributes.is_empty());
         let (_, headers, key) = received(outgoing, Some("alice"));
         assert_eq!(headers.get_str(PARTITION_KEY_HEADER), Some("alice"));
@@ -792,7 +880,8 @@ mod tests {
                 .message_id("m-1")
                 .header("MessageDeduplicationId", "d-9")
                 .payload("x");
-            let outgoing = encode("q", fifo, &message.into_parts()).expect("encodable");
+            let outgoing = encode("q", fifo, &message.into_parts(), &AttributeTypes::new())
+                .expect("encodable");
             let (_, headers, _) = received(outgoing, fifo.then_some("k"));
             assert_eq!(headers.get_str("MessageDeduplicationId"), Some("d-9"));
         }
@@ -809,6 +898,7 @@ mod tests {
                 .header("Content-Type", "text/plain")
                 .payload("x")
                 .into_parts(),
+            &AttributeTypes::new(),
         )
         .expect("encodable");
         assert_eq!(outgoing.attributes.len(), 1);

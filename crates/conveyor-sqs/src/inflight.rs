@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use conveyor::support::{SettleQueue, TagTable};
 use conveyor::{Bytes, Headers, PartitionKey};
+
+use crate::data_types::AttributeTypes;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -33,6 +35,8 @@ pub(crate) struct Rejected {
     pub(crate) attempt: u32,
     pub(crate) payload: Bytes,
     pub(crate) headers: Headers,
+    /// The types its attributes came with, where their values alone would not say them.
+    pub(crate) types: AttributeTypes,
     pub(crate) partition_key: Option<PartitionKey>,
 }
 
@@ -53,11 +57,16 @@ pub(crate) struct Entry {
     pub(crate) receipt: String,
     /// SQS's message id: a FIFO dead-letter queue deduplicates by it.
     pub(crate) message_id: Option<String>,
+    /// The types of its attributes, for a dead-lettered or redriven copy.
+    pub(crate) types: AttributeTypes,
     pub(crate) received_at: Instant,
     pub(crate) visible_at: Instant,
     state: State,
     /// A renewal's call that covers it is under way: its settlement's call waits for it.
     renewing: bool,
+    /// SQS refused its receipt handle (the message was handed out again, or is gone):
+    /// renewing it again would fail again.
+    receipt_stale: bool,
 }
 
 impl Entry {
@@ -65,7 +74,7 @@ impl Entry {
     /// keeper takes its settlement (which may wait behind a slow call), so that it does
     /// not show again before its settlement's call.
     fn renewable(&self) -> bool {
-        matches!(self.state, State::Held | State::Settled(_))
+        matches!(self.state, State::Held | State::Settled(_)) && !self.receipt_stale
     }
 }
 
@@ -104,16 +113,19 @@ impl InFlight {
         &self,
         receipt: String,
         message_id: Option<String>,
+        types: AttributeTypes,
         visibility: Duration,
     ) -> u64 {
         let now = Instant::now();
         self.lock().insert(Entry {
             receipt,
             message_id,
+            types,
             received_at: now,
             visible_at: now + visibility,
             state: State::Held,
             renewing: false,
+            receipt_stale: false,
         })
     }
 
@@ -158,6 +170,11 @@ impl InFlight {
                 }
             })
             .collect()
+    }
+
+    /// The attribute types of the message `tag`, while it is not finished with.
+    pub(crate) fn types(&self, tag: u64) -> Option<AttributeTypes> {
+        self.lock().get(tag).map(|entry| entry.types.clone())
     }
 
     /// Forgets messages whose settlement was carried out (or given up on).
@@ -235,8 +252,8 @@ impl InFlight {
     /// Messages the keeper keeps hidden (held, or settled and not yet taken) that become
     /// visible within `margin`, with the timeout to renew each to: `visibility`, cut so
     /// that no message stays hidden past `cap` from its receipt, in whole seconds (rounded
-    /// down). One already hidden up to
-    /// the cap is left out: renewing it again changes nothing.
+    /// down). One already hidden up to the cap (within the second a renewal rounds off)
+    /// is left out: renewing it again changes nothing.
     pub(crate) fn due(
         &self,
         margin: Duration,
@@ -250,7 +267,8 @@ impl InFlight {
             .filter(|(_, entry)| entry.visible_at <= now + margin)
             .filter_map(|(tag, entry)| {
                 let hidden_for = entry.visible_at.checked_duration_since(entry.received_at);
-                if hidden_for.is_some_and(|hidden_for| hidden_for >= cap) {
+                let capped = cap.saturating_sub(Duration::from_secs(1));
+                if hidden_for.is_some_and(|hidden_for| hidden_for > capped) {
                     return None;
                 }
                 let left = cap.checked_sub(now - entry.received_at)?;
@@ -260,6 +278,13 @@ impl InFlight {
                 (renew >= Duration::from_secs(1)).then(|| (tag, entry.receipt.clone(), renew))
             })
             .collect()
+    }
+
+    /// SQS refused `tag`'s receipt handle for a renewal: it is not renewed again.
+    pub(crate) fn receipt_stale(&self, tag: u64) {
+        if let Some(entry) = self.lock().get_mut(tag) {
+            entry.receipt_stale = true;
+        }
     }
 
     /// Notes that `tag` is now hidden until `until` (if the keeper still keeps it hidden).
@@ -279,6 +304,16 @@ mod tests {
     const HOUR: Duration = Duration::from_secs(3600);
 
     /// What is due with a 30 s visibility, renewed within 15 s of showing, up to 12 h.
+    /// A message received now with the receipt `receipt`, hidden for 30 s.
+    fn receive(in_flight: &InFlight, receipt: &str) -> u64 {
+        in_flight.insert(
+            receipt.into(),
+            None,
+            AttributeTypes::new(),
+            Duration::from_secs(30),
+        )
+    }
+
     fn due_now(in_flight: &InFlight) -> Vec<(u64, String, Duration)> {
         in_flight.due(Duration::from_secs(15), Duration::from_secs(30), 12 * HOUR)
     }
@@ -286,7 +321,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn only_messages_close_to_visible_are_renewed() {
         let in_flight = InFlight::default();
-        let tag = in_flight.insert("r".into(), None, Duration::from_secs(30));
+        let tag = receive(&in_flight, "r");
         assert!(due_now(&in_flight).is_empty());
         tokio::time::advance(Duration::from_secs(16)).await;
         let due = due_now(&in_flight);
@@ -296,7 +331,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn renewals_never_reach_past_twelve_hours_from_receipt() {
         let in_flight = InFlight::default();
-        let tag = in_flight.insert("r".into(), None, Duration::from_secs(30));
+        let tag = receive(&in_flight, "r");
         tokio::time::advance(12 * HOUR - Duration::from_secs(10)).await;
         let due = due_now(&in_flight);
         assert_eq!(due, vec![(tag, "r".to_string(), Duration::from_secs(10))]);
@@ -307,28 +342,38 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_renewal_cut_at_twelve_hours_is_whole_seconds() {
         let in_flight = InFlight::default();
-        let tag = in_flight.insert("r".into(), None, Duration::from_secs(30));
+        let tag = receive(&in_flight, "r");
         tokio::time::advance(12 * HOUR - Duration::from_millis(10_500)).await;
         let due = due_now(&in_flight);
         assert_eq!(due, vec![(tag, "r".to_string(), Duration::from_secs(10))]);
     }
 
+    /// A message renewed up to the cap is not renewed again: renewed at a whole second
+    /// from its receipt, or at an odd instant, as on a real clock, which leaves it hidden
+    /// to a fraction of a second short of the cap (a renewal is whole seconds, rounded
+    /// down).
     #[tokio::test(start_paused = true)]
     async fn a_message_hidden_up_to_twelve_hours_is_not_renewed_again() {
-        let in_flight = InFlight::default();
-        let tag = in_flight.insert("r".into(), None, Duration::from_secs(30));
-        tokio::time::advance(12 * HOUR - Duration::from_secs(10)).await;
-        let due = due_now(&in_flight);
-        assert_eq!(due, vec![(tag, "r".to_string(), Duration::from_secs(10))]);
-        in_flight.renewed(tag, Instant::now() + Duration::from_secs(10));
-        tokio::time::advance(Duration::from_secs(5)).await;
-        assert!(due_now(&in_flight).is_empty());
+        for left in [Duration::from_secs(10), Duration::from_millis(10_500)] {
+            let in_flight = InFlight::default();
+            let tag = receive(&in_flight, "r");
+            tokio::time::advance(12 * HOUR - left).await;
+            let due = due_now(&in_flight);
+            assert_eq!(due, vec![(tag, "r".to_string(), Duration::from_secs(10))]);
+            in_flight.renewed(tag, Instant::now() + Duration::from_secs(10));
+            tokio::time::advance(Duration::from_secs(5)).await;
+            assert!(
+                due_now(&in_flight).is_empty(),
+                "{left:?}: {:?}",
+                due_now(&in_flight)
+            );
+        }
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_settled_message_is_renewed_until_the_keeper_takes_its_settlement() {
         let in_flight = InFlight::default();
-        let tag = in_flight.insert("r".into(), None, Duration::from_secs(30));
+        let tag = receive(&in_flight, "r");
         assert!(in_flight.settle(tag, |_| Op::Hide {
             delay: Duration::ZERO,
         }));
@@ -344,8 +389,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_settlement_waits_for_a_renewal_that_covers_its_message_and_no_other() {
         let in_flight = InFlight::default();
-        let renewing = in_flight.insert("r".into(), None, Duration::from_secs(30));
-        let other = in_flight.insert("o".into(), None, Duration::from_secs(30));
+        let renewing = receive(&in_flight, "r");
+        let other = receive(&in_flight, "o");
         let due = [(renewing, "r".to_string(), Duration::from_secs(30))];
         assert_eq!(in_flight.claim_for_renewal(&due).len(), 1);
 
@@ -369,7 +414,12 @@ mod tests {
     #[test]
     fn a_settled_message_counts_until_its_call_is_made() {
         let in_flight = InFlight::default();
-        let tag = in_flight.insert("r".into(), Some("m".into()), Duration::from_secs(30));
+        let tag = in_flight.insert(
+            "r".into(),
+            Some("m".into()),
+            AttributeTypes::new(),
+            Duration::from_secs(30),
+        );
         assert!(in_flight.settle(tag, |_| Op::Delete));
         assert!(
             !in_flight.settle(tag, |_| Op::Hide {

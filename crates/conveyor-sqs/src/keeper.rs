@@ -19,7 +19,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use crate::attributes::{self, Outgoing};
 use crate::calls::{Calls, Failed, send_built, send_entry};
 use conveyor::Report;
-use conveyor::support::SettleQueue;
+use conveyor::support::{RetryPause, SettleQueue};
 
 use crate::error::SqsError;
 use crate::inflight::{InFlight, Op, Rejected};
@@ -27,7 +27,7 @@ use crate::publisher::{chunk_lengths, unique_id};
 use crate::queue::{DeadLetter, QueueInfo};
 use crate::settle::{
     BATCH_LIMIT, BatchCall, ChangeVisibility, Delete, Hide, MAX_VISIBILITY, RECEIPT_SLACK,
-    settle_all, whole_seconds_down, with_retries,
+    settle_all, stale_receipt, whole_seconds_down, with_retries,
 };
 
 /// The longest reject reason a dead letter carries; a longer one is cut (at a character
@@ -45,6 +45,10 @@ pub(crate) struct Keeper<C> {
     pub(crate) flush_interval: Duration,
     /// Set by `close` once the pump has ended: finish what is settled, then stop.
     pub(crate) closing: watch::Receiver<bool>,
+    /// Set when the subscription stops receiving: from then on a settlement's call is
+    /// made at once, so that what the pump read ahead and releases is visible again
+    /// without waiting for the flush interval.
+    pub(crate) draining: watch::Receiver<bool>,
     /// Closed when the last settler is gone: nothing more will be settled.
     pub(crate) alive: watch::Receiver<()>,
     /// The dead-letter queue, once resolved.
@@ -103,6 +107,11 @@ async fn batch_ready<T>(
         .await;
 }
 
+/// Resolves once the subscription stops receiving (or is gone).
+async fn drain_requested(draining: &mut watch::Receiver<bool>) {
+    let _ = draining.wait_for(|stop| *stop).await;
+}
+
 impl<C: Calls> Keeper<C> {
     /// Runs until the subscription is closed (or every settler is gone) and every message
     /// is finished with, renewing and settling side by side.
@@ -117,25 +126,41 @@ impl<C: Calls> Keeper<C> {
     /// Every third of the visibility timeout, renews the messages it keeps hidden that
     /// would become visible within half of it, ten per `ChangeMessageVisibilityBatch`, never past 12
     /// hours from receipt. Never ends.
+    ///
+    /// A renewal that failed is tried again soon, after a pause doubling from 100 ms, not
+    /// at the next tick: a message due now shows in a sixth to a half of the visibility
+    /// timeout, so a tick later it may already have been handed out again. Once the
+    /// pauses would add up to half a tick, the ticks take over (a failure that lasts, a
+    /// permission missing say, costs a few calls a tick, not one every 100 ms).
     async fn renew_every_tick(&self) {
         let tick = (self.visibility / 3).max(Duration::from_millis(200));
         let mut renewals = tokio::time::interval_at(Instant::now() + tick, tick);
         renewals.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
             renewals.tick().await;
-            self.renew().await;
+            let (mut pause, mut paused) = (RetryPause::new(), Duration::ZERO);
+            while !self.renew(pause.failures() > 0).await {
+                let wait = pause.failed();
+                paused = paused.saturating_add(wait);
+                if paused >= tick / 2 {
+                    break;
+                }
+                tokio::time::sleep(wait).await;
+            }
         }
     }
 
     /// Carries out the settlements as they come, until `close` asks the keeper to finish
     /// (or every settler is gone) and every message is finished with. A settlement waits
-    /// up to the flush interval for nine more to share its batch call (not when closing).
+    /// up to the flush interval for nine more to share its batch call (not once the
+    /// subscription drains or closes).
     async fn settle_until_closed(
         &self,
         closing_asked: &mut watch::Receiver<bool>,
         alive: &mut watch::Receiver<()>,
     ) {
-        let mut closing = false;
+        let mut draining_asked = self.draining.clone();
+        let (mut closing, mut draining) = (false, false);
         // When the settlements waiting now were first seen: the flush interval counts from
         // there, not from each turn of the loop.
         let mut first_waiting = None;
@@ -143,7 +168,7 @@ impl<C: Calls> Keeper<C> {
             if closing && self.in_flight.is_empty() {
                 return;
             }
-            let (enough, linger) = if closing {
+            let (enough, linger) = if closing || draining {
                 (1, Duration::ZERO)
             } else {
                 (BATCH_LIMIT, self.flush_interval)
@@ -157,6 +182,11 @@ impl<C: Calls> Keeper<C> {
                     closing = true;
                     first_waiting = None;
                     self.flush().await;
+                }
+                // A dropped sender is a subscriber gone: draining too.
+                () = drain_requested(&mut draining_asked), if !draining => {
+                    draining = true;
+                    first_waiting = None;
                 }
             }
         }
@@ -199,26 +229,30 @@ impl<C: Calls> Keeper<C> {
 
     /// Renews the messages close to becoming visible: held, or settled with their call not
     /// taken yet. One whose settlement the keeper has taken is left out: its call sets its
-    /// visibility.
-    async fn renew(&self) {
+    /// visibility. Whether every renewal due was made (or failed for good). A `retry`
+    /// logs its failures at DEBUG: the first try of the tick warned already.
+    async fn renew(&self, retry: bool) -> bool {
         let due = self.in_flight.due(
             self.visibility / 2,
             self.visibility,
             MAX_VISIBILITY.saturating_sub(RECEIPT_SLACK),
         );
+        let mut renewed_all = true;
         for chunk in due.chunks(BATCH_LIMIT) {
             let held = self.in_flight.claim_for_renewal(chunk);
             if held.is_empty() {
                 continue;
             }
-            self.renew_held(&held).await;
+            renewed_all &= self.renew_held(&held, retry).await;
             self.in_flight
                 .renewal_over(held.iter().map(|(tag, _, _)| *tag));
         }
+        renewed_all
     }
 
-    /// One `ChangeMessageVisibilityBatch` for `held`, claimed for it.
-    async fn renew_held(&self, held: &[&(u64, String, Duration)]) {
+    /// One `ChangeMessageVisibilityBatch` for `held`, claimed for it. Whether every
+    /// renewal was made, or failed for good (a receipt SQS no longer takes).
+    async fn renew_held(&self, held: &[&(u64, String, Duration)], retry: bool) -> bool {
         // Each renewal as the whole seconds SQS applies, sent and recorded alike.
         let renewals: Vec<(i32, Duration)> = held
             .iter()
@@ -232,20 +266,40 @@ impl<C: Calls> Keeper<C> {
         // SQS hides each from when it takes the call, no sooner than now.
         let sent = Instant::now();
         let failed = match self.calls.change_visibility(&self.queue, &entries).await {
-            Ok(failed) => failed,
+            Ok(failed) => {
+                self.queue.calls.succeeded();
+                failed
+            }
             Err(error) => {
-                tracing::warn!(queue = self.queue.name, error = %Report(&error), "cannot renew visibility; trying again next tick");
-                return;
+                self.queue.calls.failed();
+                let (queue, error) = (&self.queue.name, Report(&error));
+                if retry {
+                    tracing::debug!(queue, %error, "cannot renew visibility; trying again");
+                } else {
+                    tracing::warn!(queue, %error, "cannot renew visibility; trying again");
+                }
+                return false;
             }
         };
+        let mut renewed_all = true;
         for (index, ((tag, _, _), (_, renew))) in held.iter().zip(&renewals).enumerate() {
             match failed.iter().find(|(i, _)| *i == index) {
-                Some((_, reason)) => {
+                Some((_, reason)) if stale_receipt(reason) => {
+                    self.in_flight.receipt_stale(*tag);
                     tracing::warn!(
                         queue = self.queue.name,
                         reason,
-                        "visibility not renewed: the message may be handed out again while its handler runs"
+                        "visibility not renewed: SQS no longer takes the message's receipt (it was handed out again while its handler runs, or is gone)"
                     );
+                }
+                Some((_, reason)) => {
+                    renewed_all = false;
+                    let queue = &self.queue.name;
+                    if retry {
+                        tracing::debug!(queue, reason, "visibility not renewed; trying again");
+                    } else {
+                        tracing::warn!(queue, reason, "visibility not renewed; trying again");
+                    }
                 }
                 None => {
                     self.in_flight.renewed(*tag, sent + *renew);
@@ -259,6 +313,7 @@ impl<C: Calls> Keeper<C> {
                 }
             }
         }
+        renewed_all
     }
 
     /// Sends rejected messages to the dead-letter queue (`SendMessageBatch`); those sent
@@ -424,6 +479,7 @@ fn dead_letter_message(
             group.as_deref(),
             &rejected.payload,
             &rejected.headers,
+            &rejected.types,
             reason,
         )
     };
@@ -485,6 +541,7 @@ mod tests {
     use tokio::sync::Semaphore;
 
     use super::*;
+    use crate::data_types::AttributeTypes;
     use crate::queue::DeadLetterTarget;
     use crate::settle::{ATTEMPTS, Settler};
 
@@ -511,6 +568,9 @@ mod tests {
         send_calls_fail: bool,
         /// Deletes never return.
         deletes_hang: bool,
+        /// What the next renewals answer (`None`: the call fails as a whole), then
+        /// success.
+        renewal_answers: Arc<Mutex<std::collections::VecDeque<Option<Failed>>>>,
     }
 
     impl Script {
@@ -528,6 +588,7 @@ mod tests {
                 fail_sends: false,
                 send_calls_fail: false,
                 deletes_hang: false,
+                renewal_answers: Arc::default(),
             }
         }
 
@@ -561,7 +622,11 @@ mod tests {
             entries: &[(String, i32)],
         ) -> Result<Vec<(usize, String)>, SqsError> {
             self.call(Call::Visibility(entries.to_vec())).await;
-            Ok(Vec::new())
+            match self.renewal_answers.lock().unwrap().pop_front() {
+                Some(Some(failed)) => Ok(failed),
+                Some(None) => Err(SqsError::Config("no answer".into())),
+                None => Ok(Vec::new()),
+            }
         }
 
         async fn delete(
@@ -626,6 +691,7 @@ mod tests {
         in_flight: Arc<InFlight>,
         settler: Arc<Settler>,
         closing: watch::Sender<bool>,
+        draining: watch::Sender<bool>,
         keeper: tokio::task::JoinHandle<()>,
     }
 
@@ -643,6 +709,7 @@ mod tests {
         let in_flight = Arc::new(InFlight::default());
         let (alive, alive_rx) = watch::channel(());
         let (closing, closing_rx) = watch::channel(false);
+        let (draining, draining_rx) = watch::channel(false);
         let keeper = tokio::spawn(
             Keeper {
                 calls: script.clone(),
@@ -651,6 +718,7 @@ mod tests {
                 visibility: VISIBILITY,
                 flush_interval,
                 closing: closing_rx,
+                draining: draining_rx,
                 alive: alive_rx,
                 dead_letter_queue: OnceCell::new(),
             }
@@ -660,14 +728,19 @@ mod tests {
             settler: Arc::new(Settler::new(in_flight.clone(), alive)),
             in_flight,
             closing,
+            draining,
             keeper,
         }
     }
 
     impl Running {
         fn receive(&self, receipt: &str) -> u64 {
-            self.in_flight
-                .insert(receipt.into(), Some(format!("id-{receipt}")), VISIBILITY)
+            self.in_flight.insert(
+                receipt.into(),
+                Some(format!("id-{receipt}")),
+                AttributeTypes::new(),
+                VISIBILITY,
+            )
         }
 
         fn settle(&self, tag: u64, settlement: Settlement<'_>) {
@@ -684,6 +757,118 @@ mod tests {
     /// Waits (on tokio's paused clock) until the scripted calls have started `n` times.
     async fn started(script: &Script, n: u32) {
         script.started.acquire_many(n).await.unwrap().forget();
+    }
+
+    /// Once the subscription stops receiving, a release's call is made at once, not
+    /// after the flush interval: what the pump read ahead is visible again to other
+    /// consumers while the handlers still running finish.
+    #[tokio::test(start_paused = true)]
+    async fn once_draining_a_release_is_made_at_once_not_after_the_flush_interval() {
+        let script = Script::new(true);
+        let began = Instant::now();
+        let running =
+            start_flushing_after(&script, QueueInfo::for_tests("q"), Duration::from_secs(5));
+        let (read_ahead, running_one) = (running.receive("a"), running.receive("b"));
+        running.draining.send_replace(true);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        running.settle(read_ahead, Settlement::Release);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(
+            script.timed_calls(),
+            [(
+                began + Duration::from_millis(100),
+                Call::Visibility(vec![("a".into(), 0)])
+            )]
+        );
+        running.settle(running_one, Settlement::Ack);
+        running.close().await;
+    }
+
+    /// When the renewals of `script` were made, counted from `start`.
+    fn renewals_at(script: &Script, start: Instant) -> Vec<Duration> {
+        script
+            .timed_calls()
+            .into_iter()
+            .filter(|(_, call)| matches!(call, Call::Visibility(_)))
+            .map(|(at, _)| at - start)
+            .collect()
+    }
+
+    /// A renewal that fails is tried again after 100 ms, then 200 ms, not a tick (10 s)
+    /// later: the message, due with 10 s left, would have been handed out again by then.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_renewal_is_tried_again_long_before_the_message_shows() {
+        let script = Script::new(true);
+        script
+            .renewal_answers
+            .lock()
+            .unwrap()
+            .extend([None, Some(vec![(0, "InternalError: busy".into())])]);
+        let began = Instant::now();
+        let running = start(&script, QueueInfo::for_tests("q"));
+        let tag = running.receive("a");
+        tokio::time::sleep(Duration::from_secs(25)).await;
+        running.settle(tag, Settlement::Ack);
+        running.close().await;
+        assert_eq!(
+            renewals_at(&script, began),
+            [
+                Duration::from_secs(20),
+                Duration::from_millis(20_100),
+                Duration::from_millis(20_300)
+            ]
+        );
+    }
+
+    /// A renewal that keeps failing (a permission missing, say) is tried a few times a
+    /// tick, the pauses adding up to half of one, not every 100 ms to no end.
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_that_keeps_failing_is_tried_a_few_times_a_tick() {
+        let (logs, _logging) = Logs::capture();
+        let script = Script::new(true);
+        script
+            .renewal_answers
+            .lock()
+            .unwrap()
+            .extend((0..20).map(|_| None));
+        let began = Instant::now();
+        let running = start(&script, QueueInfo::for_tests("q"));
+        let tag = running.receive("a");
+        tokio::time::sleep(Duration::from_secs(29)).await;
+        running.settle(tag, Settlement::Ack);
+        running.close().await;
+        // Ticks at 20 s: the call and pauses of 0.1, 0.2, 0.4, 0.8, 1.6 s (3.1 s in all;
+        // 3.2 more would pass half of the 10 s tick).
+        let at_20: Vec<u64> = [0, 100, 300, 700, 1_500, 3_100]
+            .iter()
+            .map(|ms| 20_000 + ms)
+            .collect();
+        let renewals: Vec<u64> = renewals_at(&script, began)
+            .iter()
+            .map(|at| u64::try_from(at.as_millis()).unwrap())
+            .collect();
+        assert_eq!(renewals, at_20);
+        // One warning for the tick; its retries log at DEBUG.
+        let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.matches("cannot renew visibility").count(), 1, "{text}");
+    }
+
+    /// A receipt SQS no longer takes for a renewal is not renewed again (it would fail
+    /// again, at every tick until the handler ends).
+    #[tokio::test(start_paused = true)]
+    async fn a_message_whose_receipt_sqs_no_longer_takes_is_not_renewed_again() {
+        let script = Script::new(true);
+        script.renewal_answers.lock().unwrap().push_back(Some(vec![(
+            0,
+            "ReceiptHandleIsInvalid: The input receipt handle is invalid.".into(),
+        )]));
+        let began = Instant::now();
+        let running = start(&script, QueueInfo::for_tests("q"));
+        let tag = running.receive("a");
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        running.settle(tag, Settlement::Ack);
+        running.close().await;
+        assert_eq!(renewals_at(&script, began), [Duration::from_secs(20)]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -790,6 +975,22 @@ mod tests {
     #[derive(Clone, Default)]
     struct Logs(Arc<Mutex<Vec<u8>>>);
 
+    impl Logs {
+        /// Captures what this thread logs at INFO and up until the guard is dropped; a
+        /// paused-clock test's runtime has one thread, so the keeper's task logs here.
+        fn capture() -> (Logs, tracing::subscriber::DefaultGuard) {
+            let logs = Logs::default();
+            let writer = logs.clone();
+            let guard = tracing::subscriber::set_default(
+                tracing_subscriber::fmt()
+                    .with_ansi(false)
+                    .with_writer(move || writer.clone())
+                    .finish(),
+            );
+            (logs, guard)
+        }
+    }
+
     impl std::io::Write for Logs {
         fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
             self.0.lock().unwrap().extend_from_slice(bytes);
@@ -804,15 +1005,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_message_held_for_twelve_hours_is_renewed_up_to_the_limit_once_and_a_warning_says_so()
     {
-        let logs = Logs::default();
-        let writer = logs.clone();
-        // This runtime has one thread, so the keeper's task logs through this subscriber.
-        let _logging = tracing::subscriber::set_default(
-            tracing_subscriber::fmt()
-                .with_ansi(false)
-                .with_writer(move || writer.clone())
-                .finish(),
-        );
+        let (logs, _logging) = Logs::capture();
         let script = Script::new(true);
         let running = start(&script, QueueInfo::for_tests("q"));
         let received = Instant::now();

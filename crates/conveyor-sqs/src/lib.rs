@@ -48,8 +48,10 @@
 //! - **One keeper per subscription**, the visibility extender, keeps every received,
 //!   unsettled message hidden, running or waiting to be handed over (renewing ten per
 //!   `ChangeMessageVisibilityBatch`, never past SQS's 12 hours from receipt: a message
-//!   whose handler still runs then is handed out again, and a warning says so), and makes
-//!   the settlement calls. Renewals go out beside settlements, and a settled message stays
+//!   whose handler still runs then is handed out again, and a warning says so; a renewal
+//!   that failed is tried again after 100 ms, doubling, for up to half a tick, rather
+//!   than a tick later), and
+//!   makes the settlement calls. Renewals go out beside settlements, and a settled message stays
 //!   renewed until the keeper takes it for its call (ten at a time), so a settlement call
 //!   that hangs exposes only its own messages. A settlement waits for a renewal under way
 //!   that covers its message, so the visibility a settlement sets always has the last
@@ -65,7 +67,8 @@
 //!   short of 12 hours from receipt when its call is made (SQS counts from its own receipt
 //!   and refuses more) (both `ChangeMessageVisibilityBatch`). Reject ends the message's life at once: it is
 //!   sent (`SendMessageBatch`) to the dead-letter queue the queue's redrive policy names,
-//!   with its payload and headers and the reason in the
+//!   with its payload and headers (each attribute of the type it came with) and the
+//!   reason in the
 //!   [`REJECT_REASON_HEADER`](conveyor::REJECT_REASON_HEADER) attribute (a FIFO
 //!   dead-letter queue gets the message's group, deduplicated by its SQS message id), and
 //!   deleted once that send succeeded; the handler never runs again for it. Without a
@@ -84,8 +87,8 @@
 //!   SQS, which counts every receive.
 //! - **Shutdown**: when the app starts draining, the pump makes no new receive, a receive
 //!   under way completes and its messages are released (visibility 0) as it returns, and
-//!   every message waiting in the hand-over is released at once, while the handlers
-//!   already running go on. Closing the subscription waits for that receive (bounded by
+//!   every message waiting in the hand-over is released at once (its call made without
+//!   waiting for the flush interval), while the handlers already running go on. Closing the subscription waits for that receive (bounded by
 //!   the long poll plus the request timeout), then for every settlement's call.
 //! - **Errors that cannot heal** end the subscription: a receive that fails because the
 //!   queue does not exist, access is denied, the credentials are refused, or SQS refuses
@@ -104,6 +107,7 @@ mod attributes;
 mod broker;
 mod call_metrics;
 mod calls;
+mod data_types;
 mod error;
 mod inflight;
 mod keeper;
@@ -121,6 +125,7 @@ mod testing;
 
 pub use attributes::{BODY_ENCODING_ATTRIBUTE, PARTITION_KEY_HEADER};
 pub use broker::{SqsBroker, SqsBrokerBuilder};
+pub use data_types::{AttributeTypes, attribute_types};
 pub use error::SqsError;
 #[cfg(feature = "sns")]
 pub use sns::{SnsPublisher, TopicSubscription};

@@ -9,6 +9,7 @@ use tracing::Instrument;
 use crate::attributes::{self, Outgoing};
 use crate::broker::SqsBroker;
 use crate::calls::{Calls, Failed, send_built, send_entry};
+use crate::data_types::AttributeTypes;
 use crate::error::{SqsError, redacted, shown};
 use crate::queue::QueueInfo;
 use crate::settle::{BATCH_LIMIT, BatchCall, whole_seconds_up, with_retries};
@@ -25,11 +26,20 @@ struct Prepared {
 }
 
 fn prepare(queue: &QueueInfo, parts: MessageParts) -> Result<Prepared, SqsError> {
+    prepare_typed(queue, parts, &AttributeTypes::new())
+}
+
+/// [`prepare`], the headers `types` names going as the types it gives.
+fn prepare_typed(
+    queue: &QueueInfo,
+    parts: MessageParts,
+    types: &AttributeTypes,
+) -> Result<Prepared, SqsError> {
     let invalid = |reason: String| SqsError::InvalidMessage {
         queue: queue.name.clone(),
         reason,
     };
-    let outgoing = attributes::encode(&queue.name, queue.fifo, &parts)?;
+    let outgoing = attributes::encode(&queue.name, queue.fifo, &parts, types)?;
     if outgoing.size > queue.max_message_size {
         return Err(invalid(format!(
             "the message is {} bytes with its attributes; the queue takes at most {}",
@@ -90,14 +100,9 @@ impl Publisher for SqsBroker {
     /// empty (and, on a FIFO queue, a `MessageGroupId` header must be the partition key),
     /// and the whole must fit the queue's size limit. A message that fails the check is
     /// [`Error::Refused`], any other failure [`Error::Publish`], saying why.
-    async fn publish(&self, destination: &str, mut message: Message) -> Result<(), Error> {
-        // A queue URL's password stays out of the span and the metrics.
-        let label = redacted(destination);
-        let span = conveyor::trace::publish_span("aws_sqs", &label);
-        conveyor::trace::inject_context(&span, message.headers_mut());
-        let sent = self.send_one(destination, message).instrument(span).await;
-        record_sent(&label, 1, &sent);
-        sent
+    async fn publish(&self, destination: &str, message: Message) -> Result<(), Error> {
+        self.publish_typed(destination, message, &AttributeTypes::new())
+            .await
     }
 
     /// Sends with `SendMessageBatch`, ten messages or the queue's size limit per call,
@@ -162,14 +167,54 @@ fn record_sent(destination: &str, count: u64, sent: &Result<(), Error>) {
 }
 
 impl SqsBroker {
-    /// [`Publisher::publish`], in its span.
-    async fn send_one(&self, destination: &str, message: Message) -> Result<(), Error> {
+    /// [`Publisher::publish`] with SQS data types for some of the message's headers:
+    /// `Number` for one a subscription filter compares as a number, say, or the types a
+    /// received message came with ([`attribute_types`](crate::attribute_types)). A header
+    /// `types` does not name goes as [`publish`](Publisher::publish) sends it. A type SQS
+    /// would refuse, or a value its type cannot carry (text for a `String` or `Number`
+    /// type, a number for a `Number` one), is [`Error::Refused`] before any call.
+    ///
+    /// ```no_run
+    /// # async fn f(broker: conveyor_sqs::SqsBroker) -> Result<(), conveyor::Error> {
+    /// use conveyor::Message;
+    /// use conveyor_sqs::AttributeTypes;
+    ///
+    /// let message = Message::builder().header("price", "12.50").json(&"order")?;
+    /// let types = AttributeTypes::new().with("price", "Number");
+    /// broker.publish_typed("orders", message, &types).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn publish_typed(
+        &self,
+        destination: &str,
+        mut message: Message,
+        types: &AttributeTypes,
+    ) -> Result<(), Error> {
+        // A queue URL's password stays out of the span and the metrics.
+        let label = redacted(destination);
+        let span = conveyor::trace::publish_span("aws_sqs", &label);
+        conveyor::trace::inject_context(&span, message.headers_mut());
+        let sent = self
+            .send_one(destination, message, types)
+            .instrument(span)
+            .await;
+        record_sent(&label, 1, &sent);
+        sent
+    }
+
+    /// [`SqsBroker::publish_typed`], in its span.
+    async fn send_one(
+        &self,
+        destination: &str,
+        message: Message,
+        types: &AttributeTypes,
+    ) -> Result<(), Error> {
         let queue = self
             .resolve(destination)
             .await
             .map_err(|e| publish_error(destination, e))?;
-        let prepared =
-            prepare(&queue, message.into_parts()).map_err(|e| publish_error(destination, e))?;
+        let prepared = prepare_typed(&queue, message.into_parts(), types)
+            .map_err(|e| publish_error(destination, e))?;
         self.client()
             .send_message()
             .queue_url(&queue.url)

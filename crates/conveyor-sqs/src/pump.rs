@@ -243,7 +243,12 @@ impl Pump {
         let name: Arc<str> = self.queue.name.as_str().into();
         let mut deliveries = Vec::with_capacity(messages.len());
         for message in messages {
-            let (payload, headers, key) = attributes::decode(&message);
+            let attributes::Decoded {
+                payload,
+                headers,
+                key,
+                types,
+            } = attributes::decode(&message);
             let receive_count = message
                 .attributes()
                 .and_then(|a| a.get(&MessageSystemAttributeName::ApproximateReceiveCount))
@@ -254,7 +259,7 @@ impl Pump {
             };
             let tag = self
                 .in_flight
-                .insert(receipt, message.message_id, visibility);
+                .insert(receipt, message.message_id, types, visibility);
             deliveries.push(
                 Delivery::new(payload, name.clone(), self.settler.clone(), tag)
                     .with_headers(headers)

@@ -27,8 +27,8 @@ pub(crate) struct QueueInfo {
     pub(crate) calls: CallHealth,
 }
 
-/// Whether calls to a queue are failing now (and being retried): set by the last receive
-/// or settlement call. The mounts on the queue show as reconnecting while it is.
+/// Whether calls to a queue are failing now (and being retried): set by the last receive,
+/// renewal or settlement call. The mounts on the queue show as reconnecting while it is.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct CallHealth(Arc<AtomicBool>);
 

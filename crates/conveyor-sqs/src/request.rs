@@ -156,8 +156,8 @@ async fn read(client: Client, settings: Settings, queue: Arc<QueueInfo>, replies
         missing = 0;
         let mut receipts = Vec::with_capacity(messages.len());
         for message in &messages {
-            let (payload, headers, _) = attributes::decode(message);
-            let reply = Message::received(payload, headers);
+            let decoded = attributes::decode(message);
+            let reply = Message::received(decoded.payload, decoded.headers);
             let correlation_id = reply.correlation_id().unwrap_or_default().to_string();
             replies.deliver(&correlation_id, reply);
             receipts.extend(message.receipt_handle.clone());

@@ -92,7 +92,7 @@ impl Settle for Settler {
             partition_key,
             ..
         } = settled;
-        let known = self.in_flight.settle(tag, |_| match settlement {
+        let known = self.in_flight.settle(tag, |entry| match settlement {
             Settlement::Ack => Op::Delete,
             // Capped at 12 h from receipt when its call is made (see `Hide`).
             Settlement::RetryAfter(delay) => Op::Hide { delay },
@@ -101,6 +101,7 @@ impl Settle for Settler {
                 attempt,
                 payload,
                 headers,
+                types: entry.types.clone(),
                 partition_key,
             })),
             // Retry, Release, and whatever a later core adds: visible again now.
@@ -111,6 +112,11 @@ impl Settle for Settler {
         if !known {
             tracing::debug!(tag, "settled a message this subscription no longer holds");
         }
+    }
+
+    /// The types its attributes came with ([`crate::attribute_types`]).
+    fn record(&self, tag: u64) -> Option<Box<dyn std::any::Any + Send>> {
+        Some(Box::new(self.in_flight.types(tag)?))
     }
 }
 
@@ -290,6 +296,7 @@ pub(crate) async fn with_retries<T: Send, B: BatchCall<T>>(
                 (Some(reason), Some(why)) => {
                     held_back.push((entry, format!("{why} (it failed: {reason})")));
                 }
+                (Some(reason), None) if stale_receipt(&reason) => held_back.push((entry, reason)),
                 (Some(reason), None) => failed.push((entry, reason)),
                 (None, _) => done(entry),
             }
@@ -315,6 +322,14 @@ pub(crate) async fn with_retries<T: Send, B: BatchCall<T>>(
     }
 }
 
+/// Whether an entry failed because SQS no longer takes its receipt handle: the message
+/// was handed out again (its visibility timeout lapsed) or is gone. Trying the same
+/// receipt again fails again.
+pub(crate) fn stale_receipt(reason: &str) -> bool {
+    let code = reason.split(':').next().unwrap_or_default();
+    code.ends_with("ReceiptHandleIsInvalid") || code.ends_with("MessageNotInflight")
+}
+
 /// The failed entries of a batch call, by the index used as their id.
 pub(crate) fn failures(failed: &[BatchResultErrorEntry]) -> Vec<(usize, String)> {
     failed
@@ -332,6 +347,8 @@ mod tests {
     //! scripted results.
     use std::collections::VecDeque;
     use std::sync::Mutex;
+
+    use crate::data_types::AttributeTypes;
 
     use super::*;
 
@@ -428,6 +445,32 @@ mod tests {
         );
     }
 
+    /// A receipt SQS no longer takes (the message was handed out again, or is gone)
+    /// fails the same way every time: it is not tried again, and holds up nothing.
+    #[tokio::test(start_paused = true)]
+    async fn an_entry_whose_receipt_sqs_no_longer_takes_is_not_tried_again() {
+        let call = Scripted::new([Ok(vec![
+            (
+                0,
+                "ReceiptHandleIsInvalid: The input receipt handle is invalid.".into(),
+            ),
+            (
+                1,
+                "AWS.SimpleQueueService.MessageNotInflight: not in flight".into(),
+            ),
+            (2, "InternalError: busy".into()),
+        ])]);
+        let mut done = Vec::new();
+        let failures = with_retries(&call, receipts(&["a", "b", "c"]), |e| done.push(e)).await;
+        assert_eq!(
+            call.batches(),
+            vec![receipts(&["a", "b", "c"]), receipts(&["c"])]
+        );
+        assert_eq!(done, receipts(&["c"]));
+        let given_up: Vec<String> = failures.all().into_iter().map(|(e, _)| e).collect();
+        assert_eq!(given_up, receipts(&["a", "b"]));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_clean_call_leaves_nothing_to_retry() {
         let call = Scripted::new([]);
@@ -452,7 +495,12 @@ mod tests {
         let in_flight = Arc::new(InFlight::default());
         let (alive, _) = watch::channel(());
         let settler = Settler::new(in_flight.clone(), alive);
-        let tag = in_flight.insert("r".into(), None, Duration::from_secs(30));
+        let tag = in_flight.insert(
+            "r".into(),
+            None,
+            AttributeTypes::new(),
+            Duration::from_secs(30),
+        );
         settler.settle(Settled::new(tag, settlement));
         settler.settle(Settled::new(tag, Settlement::Ack)); // a second settle of the same tag is ignored
         let mut taken = in_flight.take_settled(usize::MAX);

@@ -42,6 +42,7 @@ use tracing::Instrument;
 
 use crate::attributes;
 use crate::broker::{SqsBroker, transport};
+use crate::data_types::AttributeTypes;
 use crate::error::SqsError;
 use crate::publisher::unique_id;
 
@@ -142,11 +143,16 @@ impl SnsPublisher {
         Ok(arn)
     }
 
-    async fn send(&self, topic: &str, message: Message) -> Result<(), SqsError> {
+    async fn send(
+        &self,
+        topic: &str,
+        message: Message,
+        types: &AttributeTypes,
+    ) -> Result<(), SqsError> {
         let arn = self.arn(topic).await?;
         let fifo = arn.ends_with(".fifo");
         let parts = message.into_parts();
-        let outgoing = attributes::encode(topic, fifo, &parts)?;
+        let outgoing = attributes::encode(topic, fifo, &parts, types)?;
         let (group, deduplication) = if fifo {
             let group = parts
                 .partition_key
@@ -199,10 +205,40 @@ fn sns_attribute(
 /// Publishes to the topic `destination` (a name or an ARN) with SNS's `Publish`; a batch
 /// is published one message after another, in order.
 impl Publisher for SnsPublisher {
-    async fn publish(&self, destination: &str, mut message: Message) -> Result<(), Error> {
+    async fn publish(&self, destination: &str, message: Message) -> Result<(), Error> {
+        self.publish_typed(destination, message, &AttributeTypes::new())
+            .await
+    }
+}
+
+impl SnsPublisher {
+    /// [`Publisher::publish`] with data types for some of the message's headers, as
+    /// [`SqsBroker::publish_typed`] sends them: `Number` for a header a subscription's
+    /// filter policy compares as a number, say (SNS matches numeric conditions only on
+    /// `Number` attributes). SNS takes `String`, `String.Array`, `Number` and `Binary`.
+    ///
+    /// ```no_run
+    /// # async fn f(sns: conveyor_sqs::SnsPublisher) -> Result<(), conveyor::Error> {
+    /// use conveyor::Message;
+    /// use conveyor_sqs::AttributeTypes;
+    ///
+    /// let message = Message::builder().header("amount", "120").json(&"order")?;
+    /// let types = AttributeTypes::new().with("amount", "Number");
+    /// sns.publish_typed("orders", message, &types).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn publish_typed(
+        &self,
+        destination: &str,
+        mut message: Message,
+        types: &AttributeTypes,
+    ) -> Result<(), Error> {
         let span = conveyor::trace::publish_span("aws_sns", destination);
         conveyor::trace::inject_context(&span, message.headers_mut());
-        let sent = self.send(destination, message).instrument(span).await;
+        let sent = self
+            .send(destination, message, types)
+            .instrument(span)
+            .await;
         let error = sent.as_ref().err().map(|error| match error {
             SqsError::InvalidMessage { .. } => "invalid",
             _ => "error",

@@ -183,6 +183,7 @@ impl Source for SqsQueue {
                 visibility: broker_settings.visibility_timeout,
                 flush_interval: broker_settings.flush_interval,
                 closing: closing_rx,
+                draining: stop_rx.clone(),
                 alive: alive_rx,
                 dead_letter_queue: tokio::sync::OnceCell::new_with(dead_letter_queue),
             }
@@ -206,7 +207,8 @@ impl Source for SqsQueue {
                 // What the dispatcher can hold, plus one receive: the pump receives while
                 // the dispatcher still runs the last receive's messages, and stops once
                 // settlements it has not sent yet pile up.
-                limit: settings.max_in_flight.max(1) + wanted,
+                // Saturating: the core allows any size (`batch(usize::MAX)`).
+                limit: settings.max_in_flight.max(1).saturating_add(wanted),
                 handover: handover.clone(),
                 in_flight,
                 settler,

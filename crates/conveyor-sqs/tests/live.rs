@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::proxy::Proxy;
-use common::{ENDPOINT, broker, broker_at, declare, delete, eventually, unique};
+use common::{ENDPOINT, broker, broker_at, declare, delete, eventually, queue_url, unique};
 use conveyor::{
     App, Backoff, Batch, Broker, Bytes, DeliveryInfo, Error, Headers, Json, Message, Outcome,
     PartitionKey, Publisher, QueueSpec, REJECT_REASON_HEADER, State,
@@ -41,6 +41,15 @@ async fn publish_numbers(
     broker.publish_batch(queue, messages).await.unwrap();
 }
 
+/// Waits for the first message in `seen` (within 20 s), then shuts `running` down.
+async fn shut_down_after_one<T>(running: conveyor::RunningApp, seen: &Seen<T>) {
+    eventually("the message", Duration::from_secs(20), || async {
+        count(seen) == 1
+    })
+    .await;
+    running.shutdown().await.unwrap();
+}
+
 async fn record_all(
     Json(n): Json<u64>,
     headers: Headers,
@@ -69,11 +78,7 @@ async fn a_message_round_trips_with_its_headers_as_attributes() {
         .start()
         .await
         .unwrap();
-    eventually("the message", Duration::from_secs(20), || async {
-        count(&seen) == 1
-    })
-    .await;
-    running.shutdown().await.unwrap();
+    shut_down_after_one(running, &seen).await;
 
     let (n, headers, info) = seen.lock().unwrap()[0].clone();
     assert_eq!(n, 7);
@@ -132,11 +137,7 @@ async fn an_empty_payload_is_stored_with_a_body_and_delivered_empty() {
         .start()
         .await
         .unwrap();
-    eventually("the message", Duration::from_secs(20), || async {
-        count(&seen) == 1
-    })
-    .await;
-    running.shutdown().await.unwrap();
+    shut_down_after_one(running, &seen).await;
     assert_eq!(seen.lock().unwrap()[0], Bytes::new());
     delete(&broker, &[&queue]).await;
 }
@@ -377,19 +378,6 @@ async fn depth(broker: &SqsBroker, queue: &str) -> Option<(u64, u64)> {
     Some((depth.ready, depth.in_flight?))
 }
 
-async fn short_url(broker: &SqsBroker, queue: &str) -> String {
-    broker
-        .client()
-        .get_queue_url()
-        .queue_name(queue)
-        .send()
-        .await
-        .unwrap()
-        .queue_url()
-        .unwrap()
-        .to_string()
-}
-
 /// Who handled which message, and when.
 type Tagged = Seen<(&'static str, u64, Instant)>;
 
@@ -583,7 +571,7 @@ async fn dead_letters(
     broker: &SqsBroker,
     queue: &str,
 ) -> Vec<(String, HashMap<String, String>, Option<String>)> {
-    let url = short_url(broker, queue).await;
+    let url = queue_url(broker, queue).await;
     let received = broker
         .client()
         .receive_message()
@@ -723,7 +711,7 @@ async fn gated(
 
 /// Every message the queue still has, received (and left to become visible again).
 async fn remaining(broker: &SqsBroker, queue: &str, expected: usize) -> HashSet<String> {
-    let url = short_url(broker, queue).await;
+    let url = queue_url(broker, queue).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut left = HashSet::new();
     while left.len() < expected && Instant::now() < deadline {
@@ -991,4 +979,31 @@ async fn a_deleted_queue_ends_the_app_with_an_error_naming_it() {
         chain.contains("NonExistentQueue") || chain.contains("QueueDoesNotExist"),
         "{chain}"
     );
+}
+
+/// The core allows a mount of any size (`batch(usize::MAX)`, `read_ahead(usize::MAX)`):
+/// such a subscription still receives. Its pump's limit, the mount's size plus one
+/// receive, overflowed (a panic in a debug build; in release, a limit below one receive,
+/// so nothing was ever received).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_of_any_size_receives() {
+    use conveyor::{Settlement, Source, SubscribeSettings, Subscriber};
+
+    let broker = broker().await;
+    let queue = declare(&broker, QueueSpec::new(unique("any-size", false))).await;
+    broker.publish_json(&queue, &1u64).await.unwrap();
+    let mut subscriber = broker
+        .queue(queue.as_str())
+        .subscribe(SubscribeSettings::new(usize::MAX))
+        .await
+        .unwrap();
+    let delivery = tokio::time::timeout(Duration::from_secs(60), subscriber.recv())
+        .await
+        .expect("a delivery")
+        .unwrap()
+        .unwrap();
+    assert_eq!(delivery.payload().as_ref(), b"1");
+    delivery.settle(Settlement::Ack);
+    subscriber.close().await;
+    delete(&broker, &[&queue]).await;
 }

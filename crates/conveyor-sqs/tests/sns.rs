@@ -242,3 +242,62 @@ async fn a_message_a_fifo_topic_cannot_take_is_refused_before_any_call() {
     );
     assert!(refused.to_string().contains("message group"), "{refused}");
 }
+
+/// `publish_typed` gives a header its SNS data type (`Number`, for a filter policy's
+/// numeric conditions), and a subscribed queue's delivery has it back, with raw delivery
+/// (as an SQS attribute) and without (in SNS's envelope).
+#[tokio::test]
+async fn a_typed_publish_reaches_raw_and_enveloped_queues_with_its_types() {
+    use conveyor::{Settlement, Source, SubscribeSettings, Subscriber};
+    use conveyor_sqs::AttributeTypes;
+
+    let broker = common::broker().await;
+    let sns = broker.sns().unwrap();
+    let topic = sns
+        .declare_topic(&common::unique("typed", false))
+        .await
+        .unwrap();
+    let raw = common::declare(&broker, QueueSpec::new(common::unique("typed-raw", false))).await;
+    let wrapped = common::declare(
+        &broker,
+        QueueSpec::new(common::unique("typed-wrapped", false)),
+    )
+    .await;
+    broker
+        .subscribe_to_topic(&sns, &topic, &raw, TopicSubscription::raw())
+        .await
+        .unwrap();
+    broker
+        .subscribe_to_topic(&sns, &topic, &wrapped, TopicSubscription::envelope())
+        .await
+        .unwrap();
+    let types = AttributeTypes::new().with("amount", "Number");
+    let message = Message::builder()
+        .header("amount", "120")
+        .header("kind", "order")
+        .payload("{}");
+    sns.publish_typed(&topic, message, &types).await.unwrap();
+
+    for queue in [&raw, &wrapped] {
+        let mut subscriber = broker
+            .queue(queue.as_str())
+            .subscribe(SubscribeSettings::new(1))
+            .await
+            .unwrap();
+        let delivery = tokio::time::timeout(DEADLINE, subscriber.recv())
+            .await
+            .expect("the message")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            conveyor_sqs::attribute_types(&delivery),
+            Some(types.clone()),
+            "{queue}: {:?}",
+            delivery.headers()
+        );
+        assert_eq!(delivery.headers().get_str("amount"), Some("120"));
+        delivery.settle(Settlement::Ack);
+        subscriber.close().await;
+    }
+    common::delete(&broker, &[&raw, &wrapped]).await;
+}

@@ -52,6 +52,19 @@ pub async fn declare(broker: &SqsBroker, spec: QueueSpec) -> String {
     spec.name().to_string()
 }
 
+/// The URL of the queue `queue`, for calls made with the SQS client itself.
+pub async fn queue_url(broker: &SqsBroker, queue: &str) -> String {
+    broker
+        .client()
+        .get_queue_url()
+        .queue_name(queue)
+        .send()
+        .await
+        .expect("the queue's URL")
+        .queue_url
+        .expect("a URL in the answer")
+}
+
 /// Deletes the queues a test made.
 pub async fn delete(broker: &SqsBroker, queues: &[&str]) {
     for queue in queues {
