@@ -31,6 +31,7 @@ use crate::error::{LapinError, is_not_found, short};
 use crate::headers;
 use crate::publisher::LapinPublisher;
 use crate::queue::LapinQueue;
+use crate::redeclare::{Declared, Record};
 use crate::request::Requester;
 use crate::spec::{Declaration, check, delay_queue_of};
 use crate::tls::{TlsSettings, is_tls_failure};
@@ -137,7 +138,7 @@ impl LapinBrokerBuilder {
     /// when the broker refused (`connection refused`, a TLS failure, the connection
     /// closed during the handshake), [`LapinError::ConnectTimeout`] when an attempt was
     /// still waiting for an answer. Once connected, a lost connection is retried for as
-    /// long as it takes.
+    /// long as it takes (but see the crate docs on 500 failed handshakes in a row).
     pub fn first_connect_timeout(mut self, timeout: Duration) -> Self {
         self.first_connect_timeout = timeout;
         self
@@ -244,6 +245,7 @@ impl LapinBrokerBuilder {
                 opening_publisher: Mutex::new(()),
                 requester: Mutex::new(None),
                 declared: std::sync::Mutex::default(),
+                topology_record: std::sync::Mutex::default(),
                 delay_queues: std::sync::Mutex::default(),
                 missing_delay_queues: std::sync::Mutex::default(),
             }),
@@ -464,6 +466,9 @@ pub(crate) struct BrokerInner {
     /// The declarations this broker made, by queue name: a subscription to one of these
     /// queues knows its dead-letter target and whether to declare it again on recovery.
     declared: std::sync::Mutex<HashMap<String, Arc<Declaration>>>,
+    /// What was declared on the topology channel, to declare again on the next one
+    /// (see [`crate::redeclare`]).
+    topology_record: std::sync::Mutex<Record>,
     /// The delay queues this broker's subscriptions declared, by the name of their queue:
     /// the ones [`LapinBroker::queue_depth`] can count without checking for a missing
     /// queue (which would close a channel, and have the client log an error).
@@ -529,6 +534,7 @@ impl LapinBroker {
     /// transient or non-mandatory messages ([`PublishOptions`](crate::PublishOptions)).
     /// For plain publishing to a queue, the broker itself is a [`Publisher`].
     pub async fn publisher(&self) -> Result<LapinPublisher, LapinError> {
+        self.publishing_connected().await;
         LapinPublisher::open(self.clone()).await
     }
 
@@ -551,11 +557,12 @@ impl LapinBroker {
                 spec.name()
             )));
         }
+        let declaration = Arc::new(declaration);
         let declared = &declaration;
         self.on_topology_channel(|channel| async move { declared.declare(&channel).await })
             .await?;
-        conveyor::support::lock(&self.inner.declared)
-            .insert(spec.name().to_string(), Arc::new(declaration));
+        self.record(Declared::Queue(declaration.clone()));
+        conveyor::support::lock(&self.inner.declared).insert(spec.name().to_string(), declaration);
         Ok(())
     }
 
@@ -594,6 +601,9 @@ impl LapinBroker {
         }
         conveyor::support::lock(&self.inner.declared).remove(name);
         conveyor::support::lock(&self.inner.delay_queues).remove(name);
+        let mut record = conveyor::support::lock(&self.inner.topology_record);
+        record.queue_deleted(name);
+        record.queue_deleted(&delay_queue);
         Ok(())
     }
 
@@ -666,16 +676,30 @@ impl LapinBroker {
 
     /// Declares an exchange now (or checks it, if passive).
     pub async fn declare_exchange(&self, exchange: &ExchangeSpec) -> Result<(), conveyor::Error> {
+        if exchange.is_passive() {
+            // On a channel of its own: the topology channel would check it again after
+            // a lost connection, and one deleted since would fail that channel's recovery.
+            let channel = self.open_channel("exchange check").await?;
+            let checked = exchange.declare(&channel).await;
+            close_quietly(channel).await;
+            return checked.map_err(conveyor::Error::from);
+        }
         self.on_topology_channel(|channel| async move { exchange.declare(&channel).await })
-            .await
-            .map_err(conveyor::Error::from)
+            .await?;
+        self.record(Declared::Exchange(exchange.clone()));
+        Ok(())
     }
 
     /// Binds a queue to an exchange.
     pub async fn bind(&self, binding: &Binding) -> Result<(), conveyor::Error> {
         self.on_topology_channel(|channel| async move { binding.declare(&channel).await })
-            .await
-            .map_err(conveyor::Error::from)
+            .await?;
+        self.record(Declared::Binding(binding.clone()));
+        Ok(())
+    }
+
+    fn record(&self, declared: Declared) {
+        conveyor::support::lock(&self.inner.topology_record).declared(declared);
     }
 
     /// Deletes an exchange. Deleting one that does not exist succeeds.
@@ -695,8 +719,9 @@ impl LapinBroker {
                 }),
             }
         })
-        .await
-        .map_err(conveyor::Error::from)
+        .await?;
+        conveyor::support::lock(&self.inner.topology_record).exchange_deleted(exchange);
+        Ok(())
     }
 
     /// How many messages are ready in `queue`, or `None` when it does not exist: a
@@ -758,6 +783,7 @@ impl LapinBroker {
         if let Some(publisher) = current() {
             return Ok(publisher);
         }
+        self.publishing_connected().await;
         let _opening = self.inner.opening_publisher.lock().await;
         // Another task may have opened one while this one waited.
         if let Some(publisher) = current() {
@@ -770,6 +796,7 @@ impl LapinBroker {
 
     /// The requester, opened by the first request (and again once its channel closed).
     async fn requester(&self) -> Result<Arc<Requester>, LapinError> {
+        self.publishing_connected().await;
         let mut requester = self.inner.requester.lock().await;
         if let Some(open) = requester.as_ref().filter(|r| r.is_open()) {
             return Ok(open.clone());
@@ -805,12 +832,33 @@ impl LapinBroker {
         Ok(channel)
     }
 
+    /// Resolves once the publishing connection is not being recovered, or the confirm
+    /// timeout has passed. lapin opens no channel on a connection it is recovering: a
+    /// publish about to open one waits for the recovery as a publish on an open channel
+    /// does (then the open fails, saying why). A connection closed for good (by
+    /// [`close`](Self::close)) is not waited for. Waited for before any lock a channel is
+    /// opened under, so that publishes waiting on that lock do not each wait the timeout
+    /// in turn.
+    pub(crate) async fn publishing_connected(&self) {
+        let status = self.inner.publishing.status();
+        let recovered = conveyor::support::wait_for(&self.inner.unblocked, || {
+            (!status.connecting() && !status.reconnecting()).then_some(())
+        });
+        let _ = tokio::time::timeout(self.inner.confirm_timeout, recovered).await;
+    }
+
     /// Resolves once the publishing connection is not blocked by a resource alarm (at
     /// once, mostly).
     pub(crate) async fn publishing_unblocked(&self) {
-        let status = self.inner.publishing.status();
-        conveyor::support::wait_for(&self.inner.unblocked, || (!status.blocked()).then_some(()))
-            .await;
+        self.publishing_block().over().await;
+    }
+
+    /// The publishing connection's block by a resource alarm, to wait for its end.
+    pub(crate) fn publishing_block(&self) -> Block {
+        Block {
+            status: self.inner.publishing.status().clone(),
+            unblocked: self.inner.unblocked.clone(),
+        }
     }
 
     /// The publishing connection's negotiated settings, for its frame limit.
@@ -835,13 +883,63 @@ impl LapinBroker {
         let mut slot = self.inner.topology.lock().await;
         let channel = match slot.as_ref() {
             Some(channel) if channel.status().connected() => channel.clone(),
-            _ => {
-                let channel = self.open_channel("topology").await?;
-                *slot = Some(channel.clone());
-                channel
-            }
+            None => slot.insert(self.open_channel("topology").await?).clone(),
+            Some(_) => slot.insert(self.next_topology_channel().await?).clone(),
         };
-        f(channel).await
+        let done = f(channel.clone()).await;
+        // A refusal closed the channel: the next one takes over its declarations now,
+        // before the connection can be lost (else only at the next declaration).
+        let status = channel.status();
+        if done.is_err() && !status.connected() && !status.reconnecting() {
+            match self.next_topology_channel().await {
+                Ok(next) => *slot = Some(next),
+                Err(error) => tracing::warn!(
+                    error = %conveyor::Report(&error),
+                    "cannot open a topology channel; trying again at the next declaration"
+                ),
+            }
+        }
+        done
+    }
+
+    /// A topology channel to replace one the broker closed, with the declarations made
+    /// on the ones before it.
+    async fn next_topology_channel(&self) -> Result<Channel, LapinError> {
+        let channel = self.open_channel("topology").await?;
+        self.declare_again(channel).await
+    }
+
+    /// Declares on `channel`, a new topology channel, what was declared on the ones
+    /// before it, so that it declares them again after a lost connection (see
+    /// [`crate::redeclare`]). One the broker refuses now (declared otherwise since, or a
+    /// binding whose exchange is gone) is dropped from the record with a warning; the
+    /// refusal closed the channel, and lapin re-declares only what a channel itself
+    /// declared, so the whole record goes again on a new one. A connection lost meanwhile
+    /// ends it with the error, the record kept whole.
+    async fn declare_again(&self, mut channel: Channel) -> Result<Channel, LapinError> {
+        'channel: loop {
+            let declared = conveyor::support::lock(&self.inner.topology_record).all();
+            for declaration in declared {
+                let Err(error) = declaration.declare(&channel).await else {
+                    continue;
+                };
+                let status = channel.status();
+                if status.connected()
+                    || status.reconnecting()
+                    || !self.inner.connection.status().connected()
+                {
+                    return Err(error);
+                }
+                tracing::warn!(
+                    error = %conveyor::Report(&error),
+                    "a declaration made earlier cannot be made again; it will not come back after a lost connection"
+                );
+                conveyor::support::lock(&self.inner.topology_record).forget(&declaration);
+                channel = self.open_channel("topology").await?;
+                continue 'channel;
+            }
+            return Ok(channel);
+        }
     }
 }
 
@@ -910,12 +1008,35 @@ async fn take(
         last = Some(delivery.acker);
     }
     if let Some(acker) = last {
-        acker
+        let acked = acker
             .ack(BasicAckOptions { multiple: true })
             .await
             .map_err(failed)?;
+        // Not sent: the channel failed (or was recovered) since the gets, and the broker
+        // put the messages back. Taken they are not.
+        if !acked {
+            let state = lapin::ChannelState::Reconnecting;
+            return Err(failed(
+                lapin::ErrorKind::InvalidChannelState(state, "basic.ack").into(),
+            ));
+        }
     }
     Ok(taken)
+}
+
+/// Whether RabbitMQ blocks a connection (a resource alarm), and the notice of its end.
+#[derive(Clone)]
+pub(crate) struct Block {
+    status: lapin::ConnectionStatus,
+    unblocked: Arc<tokio::sync::Notify>,
+}
+
+impl Block {
+    /// Resolves once the connection is not blocked (at once, mostly).
+    pub(crate) async fn over(&self) {
+        conveyor::support::wait_for(&self.unblocked, || (!self.status.blocked()).then_some(()))
+            .await;
+    }
 }
 
 /// The connection whose events [`log_events`] follows: its URL (redacted) and its name.

@@ -154,6 +154,16 @@ pub enum LapinError {
         /// How long the publisher waited for the recovery.
         after: Duration,
     },
+    /// RabbitMQ kept the publishing connection blocked (a memory or disk alarm) for the
+    /// publisher's confirm timeout: the message was not sent. A blocked connection
+    /// writes nothing, so it would have waited there for the alarm's end.
+    #[error("RabbitMQ blocked the publishing connection (a resource alarm) for {after:?}")]
+    Blocked {
+        /// The exchange and routing key, or the queue.
+        destination: String,
+        /// How long the publisher waited for the block to end.
+        after: Duration,
+    },
     /// A message's AMQP properties and headers do not fit in one frame of the connection:
     /// AMQP splits a payload over frames, but not a message's header frame, and the
     /// broker answers an oversize one by closing the connection (FRAME_ERROR), cutting
@@ -198,6 +208,7 @@ impl LapinError {
             LapinError::Returned { .. } => "returned",
             LapinError::ConfirmTimeout { .. } => "confirm_timeout",
             LapinError::Unavailable { .. } => "unavailable",
+            LapinError::Blocked { .. } => "blocked",
             LapinError::HeadersTooLarge { .. } => "headers_too_large",
             LapinError::Invalid { .. } => "invalid",
         }

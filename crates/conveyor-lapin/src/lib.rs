@@ -103,8 +103,13 @@
 //!   failed first connect stops everything it started: no attempt, connection or lapin
 //!   thread outlives it. After that, a lost connection is reconnected for as long as it
 //!   takes, backing off from 100 ms to 30 s, and lapin recovers the channels
-//!   (`enable_auto_recover`). A reconnect whose AMQP handshake gets no answer within
-//!   10 s (RabbitMQ's own `handshake_timeout`;
+//!   (`enable_auto_recover`). One limit: lapin gives recovery up after 500 reconnects in
+//!   a row whose AMQP handshake failed once the TCP connection was open (a load balancer
+//!   or sidecar that accepts connections while the broker is down, a refused login),
+//!   which at the dialer's pace takes some hours; the connection then stays down, and
+//!   the mounts on it end with an error, stopping the app for its supervisor to
+//!   restart. A reconnect whose AMQP handshake gets no answer within 10 s (RabbitMQ's
+//!   own `handshake_timeout`;
 //!   [`reconnect_handshake_timeout`](LapinBrokerBuilder::reconnect_handshake_timeout))
 //!   is cut and tried again: a load balancer may accept the connection with no broker
 //!   behind it. Queues the broker deletes with
@@ -113,8 +118,9 @@
 //!   [`LapinError::Unavailable`].
 //! - **lapin 4.12.3 does not always reconnect**: its I/O loop spins for ever on frames
 //!   left unsent by a cut (most cuts under load), or sleeps through a skipped internal
-//!   command, and a reconnect whose handshake was closed early makes the next one fail.
-//!   This workspace builds lapin with three small fixes through `[patch.crates-io]`
+//!   command, and a reconnect whose handshake was closed early makes the next one fail;
+//!   and when one confirm covers several publishes, it can give one publish another's
+//!   return. This workspace builds lapin with small fixes through `[patch.crates-io]`
 //!   (`vendor/lapin/PATCHED.md` in the repository); a service using this crate needs
 //!   the same patch until a lapin release has them.
 //! - A message whose AMQP properties and headers are over the connection's frame limit
@@ -171,6 +177,7 @@ mod error;
 mod headers;
 mod publisher;
 mod queue;
+mod redeclare;
 mod request;
 mod settle;
 mod spec;

@@ -9,7 +9,7 @@ use lapin::types::ShortString;
 use lapin::{BasicProperties, Channel, Confirmation, PublisherConfirm};
 use tracing::Instrument;
 
-use crate::broker::LapinBroker;
+use crate::broker::{Block, LapinBroker};
 use crate::error::{LapinError, short};
 use crate::headers::{oversize_header_frame, to_table};
 
@@ -82,7 +82,8 @@ impl PublishOptions {
 /// unroutable, or does not confirm within the broker's confirm timeout. After a
 /// connection loss it waits for the client to recover, then tries once more; a
 /// connection that does not recover within the confirm timeout fails the publish with
-/// [`LapinError::Unavailable`].
+/// [`LapinError::Unavailable`], and one RabbitMQ keeps blocked for a resource alarm that
+/// long with [`LapinError::Blocked`]: neither sends the message.
 ///
 /// ```no_run
 /// use conveyor::{Bytes, Message, Publisher};
@@ -106,6 +107,8 @@ pub struct LapinPublisher {
     pub(crate) channel: Channel,
     /// The connection's negotiated settings, for its frame limit (frame_max).
     connection: lapin::Configuration,
+    /// The connection's block by a resource alarm, which a publish waits out.
+    block: Block,
     confirm_timeout: Duration,
     defaults: PublishOptions,
 }
@@ -143,6 +146,7 @@ impl LapinPublisher {
         Ok(LapinPublisher {
             channel,
             connection: broker.publishing_settings(),
+            block: broker.publishing_block(),
             confirm_timeout: broker.inner.confirm_timeout,
             defaults: PublishOptions::default(),
         })
@@ -301,21 +305,19 @@ impl LapinPublisher {
     /// Sends one message; after a connection loss, waits for recovery (at most the
     /// confirm timeout, so that a publish never hangs on a broker that stays away) and
     /// tries once more.
+    ///
+    /// A connection RabbitMQ blocks (a resource alarm) writes nothing: a message sent
+    /// into it would wait in the client until the alarm ends, however long. So a publish
+    /// waits for the block to end first, at most the confirm timeout, and is not sent if
+    /// it does not ([`LapinError::Blocked`]). One whose frames are still not written a
+    /// confirm timeout on (the block began meanwhile) is a [`LapinError::ConfirmTimeout`]:
+    /// they go out when the alarm ends.
     async fn send(&self, prepared: &Prepared) -> Result<PublisherConfirm, LapinError> {
-        let send = || {
-            self.channel.basic_publish(
-                prepared.exchange.clone(),
-                prepared.routing_key.clone(),
-                prepared.options,
-                &prepared.payload,
-                prepared.properties.clone(),
-            )
-        };
         let failed = |source| LapinError::Publish {
             destination: prepared.destination.clone(),
             source,
         };
-        match send().await {
+        match self.write(prepared).await? {
             Ok(confirm) => Ok(confirm),
             Err(error) => {
                 let recovery = self.channel.wait_for_recovery(error);
@@ -328,9 +330,38 @@ impl LapinPublisher {
                         });
                     }
                 }
-                send().await.map_err(failed)
+                self.write(prepared).await?.map_err(failed)
             }
         }
+    }
+
+    /// Writes one message to the channel, once the connection is not blocked: the
+    /// client's error, or its confirm to wait for. See [`Self::send`] for the errors.
+    async fn write(
+        &self,
+        prepared: &Prepared,
+    ) -> Result<Result<PublisherConfirm, lapin::Error>, LapinError> {
+        let after = self.confirm_timeout;
+        if tokio::time::timeout(after, self.block.over())
+            .await
+            .is_err()
+        {
+            let destination = prepared.destination.clone();
+            return Err(LapinError::Blocked { destination, after });
+        }
+        let publish = self.channel.basic_publish(
+            prepared.exchange.clone(),
+            prepared.routing_key.clone(),
+            prepared.options,
+            &prepared.payload,
+            prepared.properties.clone(),
+        );
+        tokio::time::timeout(after, publish)
+            .await
+            .map_err(|_| LapinError::ConfirmTimeout {
+                destination: prepared.destination.clone(),
+                after,
+            })
     }
 
     /// Waits for the broker's confirm of one message.

@@ -125,6 +125,7 @@ impl Routes {
 
     /// The channel copies go out on, opened at the first call and again once closed.
     async fn channel(&self) -> Result<Channel, String> {
+        self.broker.publishing_connected().await;
         let mut channel = self.channel.lock().await;
         if let Some(open) = channel.as_ref().filter(|open| can_publish(open)) {
             return Ok(open.clone());

@@ -176,6 +176,16 @@ pub(crate) struct Declaration {
 }
 
 impl Declaration {
+    /// The queue's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether the broker deletes the queue once its last consumer has gone.
+    pub(crate) fn is_auto_delete(&self) -> bool {
+        self.auto_delete
+    }
+
     /// A durable, shared queue with no arguments: what a subscription declares for a
     /// queue that does not exist yet.
     pub(crate) fn plain(name: &str) -> Self {

@@ -2,7 +2,9 @@
 //! RabbitMQ topology beyond the portable [`conveyor::QueueSpec`].
 //!
 //! A declaration is made on a channel that stays open, so when the connection is lost
-//! and recovered the client replays it on the new connection.
+//! and recovered the client replays it on the new connection; when the broker closes
+//! that channel over a declaration it refused, the next one is given the declarations
+//! made before ([`crate::redeclare`]).
 
 use lapin::Channel;
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions};
@@ -193,6 +195,14 @@ impl ExchangeSpec {
         self
     }
 
+    pub(crate) fn is_passive(&self) -> bool {
+        self.passive
+    }
+
+    pub(crate) fn is_auto_delete(&self) -> bool {
+        self.auto_delete
+    }
+
     /// Sets any exchange argument (`hash-header`, `alternate-exchange`, ...).
     pub fn argument(mut self, name: impl Into<String>, value: impl Into<ArgumentValue>) -> Self {
         self.arguments.set(name.into(), value.into());
@@ -257,6 +267,14 @@ impl Binding {
             routing_key: routing_key.into(),
             arguments: Arguments::default(),
         }
+    }
+
+    pub(crate) fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    pub(crate) fn exchange(&self) -> &str {
+        &self.exchange
     }
 
     /// Sets a binding argument (for a headers exchange: `x-match` and the header values).

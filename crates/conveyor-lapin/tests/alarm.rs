@@ -138,6 +138,22 @@ async fn subscriptions_ack_while_a_memory_alarm_blocks_publishing_and_retries_wa
         },
     )
     .await;
+    // A publish into the blocked connection is not sent: it would wait in the client for
+    // the alarm's end. It fails after the confirm timeout, not when the alarm clears.
+    let blocked = tokio::time::timeout(common::DEADLINE, broker.publish_json(&elsewhere, &2u32))
+        .await
+        .expect("a publish into a blocked connection ends");
+    let error = blocked.unwrap_err();
+    let conveyor::Error::Publish { source, .. } = &error else {
+        panic!("{error}");
+    };
+    assert!(
+        matches!(
+            source.downcast_ref::<conveyor_lapin::LapinError>(),
+            Some(conveyor_lapin::LapinError::Blocked { .. })
+        ),
+        "{error}: {source}"
+    );
     // The consuming connection is `blocking`: it would be blocked if it published, and it
     // never does.
     assert_ne!(
@@ -200,7 +216,11 @@ async fn subscriptions_ack_while_a_memory_alarm_blocks_publishing_and_retries_wa
         "one copy of message 0, not one per confirm timeout"
     );
     running.shutdown().await.unwrap();
+    // Published and confirmed after the alarm, on the same channel: whatever that
+    // channel had written before is in the queue before it. The first publish is; the
+    // one refused as blocked is not.
     broker.publish_json(&elsewhere, &1u32).await.unwrap();
+    assert_eq!(broker.queue_depth(&elsewhere).await.unwrap().ready, 2);
     cleanup(&broker, &[&queue, &elsewhere], &[]).await;
     broker.close().await.unwrap();
 }

@@ -24,7 +24,7 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::sync::watch;
 
 use common::proxy::Proxy;
-use common::{cleanup, take_all, unique, wait_until};
+use common::{cleanup, ready, take_all, unique, wait_for, wait_until};
 
 const UPSTREAM: &str = "127.0.0.1:5672";
 
@@ -852,4 +852,68 @@ async fn a_subscription_closed_while_its_connection_is_lost_still_hands_back_wha
     restored_consumer_hands_all_back(&proxy, &queue).await;
     broker.close().await.unwrap();
     cleanup(&admin, &[&queue], &[]).await;
+}
+
+/// The first publish of a broker whose publishing connection is being recovered waits
+/// for the recovery (at most its confirm timeout), as a publish on an open channel does:
+/// it opens its channel then. lapin opens no channel on a connection it is recovering,
+/// and the publish failed at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_publish_during_a_reconnect_waits_for_it() {
+    let (admin, queue, proxy) = queue_and_proxy("first-publish-reconnect").await;
+    common::init_tracing();
+    let broker = LapinBroker::builder(proxy.url())
+        .confirm_timeout(common::DEADLINE)
+        .connect()
+        .await
+        .expect("RabbitMQ through the proxy");
+    proxy.refuse_new_connections();
+    let refused_before = proxy.refused();
+    assert_eq!(proxy.cut_connections().await, 2);
+    let states = || {
+        conveyor::Broker::connections(&broker)
+            .into_iter()
+            .map(|c| c.state)
+            .collect::<Vec<_>>()
+    };
+    wait_until("both connections reconnecting, refused", || {
+        proxy.refused() > refused_before
+            && states() == [ConnectionState::Reconnecting, ConnectionState::Reconnecting]
+    })
+    .await;
+
+    let publishing = {
+        let (broker, queue) = (broker.clone(), queue.clone());
+        tokio::spawn(async move { broker.publish_json(&queue, &7u32).await })
+    };
+    // Another refused attempt: the publish has had the time to fail, if it does.
+    let refused = proxy.refused();
+    wait_until("another refused attempt", || proxy.refused() > refused).await;
+    assert!(!publishing.is_finished(), "{:?}", publishing.await);
+    proxy.accept_new_connections();
+    publishing.await.unwrap().expect("published once recovered");
+    wait_for("the message in the queue", || async {
+        ready(&admin, &queue).await == 1
+    })
+    .await;
+    broker.close().await.unwrap();
+    cleanup(&admin, &[&queue], &[]).await;
+}
+
+/// A publish on a broker closed by the application fails at once: only a connection
+/// being recovered is waited for (here the confirm timeout is an hour, and the test's
+/// deadline a minute).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_after_close_fails_without_waiting_for_a_recovery() {
+    common::init_tracing();
+    let broker = LapinBroker::builder(common::URL)
+        .confirm_timeout(Duration::from_secs(3600))
+        .connect()
+        .await
+        .unwrap();
+    broker.close().await.unwrap();
+    let published = tokio::time::timeout(common::DEADLINE, broker.publish_json("anywhere", &1u32))
+        .await
+        .expect("a publish after close ends");
+    assert!(published.is_err(), "{published:?}");
 }

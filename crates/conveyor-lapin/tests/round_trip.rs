@@ -96,6 +96,43 @@ async fn an_unroutable_mandatory_publish_is_an_error() {
     );
 }
 
+/// Publishes on one channel each get their own return. RabbitMQ returns an unroutable
+/// message at once and confirms it with the others, often in one `multiple` ack; lapin
+/// gave the oldest waiting return to whichever publish that ack completed first (a
+/// `HashMap`'s order), so a routed publish could fail as returned (and be sent again)
+/// while the returned one succeeded (and was lost). A correct pairing never fails this
+/// test; without it, it failed at its first rounds.
+#[tokio::test]
+async fn publishes_sharing_a_channel_each_get_their_own_return() {
+    let broker = broker().await;
+    let queue = unique("routed");
+    broker
+        .declare_queue(&QueueSpec::new(queue.as_str()))
+        .await
+        .unwrap();
+    let nowhere = unique("nowhere");
+    let publisher = broker.publisher().await.unwrap();
+    let unroutable = |i: usize| i % 16 == 7;
+    for round in 0..50 {
+        let publishes = (0..64).map(|i| {
+            let to = if unroutable(i) { &nowhere } else { &queue };
+            publisher.publish_to("", to, Message::new("x"), PublishOptions::default())
+        });
+        let results = futures_util::future::join_all(publishes).await;
+        for (i, result) in results.into_iter().enumerate() {
+            if unroutable(i) {
+                assert!(
+                    matches!(result, Err(LapinError::Returned { code: 312, .. })),
+                    "round {round}: the unroutable publish: {result:?}"
+                );
+            } else {
+                assert!(result.is_ok(), "round {round}, publish {i}: {result:?}");
+            }
+        }
+    }
+    cleanup(&broker, &[&queue], &[]).await;
+}
+
 #[tokio::test]
 async fn a_passive_queue_names_the_missing_queue() {
     let broker = broker().await;

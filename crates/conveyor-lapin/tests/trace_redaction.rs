@@ -195,3 +195,34 @@ async fn lapin_traces_show_the_password_unless_filtered() {
         );
     }
 }
+
+/// lapin warns of every message the broker returns; the warning says where it went and
+/// why, and no longer prints the message itself (payload and headers, the application's
+/// data, at WARN).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_warning_of_a_returned_message_leaves_the_message_out() {
+    let captures = captures();
+    let broker = LapinBroker::connect(common::URL).await.unwrap();
+    let nowhere = common::unique("nowhere");
+    let payload = format!("card-{}", std::process::id());
+    let returned = broker
+        .publish(
+            &nowhere,
+            Message::builder()
+                .header("x-token", payload.clone())
+                .payload(payload.clone()),
+        )
+        .await;
+    assert!(returned.is_err(), "returned unroutable");
+    broker.close().await.unwrap();
+
+    let log = captures.unfiltered.text();
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("Server returned us a message") && line.contains(&nowhere))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{log}");
+    assert!(warnings[0].contains("WARN"), "{}", warnings[0]);
+    assert!(warnings[0].contains("NO_ROUTE"), "{}", warnings[0]);
+    assert!(!shows(warnings[0], &payload), "{}", warnings[0]);
+}
