@@ -60,8 +60,8 @@ pub async fn run<B: Inspect>(broker: &B, queue: &str, input: Input) -> Result<()
             .collect();
         if let Err(error) = broker.publish_batch(queue, messages).await {
             let lines: Vec<usize> = call.iter().map(|(line, _)| *line).collect();
-            // A message the broker returned or nacked did not arrive; of several, which
-            // one is not known, so such a call of several may still have delivered.
+            // A message the broker returned or nacked, or one never sent, did not arrive;
+            // of several, which one is not known, so such a call may still have delivered.
             let unsent = matches!(error, conveyor::Error::Refused { .. })
                 || (call.len() == 1 && B::undelivered(&error));
             let (sent, outcome) = outcome(&lines, &error, unsent);

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use conveyor::{Broker, Delivery, Publisher};
 use conveyor_lapin::{LapinBroker, LapinError, LapinQueue, amqp_properties, redact_url};
-use conveyor_sqs::{SqsBroker, SqsQueue};
+use conveyor_sqs::{SqsBroker, SqsQueue, attribute_types};
 
 use crate::Failure;
 use crate::redrive::{Form, redriven, redriven_amqp};
@@ -17,10 +17,11 @@ pub trait Inspect: Broker {
     /// The queue `name`, to receive from without declaring anything.
     fn inspect(&self, name: &str) -> Self::Queue;
 
-    /// Whether a publish that failed with `error` reached the broker and was not taken
-    /// (RabbitMQ returns a message no queue took, and nacks one its queue refused, a
-    /// full `reject-publish` queue say). Of a call of one message, that one did not
-    /// arrive; of a call of several, the error does not say which.
+    /// Whether a publish that failed with `error` did not arrive: it reached the broker
+    /// and was not taken (RabbitMQ returns a message no queue took, and nacks one its
+    /// queue refused, a full `reject-publish` queue say), or it was never sent. Of a call
+    /// of one message, that one did not arrive; of a call of several, the error does not
+    /// say which.
     fn undelivered(error: &conveyor::Error) -> bool {
         let _ = error;
         false
@@ -80,14 +81,21 @@ impl Inspect for LapinBroker {
     }
 
     /// A mandatory publish that no queue took (a queue that does not exist, say) comes
-    /// back with `basic.return` before its confirm; one its queue refused is nacked.
+    /// back with `basic.return` before its confirm; one its queue refused is nacked. One
+    /// that waited out the confirm timeout for a lost connection's recovery, or for a
+    /// resource alarm's block to end, was never written.
     fn undelivered(error: &conveyor::Error) -> bool {
         let conveyor::Error::Publish { source, .. } = error else {
             return false;
         };
         matches!(
             source.downcast_ref::<LapinError>(),
-            Some(LapinError::Returned { .. } | LapinError::Nacked { .. })
+            Some(
+                LapinError::Returned { .. }
+                    | LapinError::Nacked { .. }
+                    | LapinError::Unavailable { .. }
+                    | LapinError::Blocked { .. }
+            )
         )
     }
 }
@@ -100,6 +108,22 @@ impl Inspect for SqsBroker {
 
     fn inspect(&self, name: &str) -> SqsQueue {
         self.queue(name)
+    }
+
+    /// With the data types its attributes came with (`Number`, custom types, `Binary`
+    /// holding text), which the portable message would send as `String`.
+    async fn publish_redriven(
+        &self,
+        to: &str,
+        delivery: &Delivery,
+        form: Form,
+    ) -> Result<(), conveyor::Error> {
+        // The redrive gives the message a new id, text whatever the old one's type.
+        let types = attribute_types(delivery)
+            .unwrap_or_default()
+            .without(conveyor::MESSAGE_ID_HEADER);
+        self.publish_typed(to, redriven(delivery, form), &types)
+            .await
     }
 
     /// A standard queue has no message groups, so the publisher sends no key there. SQS

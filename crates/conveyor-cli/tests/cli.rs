@@ -928,13 +928,7 @@ mod rabbitmq {
         let live = rabbitmq().await;
         let queue = unique("nowhere");
         let ran = live.run_with_input(&["publish", &queue], Some(b"{}")).await;
-        assert_eq!(ran.status.code(), Some(1), "{ran:?}");
-        assert!(
-            ran.stderr.contains(&format!(
-                "published 0 of 1 to `{queue}` (the file as one message); not sent: line 1: "
-            )),
-            "{ran:?}"
-        );
+        assert_one_message_not_sent(&ran, &queue);
         assert!(ran.stderr.contains("returned unroutable"), "{ran:?}");
 
         let ran = live
@@ -944,6 +938,17 @@ mod rabbitmq {
         assert!(
             ran.stderr
                 .contains("; may or may not have arrived: lines 1-2: "),
+            "{ran:?}"
+        );
+    }
+
+    /// `ran`, a one-message publish to `queue`, failed and said the message was not sent.
+    fn assert_one_message_not_sent(ran: &Ran, queue: &str) {
+        assert_eq!(ran.status.code(), Some(1), "{ran:?}");
+        assert!(
+            ran.stderr.contains(&format!(
+                "published 0 of 1 to `{queue}` (the file as one message); not sent: line 1: "
+            )),
             "{ran:?}"
         );
     }
@@ -967,13 +972,7 @@ mod rabbitmq {
         let ran = live.run_with_input(&["publish", &queue], Some(b"{}")).await;
         assert!(ran.status.success(), "{ran:?}");
         let ran = live.run_with_input(&["publish", &queue], Some(b"{}")).await;
-        assert_eq!(ran.status.code(), Some(1), "{ran:?}");
-        assert!(
-            ran.stderr.contains(&format!(
-                "published 0 of 1 to `{queue}` (the file as one message); not sent: line 1: "
-            )),
-            "{ran:?}"
-        );
+        assert_one_message_not_sent(&ran, &queue);
         live.delete(&[&queue]).await;
     }
 }
@@ -1065,5 +1064,67 @@ mod sqs {
             sqs().await,
         )
         .await;
+    }
+
+    /// A redriven message keeps the SQS data types of its attributes (`Number`, custom
+    /// types, `Binary` holding text), which the portable message would send as `String`.
+    #[tokio::test]
+    async fn redrive_keeps_the_data_types_of_message_attributes() {
+        use conveyor::{Settlement, Source, SubscribeSettings, Subscriber};
+        use conveyor_sqs::AttributeTypes;
+
+        let live = sqs().await;
+        let (dead, target) = (unique("typed-dead"), unique("typed"));
+        for queue in [&dead, &target] {
+            live.broker
+                .declare_queue(&QueueSpec::new(queue.as_str()))
+                .await
+                .expect("the queue is declared");
+        }
+        let types = AttributeTypes::new()
+            .with("price", "Number")
+            .with("meta", "String.json")
+            .with("digest", "Binary");
+        let message = Message::builder()
+            .message_id("42")
+            .header("price", "12.5")
+            .header("meta", r#"{"a":1}"#)
+            .header("digest", "looks like text")
+            .header("x-tenant", "acme")
+            .payload("{}");
+        // A numeric id too: the redrive's new id (`42.redrive-1`) is no number, and
+        // goes as text.
+        let numeric_id = types.clone().with(conveyor::MESSAGE_ID_HEADER, "Number");
+        live.broker
+            .publish_typed(&dead, message, &numeric_id)
+            .await
+            .expect("the dead letter is published");
+        live.wait_ready(&dead, 1).await;
+
+        let ran = live.redrive(&dead, &target, &[]).await;
+        assert!(ran.status.success(), "{ran:?}");
+        live.wait_ready(&target, 1).await;
+        let mut subscriber = live
+            .broker
+            .queue(target.as_str())
+            .subscribe(SubscribeSettings::new(1))
+            .await
+            .expect("a subscription");
+        let delivery = subscriber
+            .recv()
+            .await
+            .expect("a receive")
+            .expect("the redriven message");
+        assert_eq!(
+            conveyor_sqs::attribute_types(&delivery),
+            Some(types),
+            "{:?}",
+            delivery.headers()
+        );
+        assert_eq!(delivery.headers().get_str("price"), Some("12.5"));
+        assert_eq!(delivery.headers().get_str("x-tenant"), Some("acme"));
+        delivery.settle(Settlement::Ack);
+        subscriber.close().await;
+        live.delete(&[&dead, &target]).await;
     }
 }
