@@ -21,7 +21,7 @@ use crate::subscriber::SqsQueue;
 /// How the transport polls, hides and settles messages.
 #[derive(Clone, Debug)]
 pub(crate) struct Settings {
-    /// Long-poll wait per receive (at most 20 s).
+    /// Long-poll wait per receive: whole seconds from 1 s to 20 s (`build` checks).
     pub(crate) wait_time: Duration,
     /// How long a received message stays hidden before the extender renews it: whole
     /// seconds (`build` refuses a fraction), as SQS counts it.
@@ -162,7 +162,9 @@ impl SqsBrokerBuilder {
         self
     }
 
-    /// How long one receive long-polls (default and maximum 20 s).
+    /// How long one receive long-polls: whole seconds from 1 s to 20 s (default 20 s), or
+    /// `build` refuses it. SQS takes no fraction, and no short polling (0 s) here: a pump
+    /// that short-polls an idle queue would send receives, each billed, without end.
     ///
     /// Closing a subscription waits for the receive under way, so an idle service takes up
     /// to this long to shut down (if SQS stops answering, up to this plus the
@@ -201,8 +203,17 @@ impl SqsBrokerBuilder {
     /// Loads the AWS configuration and makes the client.
     pub async fn build(self) -> Result<SqsBroker, Error> {
         let settings = self.settings;
-        if settings.wait_time > Duration::from_secs(20) {
-            return Err(Error::config("wait_time is at most 20 s"));
+        // SQS long-polls for whole seconds: `as_secs` would make 500 ms a short poll (0 s),
+        // and a pump that short-polls an idle queue sends receives, each billed, as fast
+        // as SQS answers them.
+        if settings.wait_time < Duration::from_secs(1)
+            || settings.wait_time > Duration::from_secs(20)
+            || settings.wait_time.subsec_nanos() != 0
+        {
+            return Err(Error::config(format!(
+                "wait_time is a whole number of seconds from 1 s to 20 s (SQS long-polls for whole seconds, and a short poll would spin on an idle queue), not {:?}",
+                settings.wait_time
+            )));
         }
         if settings.visibility_timeout < Duration::from_secs(1)
             || settings.visibility_timeout > crate::settle::MAX_VISIBILITY
@@ -596,6 +607,29 @@ mod tests {
             other => panic!("{:?}", other.map(|_| ())),
         }
         assert!(build(Duration::from_secs(5)).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_wait_time_of_no_whole_second_from_one_to_twenty_is_refused() {
+        let build = |wait| emulator().wait_time(wait).build();
+        for wait in [
+            Duration::ZERO,
+            Duration::from_millis(500),
+            Duration::from_millis(1_500),
+            Duration::from_secs(21),
+        ] {
+            match build(wait).await {
+                Err(Error::Config(message)) => {
+                    assert!(
+                        message.contains("wait_time") && message.contains("whole"),
+                        "{message}"
+                    )
+                }
+                other => panic!("{wait:?}: {:?}", other.map(|_| ())),
+            }
+        }
+        assert!(build(Duration::from_secs(1)).await.is_ok());
+        assert!(build(Duration::from_secs(20)).await.is_ok());
     }
 
     #[tokio::test]
