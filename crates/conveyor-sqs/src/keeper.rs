@@ -13,6 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use tokio::sync::{OnceCell, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
@@ -231,23 +232,34 @@ impl<C: Calls> Keeper<C> {
     /// taken yet. One whose settlement the keeper has taken is left out: its call sets its
     /// visibility. Whether every renewal due was made (or failed for good). A `retry`
     /// logs its failures at DEBUG: the first try of the tick warned already.
+    ///
+    /// The calls, ten messages each, go out side by side: one that gets no answer must not
+    /// hold the others' messages up until they show.
     async fn renew(&self, retry: bool) -> bool {
         let due = self.in_flight.due(
             self.visibility / 2,
             self.visibility,
             MAX_VISIBILITY.saturating_sub(RECEIPT_SLACK),
         );
-        let mut renewed_all = true;
-        for chunk in due.chunks(BATCH_LIMIT) {
+        let calls = due.chunks(BATCH_LIMIT).map(|chunk| async move {
             let held = self.in_flight.claim_for_renewal(chunk);
             if held.is_empty() {
-                continue;
+                return true;
             }
-            renewed_all &= self.renew_held(&held, retry).await;
+            let renewed = self.renew_held(&held, retry).await;
             self.in_flight
                 .renewal_over(held.iter().map(|(tag, _, _)| *tag));
-        }
-        renewed_all
+            renewed
+        });
+        join_all(calls).await.into_iter().all(|renewed| renewed)
+    }
+
+    /// How long a renewal call may go unanswered before it is given up and tried again: a
+    /// twelfth of the visibility timeout (at least 1 s), half of the least a message due
+    /// for renewal has left. The SDK's own limit is the request timeout per attempt, three
+    /// attempts: 30 s by default, by when a message due with 5 s left has long shown.
+    fn renewal_patience(&self) -> Duration {
+        (self.visibility / 12).max(Duration::from_secs(1))
     }
 
     /// One `ChangeMessageVisibilityBatch` for `held`, claimed for it. Whether every
@@ -265,19 +277,19 @@ impl<C: Calls> Keeper<C> {
             .collect();
         // SQS hides each from when it takes the call, no sooner than now.
         let sent = Instant::now();
-        let failed = match self.calls.change_visibility(&self.queue, &entries).await {
-            Ok(failed) => {
+        let patience = self.renewal_patience();
+        let call = self.calls.change_visibility(&self.queue, &entries);
+        let failed = match tokio::time::timeout(patience, call).await {
+            Ok(Ok(failed)) => {
                 self.queue.calls.succeeded();
                 failed
             }
-            Err(error) => {
-                self.queue.calls.failed();
-                let (queue, error) = (&self.queue.name, Report(&error));
-                if retry {
-                    tracing::debug!(queue, %error, "cannot renew visibility; trying again");
-                } else {
-                    tracing::warn!(queue, %error, "cannot renew visibility; trying again");
-                }
+            Ok(Err(error)) => {
+                self.renewal_call_failed(&Report(&error), retry);
+                return false;
+            }
+            Err(_) => {
+                self.renewal_call_failed(&format_args!("no answer within {patience:?}"), retry);
                 return false;
             }
         };
@@ -314,6 +326,17 @@ impl<C: Calls> Keeper<C> {
             }
         }
         renewed_all
+    }
+
+    /// Counts and logs a renewal call that failed as a whole; a `retry` at DEBUG.
+    fn renewal_call_failed(&self, error: &dyn std::fmt::Display, retry: bool) {
+        self.queue.calls.failed();
+        let queue = &self.queue.name;
+        if retry {
+            tracing::debug!(queue, %error, "cannot renew visibility; trying again");
+        } else {
+            tracing::warn!(queue, %error, "cannot renew visibility; trying again");
+        }
     }
 
     /// Sends rejected messages to the dead-letter queue (`SendMessageBatch`); those sent
@@ -534,6 +557,7 @@ mod tests {
     //! The keeper against scripted SQS calls: the order of its calls, and what a stalled
     //! call holds back.
     use std::sync::Mutex;
+    use std::sync::atomic::Ordering;
 
     use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 
@@ -571,6 +595,8 @@ mod tests {
         /// What the next renewals answer (`None`: the call fails as a whole), then
         /// success.
         renewal_answers: Arc<Mutex<std::collections::VecDeque<Option<Failed>>>>,
+        /// How many of the next renewal calls get no answer, ever.
+        renewals_unanswered: Arc<std::sync::atomic::AtomicU32>,
     }
 
     impl Script {
@@ -589,6 +615,7 @@ mod tests {
                 send_calls_fail: false,
                 deletes_hang: false,
                 renewal_answers: Arc::default(),
+                renewals_unanswered: Arc::default(),
             }
         }
 
@@ -621,6 +648,14 @@ mod tests {
             _: &QueueInfo,
             entries: &[(String, i32)],
         ) -> Result<Vec<(usize, String)>, SqsError> {
+            let unanswered = &self.renewals_unanswered;
+            if unanswered
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                self.started.add_permits(1);
+                std::future::pending::<()>().await;
+            }
             self.call(Call::Visibility(entries.to_vec())).await;
             match self.renewal_answers.lock().unwrap().pop_front() {
                 Some(Some(failed)) => Ok(failed),
@@ -928,10 +963,64 @@ mod tests {
         );
     }
 
+    /// A renewal call that gets no answer (a connection gone quiet) is given up after a
+    /// twelfth of the visibility timeout and made again: the message, due with 10 s left,
+    /// is renewed before it shows, not after the SDK's 30 s of attempts.
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_call_that_gets_no_answer_is_made_again_before_the_message_shows() {
+        let (logs, _logging) = Logs::capture();
+        let script = Script::new(true);
+        script.renewals_unanswered.store(1, Ordering::SeqCst);
+        let began = Instant::now();
+        let running = start(&script, QueueInfo::for_tests("q"));
+        let tag = running.receive("a");
+        tokio::time::sleep(Duration::from_secs(25)).await;
+        running.settle(tag, Settlement::Ack);
+        running.close().await;
+        // Unanswered at 20 s, given up at 22.5 s, made again 100 ms later.
+        assert_eq!(renewals_at(&script, began), [Duration::from_millis(22_600)]);
+        let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+        assert!(text.contains("no answer within 2.5s"), "{text}");
+    }
+
+    /// The renewal calls of a tick go out side by side: one that gets no answer holds
+    /// up none of the other messages' renewals.
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_call_that_gets_no_answer_holds_up_no_other() {
+        let script = Script::new(true);
+        script.renewals_unanswered.store(1, Ordering::SeqCst);
+        let began = Instant::now();
+        let running = start(&script, QueueInfo::for_tests("q"));
+        let tags: Vec<u64> = (0..11).map(|n| running.receive(&format!("m{n}"))).collect();
+        tokio::time::sleep(Duration::from_secs(25)).await;
+        for tag in tags {
+            running.settle(tag, Settlement::Ack);
+        }
+        running.close().await;
+        let renewals: Vec<(Duration, usize)> = script
+            .timed_calls()
+            .into_iter()
+            .filter_map(|(at, call)| match call {
+                Call::Visibility(entries) => Some((at - began, entries.len())),
+                _ => None,
+            })
+            .collect();
+        // The first ten's call unanswered; the eleventh renewed at once, the first ten
+        // again once their call was given up.
+        assert_eq!(
+            renewals,
+            [
+                (Duration::from_secs(20), 1),
+                (Duration::from_millis(22_600), 10)
+            ]
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_slow_renewal_counts_its_visibility_from_when_it_was_sent() {
         let mut script = Script::new(true);
-        script.latency = Duration::from_secs(10);
+        // Slow, but within the 2.5 s a renewal call is given.
+        script.latency = Duration::from_secs(2);
         let running = start(&script, QueueInfo::for_tests("q"));
         let received = Instant::now();
         running.receive("held");
