@@ -573,6 +573,52 @@ async fn redrive_moves_dead_letters_back_marked_and_keeps_the_rest<B: Broker>(li
     live.delete(&[&queue, &dead]).await;
 }
 
+/// `--rate N` leaves at least 1/N s between two moves: four moves at two a second take
+/// three pauses of half a second. A lower bound, which a slow machine only passes more
+/// easily; unpaced, the same redrive takes a fraction of that.
+async fn redrive_at_a_rate_pauses_between_moves<B: Broker>(live: Live<B>) {
+    let (queue, dead) = live.declare_with_dead_letters("paced").await;
+    dead_letter(
+        &live,
+        &queue,
+        &dead,
+        (0..4).map(|id| json(id, "acme")).collect(),
+    )
+    .await;
+
+    let started = std::time::Instant::now();
+    let ran = live.redrive(&dead, &queue, &["--rate", "2"]).await;
+    let took = started.elapsed();
+    assert!(ran.status.success(), "{ran:?}");
+    assert!(ran.stdout.contains("moved 4 of 4"), "{ran:?}");
+    assert!(took >= Duration::from_millis(1_500), "took {took:?}");
+    live.wait_ready(&queue, 4).await;
+    live.delete(&[&queue, &dead]).await;
+}
+
+/// A rate that is no positive number of messages a second, or one so high that the
+/// pause between two moves would be zero, is a usage error that moves nothing.
+async fn redrive_refuses_a_rate_that_is_not_a_positive_number<B: Broker>(live: Live<B>) {
+    let (queue, dead) = live.declare_with_dead_letters("bad-rate").await;
+    dead_letter(&live, &queue, &dead, vec![json(0, "acme")]).await;
+
+    for rate in [
+        "--rate=0",
+        "--rate=-1",
+        "--rate=NaN",
+        "--rate=inf",
+        "--rate=1e10",
+    ] {
+        let ran = live.redrive(&dead, &queue, &[rate]).await;
+        assert_eq!(ran.status.code(), Some(2), "{rate}: {ran:?}");
+        assert!(ran.stderr.contains("--rate"), "{rate}: {ran:?}");
+        assert_eq!(ran.stderr.trim_end().lines().count(), 1, "{rate}: {ran:?}");
+    }
+    live.wait_ready(&dead, 1).await;
+    assert_eq!(live.ready(&queue).await, 0, "a message moved");
+    live.delete(&[&queue, &dead]).await;
+}
+
 /// `total` dead letters in a new dead-letter queue, and a redrive of them to a new target
 /// paced at 20 a second, once its first message has arrived: (dlq, target, the redrive).
 /// Paced so that it is still moving when the test stops it: hundreds at 20 a second take
@@ -799,6 +845,16 @@ mod rabbitmq {
     async fn an_interrupted_redrive_run_again_moves_each_message_exactly_once() {
         super::an_interrupted_redrive_run_again_moves_each_message_exactly_once(rabbitmq().await)
             .await;
+    }
+
+    #[tokio::test]
+    async fn redrive_at_a_rate_pauses_between_moves() {
+        super::redrive_at_a_rate_pauses_between_moves(rabbitmq().await).await;
+    }
+
+    #[tokio::test]
+    async fn redrive_refuses_a_rate_that_is_not_a_positive_number() {
+        super::redrive_refuses_a_rate_that_is_not_a_positive_number(rabbitmq().await).await;
     }
 
     #[tokio::test]
