@@ -409,6 +409,57 @@ async fn a_handler_past_its_timeout_is_cancelled_and_the_policy_retries_it() {
     }
 }
 
+/// Panics when dropped: a handler's state whose cleanup fails.
+struct PanicsOnDrop;
+
+impl Drop for PanicsOnDrop {
+    fn drop(&mut self) {
+        panic!("cleanup failed");
+    }
+}
+
+/// Hangs on its first attempt holding a guard that panics when the run is cancelled.
+async fn hang_once_with_a_panicking_guard(Json(_n): Json<u64>, info: DeliveryInfo) {
+    if info.attempt == 1 {
+        let _guard = PanicsOnDrop;
+        std::future::pending::<()>().await;
+    }
+}
+
+/// A handler cancelled at its timeout whose state panics while dropped fails that
+/// attempt like any timeout: the panic does not end the mount's task (and the app).
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_handler_that_panics_while_dropped_is_retried_and_the_mount_runs_on() {
+    for mode in ["sequential", "workers", "lanes"] {
+        let broker = MemoryBroker::new();
+        let app = App::new("drop-panic").mount(
+            broker.queue("jobs"),
+            hang_once_with_a_panicking_guard,
+            move |m| {
+                let m = m.timeout(Duration::from_secs(1)).retry();
+                match mode {
+                    "workers" => m.workers(2),
+                    "lanes" => m.workers(2).by_key(),
+                    _ => m,
+                }
+            },
+        );
+        let test = TestApp::start(app, &broker).await.unwrap();
+        test.publish_json("jobs", &1u64).await.unwrap();
+        test.settled().await.unwrap();
+        assert_eq!(
+            test.acked("jobs").len(),
+            1,
+            "{mode}: the second attempt acked it"
+        );
+        // The mount still takes work.
+        test.publish_json("jobs", &2u64).await.unwrap();
+        test.settled().await.unwrap();
+        assert_eq!(test.acked("jobs").len(), 2, "{mode}");
+        test.stop().await.unwrap();
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_timed_out_handler_is_rejected_with_a_reason_that_says_so() {
     let broker = MemoryBroker::new();

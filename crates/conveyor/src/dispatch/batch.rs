@@ -7,6 +7,7 @@ use std::sync::Arc;
 use futures_util::FutureExt;
 
 use super::settle::{Failure, settle_failed, settle_outcome, within_timeout};
+use super::unwind::CatchDropPanic;
 use super::{End, PREALLOCATED_MAX, Run, StopOnDrain, finish, pause_after, settle};
 use crate::batch::{Batch, BatchOutcome, IntoBatchOutcome, Metadata};
 use crate::delivery::Delivery;
@@ -122,7 +123,7 @@ async fn decode_and_run<H: CallBatch>(handler: &H, gathered: &mut Vec<Delivery>,
         handler.call(Batch::new(payloads, metadata), &run.cx)
     }));
     let future = match called {
-        Ok(Ok(future)) => future,
+        Ok(Ok(future)) => CatchDropPanic::new(future),
         Err(panic) => {
             run.metrics.panicked();
             let failure = Failure::Panic(panic);

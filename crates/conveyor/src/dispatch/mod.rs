@@ -17,6 +17,7 @@ mod batch;
 mod lanes;
 mod sequential;
 mod settle;
+mod unwind;
 mod workers;
 
 use std::fmt;

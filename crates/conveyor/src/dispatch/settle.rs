@@ -10,6 +10,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use tokio::time::Instant;
 
+use super::unwind::CatchDropPanic;
 use super::{Run, error_chain, settle};
 use crate::delivery::Delivery;
 use crate::error::BoxError;
@@ -165,7 +166,7 @@ async fn run_once<H: CallOne>(
     let started = started.or_else(|| run.metrics.run_started());
     let called = std::panic::catch_unwind(AssertUnwindSafe(|| handler.call(delivery, &run.cx)));
     let future = match called {
-        Ok(Ok(future)) => future,
+        Ok(Ok(future)) => CatchDropPanic::new(future),
         Ok(Err(refusal)) => return refused(&refusal, run),
         Err(panic) => {
             run.metrics.panicked();
