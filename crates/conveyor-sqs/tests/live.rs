@@ -484,12 +484,18 @@ async fn batches_never_exceed_ten_messages() {
     );
 }
 
+/// The attempt, SQS's receive count and when: `attempt` is the core's count, which a
+/// retry in place raises too; the receive count rises only when SQS hands it out again.
+type Attempts = Seen<(u32, Option<u32>, Instant)>;
+
 async fn fail_first(
     Json(_n): Json<u64>,
     info: DeliveryInfo,
-    State(seen): State<Seen<(u32, Instant)>>,
+    State(seen): State<Attempts>,
 ) -> Result<(), String> {
-    seen.lock().unwrap().push((info.attempt, Instant::now()));
+    seen.lock()
+        .unwrap()
+        .push((info.attempt, info.receive_count, Instant::now()));
     if info.attempt == 1 {
         Err("first attempt fails".into())
     } else {
@@ -502,11 +508,14 @@ async fn retry_after_hides_the_message_for_the_delay() {
     let broker = broker().await;
     let queue = declare(&broker, QueueSpec::new(unique("retry-after", false))).await;
     broker.publish_json(&queue, &1u64).await.unwrap();
-    let seen: Seen<(u32, Instant)> = Seen::default();
+    let seen = Attempts::default();
+    // `workers` hands retries back to SQS (sequential and lane mounts retry in place,
+    // and SQS would never see the delay).
     let running = App::new("retry-after")
         .with_state(seen.clone())
         .mount(broker.queue(&queue), fail_first, |m| {
-            m.retry_after(Backoff::fixed(Duration::from_secs(2)))
+            m.workers(2)
+                .retry_after(Backoff::fixed(Duration::from_secs(2)))
         })
         .start()
         .await
@@ -518,14 +527,16 @@ async fn retry_after_hides_the_message_for_the_delay() {
     running.shutdown().await.unwrap();
     let seen = seen.lock().unwrap().clone();
     assert_eq!(
-        seen.iter().map(|(a, _)| *a).collect::<Vec<_>>(),
-        vec![1, 2],
-        "receive counts"
+        seen.iter()
+            .map(|(attempt, received, _)| (*attempt, *received))
+            .collect::<Vec<_>>(),
+        vec![(1, Some(1)), (2, Some(2))],
+        "attempts and SQS's receive counts: the retry went back to SQS"
     );
     assert!(
-        seen[1].1 - seen[0].1 >= Duration::from_secs(2),
+        seen[1].2 - seen[0].2 >= Duration::from_secs(2),
         "{:?}",
-        seen[1].1 - seen[0].1
+        seen[1].2 - seen[0].2
     );
     delete(&broker, &[&queue]).await;
 }
@@ -535,7 +546,7 @@ async fn retry_after_rounds_a_sub_second_delay_up_to_whole_seconds() {
     let broker = broker().await;
     let queue = declare(&broker, QueueSpec::new(unique("retry-after-ms", false))).await;
     broker.publish_json(&queue, &1u64).await.unwrap();
-    let seen: Seen<(u32, Instant)> = Seen::default();
+    let seen = Attempts::default();
     // `workers` hands retries back to SQS (sequential and lane mounts retry in place).
     let running = App::new("retry-after-ms")
         .with_state(seen.clone())
@@ -554,9 +565,9 @@ async fn retry_after_rounds_a_sub_second_delay_up_to_whole_seconds() {
     let seen = seen.lock().unwrap().clone();
     // 1.5 s hides the message for 2 s; truncated, it would come back after 1 s.
     assert!(
-        seen[1].1 - seen[0].1 >= Duration::from_millis(1500),
+        seen[1].2 - seen[0].2 >= Duration::from_millis(1500),
         "came back after {:?}",
-        seen[1].1 - seen[0].1
+        seen[1].2 - seen[0].2
     );
     delete(&broker, &[&queue]).await;
 }
@@ -871,9 +882,12 @@ async fn shutdown_leaves_no_receive_under_way_behind() {
     delete(&broker, &[&queue]).await;
 }
 
+/// One receive brings ten; the nine that wait behind the running one stay hidden, renewed
+/// like it, over two and a half visibility timeouts of 4 s (each renewal goes out with
+/// two thirds of a second and more to spare).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sequential_mount_receives_ten_at_a_time_and_keeps_them_hidden() {
-    let broker = broker_at(ENDPOINT, Duration::from_secs(30)).await;
+    let broker = broker_at(ENDPOINT, Duration::from_secs(4)).await;
     let queue = declare(&broker, QueueSpec::new(unique("sequential-ten", false))).await;
     publish_numbers(&broker, &queue, 0..10, |_| None).await;
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
@@ -890,6 +904,17 @@ async fn a_sequential_mount_receives_ten_at_a_time_and_keeps_them_hidden() {
         count(&started) == 1 && depth(&broker, &queue).await == Some((0, 10))
     })
     .await;
+    let held_since = Instant::now();
+    while held_since.elapsed() < Duration::from_secs(10) {
+        assert_eq!(
+            depth(&broker, &queue).await,
+            Some((0, 10)),
+            "{:?} after all ten were received",
+            held_since.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(count(&started), 1, "the one handler still runs");
     gate.add_permits(100);
     eventually("all ten handled", Duration::from_secs(30), || async {
         count(&started) == 10
