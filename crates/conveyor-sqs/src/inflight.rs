@@ -47,6 +47,9 @@ enum State {
     Held,
     /// Settled; the keeper has not taken its settlement yet.
     Settled(Op),
+    /// The keeper has taken its settlement, and makes its call once the calls before it
+    /// (a dead-letter send) are over.
+    Taken,
     /// The keeper is making its settlement's call.
     Settling,
 }
@@ -71,10 +74,10 @@ pub(crate) struct Entry {
 
 impl Entry {
     /// Whether the keeper keeps it hidden: while it is held, and once settled, until the
-    /// keeper takes its settlement (which may wait behind a slow call), so that it does
-    /// not show again before its settlement's call.
+    /// keeper makes its settlement's call (which may wait behind a slow one), so that it
+    /// does not show again before that call.
     fn renewable(&self) -> bool {
-        matches!(self.state, State::Held | State::Settled(_)) && !self.receipt_stale
+        matches!(self.state, State::Held | State::Settled(_) | State::Taken) && !self.receipt_stale
     }
 }
 
@@ -147,7 +150,8 @@ impl InFlight {
     }
 
     /// Takes up to `max` settlements waiting for the keeper, oldest first. Their entries
-    /// stay (and count) until [`finish`](Self::finish), and are no longer renewed.
+    /// stay (and count) until [`finish`](Self::finish), and are renewed until
+    /// [`sending`](Self::sending).
     pub(crate) fn take_settled(&self, max: usize) -> Vec<Pending> {
         let mut tags = Vec::new();
         self.settled.take(max, &mut tags);
@@ -155,10 +159,10 @@ impl InFlight {
         tags.into_iter()
             .filter_map(|tag| {
                 let entry = entries.get_mut(tag)?;
-                match std::mem::replace(&mut entry.state, State::Settling) {
+                match std::mem::replace(&mut entry.state, State::Taken) {
                     State::Settled(op) => Some(Pending {
                         tag,
-                        receipt: std::mem::take(&mut entry.receipt),
+                        receipt: entry.receipt.clone(),
                         message_id: entry.message_id.take(),
                         received_at: entry.received_at,
                         op,
@@ -170,6 +174,20 @@ impl InFlight {
                 }
             })
             .collect()
+    }
+
+    /// The keeper is about to make the settlement calls of `tags` (taken): they are no
+    /// longer renewed, so that no renewal lands after a call that sets their visibility.
+    /// Their calls then wait for [`renewals_over`](Self::renewals_over).
+    pub(crate) fn sending(&self, tags: &[u64]) {
+        let mut entries = self.lock();
+        for tag in tags {
+            if let Some(entry) = entries.get_mut(*tag)
+                && matches!(entry.state, State::Taken)
+            {
+                entry.state = State::Settling;
+            }
+        }
     }
 
     /// The attribute types of the message `tag`, while it is not finished with.
@@ -371,7 +389,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_settled_message_is_renewed_until_the_keeper_takes_its_settlement() {
+    async fn a_settled_message_is_renewed_until_the_keeper_sends_its_call() {
         let in_flight = InFlight::default();
         let tag = receive(&in_flight, "r");
         assert!(in_flight.settle(tag, |_| Op::Hide {
@@ -381,7 +399,10 @@ mod tests {
         let due = due_now(&in_flight);
         assert_eq!(due, vec![(tag, "r".to_string(), Duration::from_secs(30))]);
 
+        // Taken, its call waiting behind another (a dead-letter send): still renewed.
         assert_eq!(in_flight.take_settled(usize::MAX).len(), 1);
+        assert_eq!(due_now(&in_flight), due);
+        in_flight.sending(&[tag]);
         assert!(due_now(&in_flight).is_empty());
         assert!(in_flight.claim_for_renewal(&due).is_empty());
     }

@@ -2,11 +2,12 @@
 //! hidden (the visibility extender) and makes the settlement calls.
 //!
 //! Renewals go out beside the settlements, so a settlement call that hangs or keeps
-//! failing never holds the renewals up. A settled message is renewed too until the keeper
-//! takes it for its call, ten at a time, so such a call leaves at most its own ten
-//! messages unrenewed. They are still ordered where it matters: a renewal is sent only for
-//! messages not taken for a call when it is sent, and a call waits for a renewal under way
-//! that covers one of its messages. So the visibility a settlement sets (0 for a retry or
+//! failing never holds the renewals up. A settled message is renewed too until its call
+//! goes out, ten at a time (a reject's dead letter is sent first, the message renewed
+//! meanwhile), so such a call leaves at most its own ten messages unrenewed. They are
+//! still ordered where it matters: a renewal is sent only for messages whose call is not
+//! going out when it is sent, and a call waits for a renewal under way that covers one of
+//! its messages. So the visibility a settlement sets (0 for a retry or
 //! a release, the delay for a retry-after) is always the last word; a renewal can never
 //! land after it and hide the message for a whole visibility timeout.
 
@@ -195,14 +196,13 @@ impl<C: Calls> Keeper<C> {
 
     /// Carries out the oldest settlements recorded so far, as many as one batch call takes,
     /// then forgets those messages. The others stay renewed meanwhile, however long the
-    /// calls take.
+    /// calls take, and so do these while their dead letters are sent.
     async fn flush(&self) {
         let settled = self.in_flight.take_settled(BATCH_LIMIT);
         if settled.is_empty() {
             return;
         }
         let tags: Vec<u64> = settled.iter().map(|pending| pending.tag).collect();
-        self.in_flight.renewals_over(&tags).await;
         let mut deletes = Vec::new();
         let mut hides = Vec::new();
         let mut rejects = Vec::new();
@@ -222,6 +222,8 @@ impl<C: Calls> Keeper<C> {
         if !rejects.is_empty() {
             self.dead_letter(rejects, &mut deletes, &mut hides).await;
         }
+        self.in_flight.sending(&tags);
+        self.in_flight.renewals_over(&tags).await;
         let (calls, queue) = (&self.calls, &*self.queue);
         settle_all(&Delete { calls, queue }, deletes).await;
         settle_all(&ChangeVisibility { calls, queue }, hides).await;
@@ -590,6 +592,8 @@ mod tests {
         fail_sends: bool,
         /// Sends fail as a whole, as when no answer comes.
         send_calls_fail: bool,
+        /// How long a send takes, beyond `latency`.
+        send_latency: Duration,
         /// Deletes never return.
         deletes_hang: bool,
         /// What the next renewals answer (`None`: the call fails as a whole), then
@@ -613,6 +617,7 @@ mod tests {
                 dead_letter_queue: None,
                 fail_sends: false,
                 send_calls_fail: false,
+                send_latency: Duration::ZERO,
                 deletes_hang: false,
                 renewal_answers: Arc::default(),
                 renewals_unanswered: Arc::default(),
@@ -696,6 +701,7 @@ mod tests {
                     )
                 })
                 .collect();
+            tokio::time::sleep(self.send_latency).await;
             self.call(Call::Send(queue.name.clone(), seen)).await;
             if self.send_calls_fail {
                 return Err(SqsError::Config("no answer".into()));
@@ -1064,25 +1070,54 @@ mod tests {
     #[derive(Clone, Default)]
     struct Logs(Arc<Mutex<Vec<u8>>>);
 
+    thread_local! {
+        /// Where this thread's log lines go while a test captures them.
+        static CAPTURING: std::cell::RefCell<Option<Logs>> = const { std::cell::RefCell::new(None) };
+    }
+
     impl Logs {
         /// Captures what this thread logs at INFO and up until the guard is dropped; a
         /// paused-clock test's runtime has one thread, so the keeper's task logs here.
-        fn capture() -> (Logs, tracing::subscriber::DefaultGuard) {
-            let logs = Logs::default();
-            let writer = logs.clone();
-            let guard = tracing::subscriber::set_default(
-                tracing_subscriber::fmt()
+        ///
+        /// One global subscriber writes each thread's lines to that thread's capture. A
+        /// scoped subscriber per test (`set_default`) lost an event now and then with
+        /// tests running side by side: `tracing` caches whether a callsite is wanted for
+        /// every thread at once.
+        fn capture() -> (Logs, Capturing) {
+            static INSTALLED: std::sync::Once = std::sync::Once::new();
+            INSTALLED.call_once(|| {
+                let subscriber = tracing_subscriber::fmt()
                     .with_ansi(false)
-                    .with_writer(move || writer.clone())
-                    .finish(),
-            );
-            (logs, guard)
+                    .with_writer(|| ThisThread)
+                    .finish();
+                tracing::subscriber::set_global_default(subscriber)
+                    .expect("no other global subscriber in these tests");
+            });
+            let logs = Logs::default();
+            CAPTURING.with(|capturing| *capturing.borrow_mut() = Some(logs.clone()));
+            (logs, Capturing)
         }
     }
 
-    impl std::io::Write for Logs {
+    /// Ends this thread's capture when dropped.
+    struct Capturing;
+
+    impl Drop for Capturing {
+        fn drop(&mut self) {
+            CAPTURING.with(|capturing| capturing.borrow_mut().take());
+        }
+    }
+
+    /// Writes to this thread's capture, if any.
+    struct ThisThread;
+
+    impl std::io::Write for ThisThread {
         fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
+            CAPTURING.with(|capturing| {
+                if let Some(logs) = capturing.borrow().as_ref() {
+                    logs.0.lock().unwrap().extend_from_slice(bytes);
+                }
+            });
             Ok(bytes.len())
         }
 
@@ -1329,6 +1364,45 @@ mod tests {
         settled.headers = Headers::new();
         settled.partition_key = key.map(PartitionKey::from);
         running.settler.settle(settled);
+    }
+
+    /// A rejected message stays renewed while its dead letter is sent, however long that
+    /// takes: rejected with 26 s left and sent for 30 s, it would show (and run again)
+    /// before its delete.
+    #[tokio::test(start_paused = true)]
+    async fn a_reject_stays_renewed_while_its_dead_letter_is_sent() {
+        let (mut script, queue) = with_dead_letter_queue("orders", false);
+        script.send_latency = Duration::from_secs(30);
+        let began = Instant::now();
+        let running = start(&script, queue);
+        let tag = running.receive("r");
+        // Renewed at 20 s and 40 s, to show at 70 s; rejected at 44 s.
+        tokio::time::sleep(Duration::from_secs(44)).await;
+        reject(&running, tag, "{}", None, "bad input");
+        running.close().await;
+        let calls: Vec<(u64, &str)> = script
+            .timed_calls()
+            .into_iter()
+            .map(|(at, call)| {
+                let kind = match call {
+                    Call::Visibility(_) => "renew",
+                    Call::Send(..) => "send",
+                    Call::Delete(_) => "delete",
+                };
+                ((at - began).as_secs(), kind)
+            })
+            .collect();
+        // Renewed at 60 s too, while the send is under way: hidden until 90 s.
+        assert_eq!(
+            calls,
+            [
+                (20, "renew"),
+                (40, "renew"),
+                (60, "renew"),
+                (74, "send"),
+                (74, "delete")
+            ]
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -49,11 +49,12 @@
 //!   unsettled message hidden, running or waiting to be handed over (renewing ten per
 //!   `ChangeMessageVisibilityBatch`, never past SQS's 12 hours from receipt: a message
 //!   whose handler still runs then is handed out again, and a warning says so; a renewal
-//!   that failed is tried again after 100 ms, doubling, for up to half a tick, rather
-//!   than a tick later), and
-//!   makes the settlement calls. Renewals go out beside settlements, and a settled message stays
-//!   renewed until the keeper takes it for its call (ten at a time), so a settlement call
-//!   that hangs exposes only its own messages. A settlement waits for a renewal under way
+//!   that failed, or got no answer within a twelfth of the visibility timeout, is tried
+//!   again after 100 ms, doubling, for up to half a tick, rather than a tick later), and
+//!   makes the settlement calls. Renewals go out beside settlements, and a settled
+//!   message stays renewed until its call goes out (ten at a time; a reject's delete
+//!   waits for its dead letter's send), so a settlement call that hangs exposes only its
+//!   own messages. A settlement waits for a renewal under way
 //!   that covers its message, so the visibility a settlement sets always has the last
 //!   word.
 //! - **FIFO**: the `MessageGroupId` is the delivery's partition key (also in the
