@@ -231,8 +231,8 @@ impl<C: Calls> Keeper<C> {
     }
 
     /// Renews the messages close to becoming visible: held, or settled with their call not
-    /// taken yet. One whose settlement the keeper has taken is left out: its call sets its
-    /// visibility. Whether every renewal due was made (or failed for good). A `retry`
+    /// sent yet. One whose call is going out is left out: that call sets its visibility.
+    /// Whether every renewal due was made (or failed for good). A `retry`
     /// logs its failures at DEBUG: the first try of the tick warned already.
     ///
     /// The calls, ten messages each, go out side by side: one that gets no answer must not
