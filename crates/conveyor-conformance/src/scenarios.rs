@@ -862,22 +862,36 @@ async fn request_all<F: Fixture>(fixture: &F, queue: &TestQueue, numbers: std::o
         .await;
 }
 
+/// Starts a responder on `queue`: `answer`, behind `gate`, as `configure` mounts it.
+async fn responder<F: Fixture>(
+    fixture: &F,
+    queue: &TestQueue,
+    gate: &ReplyGate,
+    configure: impl FnOnce(MountOptions) -> MountOptions,
+) -> RunningApp {
+    App::new("conformance-responder")
+        .with_state(gate.clone())
+        .mount(fixture.source(queue), answer, configure)
+        .start()
+        .await
+        .unwrap_or_else(|error| panic!("the responder does not start: {error}"))
+}
+
 /// A thousand requests at once on one requester (or as many at once as the fixture
 /// allows) each get their own reply, through the handler that answers by returning a
-/// message. A request whose responder does not answer
-/// in time fails with a timeout, and its reply, when it comes, reaches no other request.
+/// message. A request whose responder does not answer in time fails with a timeout, and
+/// its reply, when it comes, reaches no other request: it is sent while fifty others
+/// wait, ahead of their replies.
 pub async fn requests_get_their_own_replies_and_a_late_one_reaches_none<F: Fixture>(fixture: &F) {
     let queue = fixture.declare(QueueKind::plain()).await;
     let gate = ReplyGate(Arc::new(tokio::sync::watch::Sender::new(false)));
-    let responder = App::new("conformance-responder")
-        .with_state(gate.clone())
-        .mount(fixture.source(&queue), answer, |m| m.workers(16))
-        .start()
-        .await
-        .unwrap_or_else(|error| panic!("the responder does not start: {error}"));
-
+    let many = responder(fixture, &queue, &gate, |m| m.workers(16)).await;
     request_all(fixture, &queue, 0..1000).await;
+    stop(many).await;
 
+    // A sequential responder: it answers the others only once the late reply is sent
+    // (a reply goes out before its request is acked, and the next is handled after).
+    let one_at_a_time = responder(fixture, &queue, &gate, |m| m).await;
     let late = Message::builder()
         .partition_key("late")
         .json(&LATE)
@@ -890,11 +904,20 @@ pub async fn requests_get_their_own_replies_and_a_late_one_reaches_none<F: Fixtu
         matches!(timed_out, Err(conveyor::Error::Timeout { .. })),
         "{timed_out:?}"
     );
-    // The late reply goes out while these wait: none of them may take it.
-    gate.0.send_replace(true);
-    request_all(fixture, &queue, 0..50).await;
+    // Once most of the fifty wait, the late reply goes out. A request is on the queue
+    // only once it waits for its reply; the responder reads up to 16 ahead (RabbitMQ's
+    // smallest default prefetch window; SQS reads ten), the late one among them, so 34
+    // ready means at least 34 waiting.
+    let open_once_waiting = async {
+        eventually("most of the fifty requests waiting", || async {
+            fixture.ready(&queue).await >= 34
+        })
+        .await;
+        gate.0.send_replace(true);
+    };
+    futures_util::future::join(request_all(fixture, &queue, 0..50), open_once_waiting).await;
 
-    stop(responder).await;
+    stop(one_at_a_time).await;
     fixture.delete(queue).await;
     // What the requests made (an SQS reply queue) goes with the broker.
     if let Err(error) = fixture.broker().close().await {
