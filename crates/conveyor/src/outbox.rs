@@ -184,11 +184,15 @@ impl<S: OutboxStore, P: Publisher> OutboxRelay<S, P> {
     /// next pass starts with it. A message refused for good is set aside instead, if
     /// the store can ([`OutboxStore::set_aside`]).
     pub async fn relay_once(&self) -> Result<usize, Error> {
-        self.pass().await.map_err(|stopped| stopped.error)
+        self.pass(&mut || false)
+            .await
+            .map_err(|stopped| stopped.error)
     }
 
-    /// [`relay_once`](Self::relay_once), saying more of a pass that failed.
-    async fn pass(&self) -> Result<usize, Stopped> {
+    /// [`relay_once`](Self::relay_once), saying more of a pass that failed. It ends early,
+    /// marking what it sent, once `stop_asked` says so (asked before each publish): a
+    /// relay told to stop does not first publish the rest of a batch to a slow broker.
+    async fn pass(&self, stop_asked: &mut impl FnMut() -> bool) -> Result<usize, Stopped> {
         let store_failed = |error| Stopped {
             id: None,
             error,
@@ -199,6 +203,9 @@ impl<S: OutboxStore, P: Publisher> OutboxRelay<S, P> {
         let mut set_aside = false;
         let mut failed = None;
         for entry in pending {
+            if stop_asked() {
+                break;
+            }
             match self
                 .publisher
                 .publish(&entry.destination, entry.message)
@@ -255,11 +262,21 @@ impl<S: OutboxStore, P: Publisher> OutboxRelay<S, P> {
     /// that is away, or a message it will never take, is not asked again ten times a
     /// second. Such a message holds back all that follows it until it is published, set
     /// aside ([`OutboxStore::set_aside`]), fixed or taken out of the store.
+    ///
+    /// Once `signal` completes, a pass under way ends after the publish it is making:
+    /// those sent are marked, the rest wait for the next run.
     pub async fn run_until(&self, signal: impl Future<Output = ()>) {
         let mut signal = std::pin::pin!(signal);
         let mut failures = RetryPause::new();
         loop {
-            let wait = match self.pass().await {
+            let mut signalled = false;
+            let mut stop_asked = || {
+                signalled =
+                    signalled || futures_util::FutureExt::now_or_never(signal.as_mut()).is_some();
+                signalled
+            };
+            let passed = self.pass(&mut stop_asked).await;
+            let wait = match passed {
                 Ok(0) => {
                     failures.reset();
                     Some(self.interval)
@@ -288,6 +305,9 @@ impl<S: OutboxStore, P: Publisher> OutboxRelay<S, P> {
                     Some(pause)
                 }
             };
+            if signalled {
+                return;
+            }
             match wait {
                 Some(pause) => tokio::select! {
                     () = &mut signal => return,

@@ -265,6 +265,48 @@ async fn a_relay_whose_publishes_keep_failing_tries_again_after_longer_and_longe
     assert!((9..=11).contains(&tries), "{tries} tries in a minute");
 }
 
+/// A broker that takes a second to confirm each publish.
+#[derive(Clone, Default)]
+struct Slow {
+    published: Arc<AtomicUsize>,
+}
+
+impl Publisher for Slow {
+    async fn publish(&self, _: &str, _: Message) -> Result<(), Error> {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        self.published.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// A relay told to stop in the middle of a pass ends after the publish under way, marks
+/// what it sent, and leaves the rest for the next run: it does not first publish the
+/// other 99 of its batch, a second each.
+#[tokio::test(start_paused = true)]
+async fn a_relay_told_to_stop_mid_pass_ends_after_the_publish_under_way() {
+    let database = Database::default();
+    let outbox = Outbox::new(database.begin());
+    for step in 0..100 {
+        outbox
+            .publish("orders", order("alice", step))
+            .await
+            .unwrap();
+    }
+    outbox.into_inner().commit();
+    let slow = Slow::default();
+    let started = tokio::time::Instant::now();
+    OutboxRelay::new(database.clone(), slow.clone())
+        .run_until(tokio::time::sleep(Duration::from_millis(2_500)))
+        .await;
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(3),
+        "stopped after the third"
+    );
+    assert_eq!(slow.published.load(Ordering::SeqCst), 3);
+    assert_eq!(database.pending(usize::MAX).await.unwrap().len(), 97);
+}
+
 /// In front of the broker: refuses for good every message to `refusing`, as a broker
 /// refuses one too large for it.
 #[derive(Clone)]
