@@ -133,6 +133,58 @@ async fn publishes_sharing_a_channel_each_get_their_own_return() {
     cleanup(&broker, &[&queue], &[]).await;
 }
 
+/// A publish without a message id never takes the return of one with an id, through
+/// one exchange and routing key: a headers exchange routes those without an id (they
+/// carry the header the binding asks for) and returns those with one, many under one
+/// `multiple` confirm. When a publish without an id took any id's return, a routed one
+/// failed as returned (and would be sent again) and a returned one was reported
+/// confirmed (and lost).
+#[tokio::test]
+async fn a_publish_without_a_message_id_never_takes_the_return_of_one_with_an_id() {
+    use conveyor_lapin::{Binding, ExchangeSpec, ExchangeType};
+
+    let broker = broker().await;
+    let (queue, exchange) = (unique("by-header"), unique("headers"));
+    broker
+        .declare_queue(&QueueSpec::new(queue.as_str()))
+        .await
+        .unwrap();
+    broker
+        .declare_exchange(&ExchangeSpec::new(exchange.as_str(), ExchangeType::Headers))
+        .await
+        .unwrap();
+    let binding = Binding::new(queue.as_str(), exchange.as_str(), "")
+        .argument("x-match", "all")
+        .argument("route", "yes");
+    broker.bind(&binding).await.unwrap();
+    let publisher = broker.publisher().await.unwrap();
+    let unroutable = |i: usize| i % 16 == 7;
+    for round in 0..50 {
+        let publishes = (0..64).map(|i| {
+            let message = if unroutable(i) {
+                Message::builder()
+                    .message_id(format!("x-{i}"))
+                    .payload("returned")
+            } else {
+                Message::builder().header("route", "yes").payload("routed")
+            };
+            publisher.publish_to(&exchange, "", message, PublishOptions::default())
+        });
+        let results = futures_util::future::join_all(publishes).await;
+        for (i, result) in results.into_iter().enumerate() {
+            if unroutable(i) {
+                assert!(
+                    matches!(result, Err(LapinError::Returned { code: 312, .. })),
+                    "round {round}: the unroutable publish: {result:?}"
+                );
+            } else {
+                assert!(result.is_ok(), "round {round}, publish {i}: {result:?}");
+            }
+        }
+    }
+    cleanup(&broker, &[&queue], &[&exchange]).await;
+}
+
 #[tokio::test]
 async fn a_passive_queue_names_the_missing_queue() {
     let broker = broker().await;

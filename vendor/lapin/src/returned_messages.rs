@@ -48,9 +48,9 @@ impl ReturnedMessages {
     }
 
     /// The oldest return waiting for its confirm of a message published to `exchange`
-    /// with `routing_key`, and with `message_id` if it had one. (Conveyor patch,
-    /// PATCHED.md: the oldest of any, before, which gave a publish another one's return
-    /// when one confirm covered both.)
+    /// with `routing_key` and `message_id` (none matching none: RabbitMQ returns the
+    /// properties as published). (Conveyor patch, PATCHED.md: the oldest of any, before,
+    /// which gave a publish another one's return when one confirm covered both.)
     pub(crate) fn take_waiting_message(
         &self,
         exchange: &ShortString,
@@ -62,7 +62,7 @@ impl ReturnedMessages {
             let delivery = &message.delivery;
             delivery.exchange == *exchange
                 && delivery.routing_key == *routing_key
-                && message_id.is_none_or(|id| delivery.properties.message_id().as_ref() == Some(id))
+                && delivery.properties.message_id().as_ref() == message_id
         })?;
         inner.waiting_messages.remove(at)
     }

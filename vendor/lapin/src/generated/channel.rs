@@ -674,11 +674,13 @@ impl Channel {
         }
 
         // Conveyor patch (PATCHED.md, the fifth change): the confirm knows where its
-        // message went, to take the broker's return of that message and no other.
+        // message went, to take the broker's return of that message and no other (a
+        // broker returns a mandatory message it cannot route, or an immediate one no
+        // consumer takes at once; RabbitMQ refuses `immediate`).
         let start_hook_res = self.before_basic_publish(
             &exchange,
             &routing_key,
-            options.mandatory,
+            options.mandatory || options.immediate,
             properties.message_id().clone(),
         );
         let BasicPublishOptions {
