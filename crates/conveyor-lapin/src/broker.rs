@@ -815,7 +815,10 @@ impl LapinBroker {
     }
 
     /// Opens a confirm-mode channel for `purpose` (named in errors) on the publishing
-    /// connection.
+    /// connection, within the confirm timeout. A connection a resource alarm blocks
+    /// writes nothing, a channel's opening included: unbounded, the opening would wait
+    /// for the alarm's end, and every publish waiting on the lock it is opened under with
+    /// it. [`LapinError::Blocked`] when the connection is blocked at the timeout.
     pub(crate) async fn open_publishing_channel(
         &self,
         purpose: &str,
@@ -824,12 +827,27 @@ impl LapinBroker {
             purpose: purpose.to_string(),
             source,
         };
-        let channel = on(&self.inner.publishing, purpose).await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .map_err(failed)?;
-        Ok(channel)
+        let opening = async {
+            self.publishing_unblocked().await;
+            let channel = on(&self.inner.publishing, purpose).await?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await
+                .map_err(failed)?;
+            Ok(channel)
+        };
+        let after = self.inner.confirm_timeout;
+        match tokio::time::timeout(after, opening).await {
+            Ok(opened) => opened,
+            Err(_) => {
+                let destination = purpose.to_string();
+                Err(if self.inner.publishing.status().blocked() {
+                    LapinError::Blocked { destination, after }
+                } else {
+                    LapinError::ConfirmTimeout { destination, after }
+                })
+            }
+        }
     }
 
     /// Resolves once the publishing connection is not being recovered, or the confirm

@@ -155,11 +155,14 @@ pub enum LapinError {
         after: Duration,
     },
     /// RabbitMQ kept the publishing connection blocked (a memory or disk alarm) for the
-    /// publisher's confirm timeout: the message was not sent. A blocked connection
-    /// writes nothing, so it would have waited there for the alarm's end.
+    /// publisher's confirm timeout: the message was not sent (of a batch: this one and
+    /// those after it; those before it may have been), or the channel it needed was not
+    /// opened. A blocked connection writes nothing, so it would have waited there for the
+    /// alarm's end.
     #[error("RabbitMQ blocked the publishing connection (a resource alarm) for {after:?}")]
     Blocked {
-        /// The exchange and routing key, or the queue.
+        /// The exchange and routing key, or the queue; for a channel not opened, what it
+        /// was for (`publisher`, `requests`, `republishing`).
         destination: String,
         /// How long the publisher waited for the block to end.
         after: Duration,

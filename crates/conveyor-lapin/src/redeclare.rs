@@ -10,6 +10,7 @@
 //! Auto-delete queues and exchanges are left out: declared again at once, one the broker
 //! had deleted (its last consumer or binding gone) would come back to stay.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use lapin::Channel;
@@ -52,34 +53,59 @@ impl Declared {
 pub(crate) struct Record {
     declared: Vec<Declared>,
     /// The auto-delete queues and exchanges left out, whose bindings are left out too:
-    /// declared again without them, a binding would fail once they are gone.
-    left_out: std::collections::HashSet<String>,
+    /// declared again without them, a binding would fail once they are gone. The latest
+    /// [`LEFT_OUT_KEPT`] only: the broker deletes them without telling, so a service that
+    /// makes one per request would otherwise grow this without end. A binding to one
+    /// forgotten here is recorded, and forgotten in turn the first time the broker
+    /// refuses it.
+    left_out: VecDeque<Named>,
+}
+
+/// How many left-out names a record keeps.
+const LEFT_OUT_KEPT: usize = 1024;
+
+/// A queue or an exchange, by name: the two have names of their own.
+#[derive(Debug, PartialEq, Eq)]
+enum Named {
+    Queue(String),
+    Exchange(String),
 }
 
 impl Record {
     /// Notes a declaration that succeeded.
     pub(crate) fn declared(&mut self, declared: Declared) {
-        let left_out = match &declared {
-            Declared::Exchange(spec) if spec.is_auto_delete() => Some(spec.name()),
-            Declared::Queue(declaration) if declaration.is_auto_delete() => {
-                Some(declaration.name())
-            }
+        let named = match &declared {
+            Declared::Exchange(spec) if !spec.is_passive() => Some((
+                Named::Exchange(spec.name().to_string()),
+                spec.is_auto_delete(),
+            )),
+            Declared::Queue(declaration) => Some((
+                Named::Queue(declaration.name().to_string()),
+                declaration.is_auto_delete(),
+            )),
             _ => None,
         };
-        if let Some(name) = left_out {
-            self.left_out.insert(name.to_string());
-            let name = name.to_string();
-            self.declared.retain(|known| match known {
-                Declared::Binding(binding) => binding.queue() != name && binding.exchange() != name,
-                _ => true,
-            });
+        let mut kept = true;
+        if let Some((named, auto_delete)) = named {
+            // Declared again, it is what it is now, auto-delete or not.
+            self.left_out.retain(|known| *known != named);
+            if auto_delete {
+                self.declared.retain(|known| match known {
+                    Declared::Binding(binding) => !binding_of(binding, &named),
+                    _ => true,
+                });
+                if self.left_out.len() == LEFT_OUT_KEPT {
+                    self.left_out.pop_front();
+                }
+                self.left_out.push_back(named);
+                kept = false;
+            }
         }
         let kept = match &declared {
-            Declared::Exchange(spec) => !spec.is_passive() && left_out.is_none(),
-            Declared::Queue(_) => left_out.is_none(),
+            Declared::Exchange(spec) => kept && !spec.is_passive(),
+            Declared::Queue(_) => kept,
             Declared::Binding(binding) => {
-                !self.left_out.contains(binding.queue())
-                    && !self.left_out.contains(binding.exchange())
+                !self.left_out.iter().any(|named| binding_of(binding, named))
             }
         };
         self.declared.retain(|known| !known.same(&declared));
@@ -90,7 +116,8 @@ impl Record {
 
     /// Forgets a queue that was deleted, and its bindings.
     pub(crate) fn queue_deleted(&mut self, name: &str) {
-        self.left_out.remove(name);
+        self.left_out
+            .retain(|known| !matches!(known, Named::Queue(n) if n == name));
         self.declared.retain(|known| match known {
             Declared::Queue(declaration) => declaration.name() != name,
             Declared::Binding(binding) => binding.queue() != name,
@@ -100,7 +127,8 @@ impl Record {
 
     /// Forgets an exchange that was deleted, and the bindings to it.
     pub(crate) fn exchange_deleted(&mut self, name: &str) {
-        self.left_out.remove(name);
+        self.left_out
+            .retain(|known| !matches!(known, Named::Exchange(n) if n == name));
         self.declared.retain(|known| match known {
             Declared::Exchange(spec) => spec.name() != name,
             Declared::Binding(binding) => binding.exchange() != name,
@@ -116,6 +144,14 @@ impl Record {
     /// Every declaration, in order.
     pub(crate) fn all(&self) -> Vec<Declared> {
         self.declared.clone()
+    }
+}
+
+/// Whether `binding` binds the queue or is from the exchange `named`.
+fn binding_of(binding: &Binding, named: &Named) -> bool {
+    match named {
+        Named::Queue(name) => binding.queue() == name,
+        Named::Exchange(name) => binding.exchange() == name,
     }
 }
 
@@ -183,5 +219,49 @@ mod tests {
         // A binding made before its queue turned out to be auto-delete goes too.
         record.declared(queue(QueueSpec::new("r").auto_delete()));
         assert!(names(&record).is_empty());
+    }
+
+    /// An auto-delete queue the broker deleted by itself, declared again to last, is made
+    /// again with its bindings; and a queue and an exchange of one name are two things.
+    #[test]
+    fn a_name_declared_again_without_auto_delete_is_made_again_with_its_bindings() {
+        let mut record = Record::default();
+        record.declared(queue(QueueSpec::new("q").auto_delete()));
+        record.declared(queue(QueueSpec::new("q")));
+        record.declared(Declared::Binding(Binding::new("q", "e", "")));
+        assert_eq!(names(&record), ["queue q", "binding e q"]);
+
+        record.declared(queue(QueueSpec::new("events").auto_delete()));
+        record.declared(Declared::Exchange(ExchangeSpec::new(
+            "events",
+            ExchangeType::Fanout,
+        )));
+        record.declared(Declared::Binding(Binding::new("q", "events", "")));
+        assert_eq!(
+            names(&record),
+            [
+                "queue q",
+                "binding e q",
+                "exchange events",
+                "binding events q"
+            ]
+        );
+    }
+
+    /// Left-out names are kept to a bound: the broker deletes auto-delete queues without
+    /// telling, and a service may make one per request.
+    #[test]
+    fn the_left_out_names_are_kept_to_a_bound() {
+        let mut record = Record::default();
+        for n in 0..LEFT_OUT_KEPT + 10 {
+            record.declared(queue(
+                QueueSpec::new(format!("reply-{n}").as_str()).auto_delete(),
+            ));
+        }
+        assert_eq!(record.left_out.len(), LEFT_OUT_KEPT);
+        assert_eq!(
+            record.left_out.front(),
+            Some(&Named::Queue("reply-10".into()))
+        );
     }
 }

@@ -154,6 +154,16 @@ async fn subscriptions_ack_while_a_memory_alarm_blocks_publishing_and_retries_wa
         ),
         "{error}: {source}"
     );
+    // Nor does a new publisher's channel open: it fails as blocked after the confirm
+    // timeout, instead of waiting for the alarm's end (and every publish behind it).
+    let opened = tokio::time::timeout(common::DEADLINE, broker.publisher())
+        .await
+        .expect("opening a channel on a blocked connection ends");
+    assert!(
+        matches!(opened, Err(conveyor_lapin::LapinError::Blocked { .. })),
+        "{:?}",
+        opened.err()
+    );
     // The consuming connection is `blocking`: it would be blocked if it published, and it
     // never does.
     assert_ne!(

@@ -251,6 +251,67 @@ async fn a_binding_comes_back_after_a_refused_declaration_and_a_lost_connection(
     .await;
 }
 
+/// A lost connection recovers after an exchange with a binding was deleted. lapin
+/// forgets the exchange but not the binding, and declares it again on recovery: the
+/// broker refuses (NOT_FOUND) and closes the topology channel, and only that channel;
+/// the subscription resumes, and the next declaration opens a new topology channel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_recovers_after_an_exchange_with_a_binding_was_deleted() {
+    use conveyor_lapin::{Binding, ExchangeSpec, ExchangeType};
+
+    let name = unique("recovery-deleted-exchange");
+    let broker = broker_named(&name).await;
+    let (exchange, bound, queue) = (
+        unique("recovery-gone"),
+        unique("recovery-was-bound"),
+        unique("recovery-after"),
+    );
+    broker
+        .declare_exchange(&ExchangeSpec::new(exchange.as_str(), ExchangeType::Fanout))
+        .await
+        .unwrap();
+    for queue in [&bound, &queue] {
+        broker
+            .declare_queue(&QueueSpec::new(queue.as_str()))
+            .await
+            .unwrap();
+    }
+    broker
+        .bind(&Binding::new(bound.as_str(), exchange.as_str(), ""))
+        .await
+        .unwrap();
+    broker.delete_exchange(&exchange).await.unwrap();
+
+    let seen = Seen::<u32>::default();
+    let running = App::new("recovery-deleted-exchange")
+        .with_state(seen.clone())
+        .mount(broker.queue(&queue), record, |m| m)
+        .start()
+        .await
+        .unwrap();
+    let publisher_broker = common::broker().await;
+    let publisher = publisher_broker.publisher().await.unwrap();
+    publish_keyed(&publisher, &queue, 0..1).await;
+    wait_until("the first message", || seen.len() == 1).await;
+
+    assert_eq!(close_connections_named(&name), 2);
+    let (publisher, queue_name) = (&publisher, queue.as_str());
+    publish_until_one_arrives(&seen, |id| async move {
+        publish_keyed(publisher, queue_name, id..id + 1).await;
+        true
+    })
+    .await;
+    // And the broker still declares: its topology channel came back too.
+    let later = unique("recovery-later");
+    broker
+        .declare_queue(&QueueSpec::new(later.as_str()))
+        .await
+        .unwrap();
+
+    running.shutdown().await.unwrap();
+    cleanup(&broker, &[&bound, &queue, &later], &[]).await;
+}
+
 /// After a kill, publishes ids from 1 on with `publish` (which says whether the broker
 /// routed the message) until one arrives in `seen`, for at most [`common::DEADLINE`].
 /// One probe is not enough: a message routed in the moment between the kill and the
