@@ -559,9 +559,12 @@ impl LapinBroker {
         }
         let declaration = Arc::new(declaration);
         let declared = &declaration;
-        self.on_topology_channel(|channel| async move { declared.declare(&channel).await })
-            .await?;
-        self.record(Declared::Queue(declaration.clone()));
+        self.on_topology_channel(|channel| async move {
+            declared.declare(&channel).await?;
+            self.record(Declared::Queue(declared.clone()));
+            Ok(())
+        })
+        .await?;
         conveyor::support::lock(&self.inner.declared).insert(spec.name().to_string(), declaration);
         Ok(())
     }
@@ -588,22 +591,23 @@ impl LapinBroker {
                     .queue_delete(amqp_name, lapin::options::QueueDeleteOptions::default())
                     .await
                 {
-                    Ok(_) => Ok(()),
-                    Err(e) if is_not_found(&e) => Ok(()),
-                    Err(source) => Err(LapinError::Declare {
-                        what: "queue deletion of",
-                        name: queue.to_string(),
-                        source,
-                    }),
+                    Ok(_) => {}
+                    Err(e) if is_not_found(&e) => {}
+                    Err(source) => {
+                        return Err(LapinError::Declare {
+                            what: "queue deletion of",
+                            name: queue.to_string(),
+                            source,
+                        });
+                    }
                 }
+                conveyor::support::lock(&self.inner.topology_record).queue_deleted(queue);
+                Ok(())
             })
             .await?;
         }
         conveyor::support::lock(&self.inner.declared).remove(name);
         conveyor::support::lock(&self.inner.delay_queues).remove(name);
-        let mut record = conveyor::support::lock(&self.inner.topology_record);
-        record.queue_deleted(name);
-        record.queue_deleted(&delay_queue);
         Ok(())
     }
 
@@ -684,20 +688,28 @@ impl LapinBroker {
             close_quietly(channel).await;
             return checked.map_err(conveyor::Error::from);
         }
-        self.on_topology_channel(|channel| async move { exchange.declare(&channel).await })
-            .await?;
-        self.record(Declared::Exchange(exchange.clone()));
-        Ok(())
+        self.on_topology_channel(|channel| async move {
+            exchange.declare(&channel).await?;
+            self.record(Declared::Exchange(exchange.clone()));
+            Ok(())
+        })
+        .await
+        .map_err(conveyor::Error::from)
     }
 
     /// Binds a queue to an exchange.
     pub async fn bind(&self, binding: &Binding) -> Result<(), conveyor::Error> {
-        self.on_topology_channel(|channel| async move { binding.declare(&channel).await })
-            .await?;
-        self.record(Declared::Binding(binding.clone()));
-        Ok(())
+        self.on_topology_channel(|channel| async move {
+            binding.declare(&channel).await?;
+            self.record(Declared::Binding(binding.clone()));
+            Ok(())
+        })
+        .await
+        .map_err(conveyor::Error::from)
     }
 
+    /// Notes a declaration that succeeded, under the topology channel's lock: a record
+    /// made again on a new channel, and a deletion, are then never between the two.
     fn record(&self, declared: Declared) {
         conveyor::support::lock(&self.inner.topology_record).declared(declared);
     }
@@ -710,18 +722,21 @@ impl LapinBroker {
                 .exchange_delete(name, lapin::options::ExchangeDeleteOptions::default())
                 .await
             {
-                Ok(()) => Ok(()),
-                Err(e) if is_not_found(&e) => Ok(()),
-                Err(source) => Err(LapinError::Declare {
-                    what: "exchange deletion of",
-                    name: exchange.to_string(),
-                    source,
-                }),
+                Ok(()) => {}
+                Err(e) if is_not_found(&e) => {}
+                Err(source) => {
+                    return Err(LapinError::Declare {
+                        what: "exchange deletion of",
+                        name: exchange.to_string(),
+                        source,
+                    });
+                }
             }
+            conveyor::support::lock(&self.inner.topology_record).exchange_deleted(exchange);
+            Ok(())
         })
-        .await?;
-        conveyor::support::lock(&self.inner.topology_record).exchange_deleted(exchange);
-        Ok(())
+        .await
+        .map_err(conveyor::Error::from)
     }
 
     /// How many messages are ready in `queue`, or `None` when it does not exist: a
