@@ -113,32 +113,42 @@ async fn a_queue_deleted_with_the_connection_is_declared_again() {
         .declare_queue(&QueueSpec::new(queue.as_str()).durable(false).exclusive())
         .await
         .unwrap();
-    let seen = Seen::<u32>::default();
     // Mounted by name: the subscription knows the declaration this broker made, and
-    // makes it again on its own channel, so that recovery brings the queue back.
-    let running = App::new("recovery-topology")
+    // makes it again on its own channel, so that recovery brings the queue back. The
+    // exclusive queue goes with its connection; recovery declares it again and resumes
+    // the consumer on it.
+    let running = consumes_across_a_kill(&broker, &name, &queue).await;
+    running.shutdown().await.unwrap();
+    cleanup(&broker, &[&queue], &[]).await;
+}
+
+/// Mounts a handler on `queue` of `broker` (whose connections are named `name`), sees a
+/// message arrive, closes both connections, and sees one arrive again after recovery.
+async fn consumes_across_a_kill(
+    broker: &conveyor_lapin::LapinBroker,
+    name: &str,
+    queue: &str,
+) -> conveyor::RunningApp {
+    let seen = Seen::<u32>::default();
+    let running = App::new("recovery")
         .with_state(seen.clone())
-        .mount(broker.queue(&queue), record, |m| m)
+        .mount(broker.queue(queue), record, |m| m)
         .start()
         .await
         .unwrap();
     let publisher_broker = common::broker().await;
     let publisher = publisher_broker.publisher().await.unwrap();
-    publish_keyed(&publisher, &queue, 0..1).await;
+    publish_keyed(&publisher, queue, 0..1).await;
     wait_until("the first message", || seen.len() == 1).await;
 
-    // The exclusive queue goes with its connection; recovery declares it again and
-    // resumes the consumer on it.
-    assert_eq!(close_connections_named(&name), 2);
-    let (publisher, queue_name) = (&publisher, queue.as_str());
+    assert_eq!(close_connections_named(name), 2);
+    let publisher = &publisher;
     publish_until_one_arrives(&seen, |id| async move {
-        publish_keyed(publisher, queue_name, id..id + 1).await;
+        publish_keyed(publisher, queue, id..id + 1).await;
         true
     })
     .await;
-
-    running.shutdown().await.unwrap();
-    cleanup(&broker, &[&queue], &[]).await;
+    running
 }
 
 /// A binding, and the exclusive queue it binds, come back after a lost connection even
@@ -282,25 +292,7 @@ async fn a_connection_recovers_after_an_exchange_with_a_binding_was_deleted() {
         .unwrap();
     broker.delete_exchange(&exchange).await.unwrap();
 
-    let seen = Seen::<u32>::default();
-    let running = App::new("recovery-deleted-exchange")
-        .with_state(seen.clone())
-        .mount(broker.queue(&queue), record, |m| m)
-        .start()
-        .await
-        .unwrap();
-    let publisher_broker = common::broker().await;
-    let publisher = publisher_broker.publisher().await.unwrap();
-    publish_keyed(&publisher, &queue, 0..1).await;
-    wait_until("the first message", || seen.len() == 1).await;
-
-    assert_eq!(close_connections_named(&name), 2);
-    let (publisher, queue_name) = (&publisher, queue.as_str());
-    publish_until_one_arrives(&seen, |id| async move {
-        publish_keyed(publisher, queue_name, id..id + 1).await;
-        true
-    })
-    .await;
+    let running = consumes_across_a_kill(&broker, &name, &queue).await;
     // And the broker still declares: its topology channel came back too.
     let later = unique("recovery-later");
     broker
