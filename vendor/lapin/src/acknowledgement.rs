@@ -20,15 +20,8 @@ impl Acknowledgements {
         Self(SharedMutex::new(Inner::new(channel_id, returned_messages)))
     }
 
-    pub(crate) fn register_pending(
-        &self,
-        exchange: ShortString,
-        routing_key: ShortString,
-        mandatory: bool,
-        message_id: Option<ShortString>,
-    ) -> PublisherConfirm {
-        self.lock_inner()
-            .register_pending(exchange, routing_key, mandatory, message_id)
+    pub(crate) fn register_pending(&self, returnable: Option<ReturnAddress>) -> PublisherConfirm {
+        self.lock_inner().register_pending(returnable)
     }
 
     pub(crate) fn get_last_pending(&self) -> Option<Promise<()>> {
@@ -87,15 +80,19 @@ impl fmt::Debug for Acknowledgements {
     }
 }
 
-/// A publish waiting for its confirm: its resolvers, and what the broker's return of it
-/// would name: where it went (exchange and routing key) and its message id. Only a
-/// mandatory publish is returned.
+/// What the broker's return of a publish names: where it went (exchange and routing
+/// key) and its message id. Only a mandatory (or immediate) publish can be returned.
+pub(crate) struct ReturnAddress {
+    pub(crate) exchange: ShortString,
+    pub(crate) routing_key: ShortString,
+    pub(crate) message_id: Option<ShortString>,
+}
+
+/// A publish waiting for its confirm: its resolvers, and the address of its return, if
+/// it can be returned.
 struct Pending {
     resolvers: (PromiseResolver<Confirmation>, PromiseResolver<()>),
-    exchange: ShortString,
-    routing_key: ShortString,
-    mandatory: bool,
-    message_id: Option<ShortString>,
+    returnable: Option<ReturnAddress>,
 }
 
 struct Inner {
@@ -117,13 +114,7 @@ impl Inner {
         }
     }
 
-    fn register_pending(
-        &mut self,
-        exchange: ShortString,
-        routing_key: ShortString,
-        mandatory: bool,
-        message_id: Option<ShortString>,
-    ) -> PublisherConfirm {
+    fn register_pending(&mut self, returnable: Option<ReturnAddress>) -> PublisherConfirm {
         let delivery_tag = self.delivery_tag.next();
         trace!("Publishing with delivery_tag {}", delivery_tag);
         let (promise, resolver) = Promise::new("acknowledgement");
@@ -134,10 +125,7 @@ impl Inner {
             delivery_tag,
             Pending {
                 resolvers: (resolver, err_resolver),
-                exchange,
-                routing_key,
-                mandatory,
-                message_id,
+                returnable,
             },
         );
         promise
@@ -147,14 +135,13 @@ impl Inner {
         // Conveyor patch (PATCHED.md, the fifth change): the return of this publish's
         // message, not merely the oldest one waiting, which may be another publish's
         // when one confirm covers several (`multiple`) or one ack overtakes another.
-        let returned_message = pending.mandatory.then(|| {
+        let returned_message = pending.returnable.and_then(|address| {
             self.returned_messages.take_waiting_message(
-                &pending.exchange,
-                &pending.routing_key,
-                pending.message_id.as_ref(),
+                &address.exchange,
+                &address.routing_key,
+                address.message_id.as_ref(),
             )
         });
-        let returned_message = returned_message.flatten();
         let resolvers = pending.resolvers;
         resolvers.0.resolve(if success {
             Confirmation::Ack(returned_message)

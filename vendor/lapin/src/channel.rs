@@ -1,7 +1,7 @@
 use crate::{
     BasicProperties, ChannelState, ChannelStatus, Connection, ConnectionState, ConnectionStatus,
     Error, ErrorKind, ExchangeKind, Promise, PromiseResolver, Result,
-    acknowledgement::Acknowledgements,
+    acknowledgement::{Acknowledgements, ReturnAddress},
     auth::AuthProvider,
     basic_get_delivery::BasicGetDelivery,
     channel_closer::ChannelCloser,
@@ -634,16 +634,18 @@ impl Channel {
         &self,
         exchange: &ShortString,
         routing_key: &ShortString,
-        mandatory: bool,
-        message_id: Option<ShortString>,
+        returnable: bool,
+        properties: &BasicProperties,
     ) -> Option<PublisherConfirm> {
         if self.status.confirm() {
-            Some(self.acknowledgements.register_pending(
-                exchange.clone(),
-                routing_key.clone(),
-                mandatory,
-                message_id,
-            ))
+            // Conveyor patch (PATCHED.md, the fifth change): kept only for a publish
+            // that can come back.
+            let returnable = returnable.then(|| ReturnAddress {
+                exchange: exchange.clone(),
+                routing_key: routing_key.clone(),
+                message_id: properties.message_id().clone(),
+            });
+            Some(self.acknowledgements.register_pending(returnable))
         } else {
             None
         }

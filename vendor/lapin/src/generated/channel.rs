@@ -681,7 +681,7 @@ impl Channel {
             &exchange,
             &routing_key,
             options.mandatory || options.immediate,
-            properties.message_id().clone(),
+            &properties,
         );
         let BasicPublishOptions {
             mandatory,
