@@ -74,36 +74,16 @@ enum Named {
 impl Record {
     /// Notes a declaration that succeeded.
     pub(crate) fn declared(&mut self, declared: Declared) {
-        let named = match &declared {
-            Declared::Exchange(spec) if !spec.is_passive() => Some((
+        let kept = match &declared {
+            Declared::Exchange(spec) if spec.is_passive() => false,
+            Declared::Exchange(spec) => self.named(
                 Named::Exchange(spec.name().to_string()),
                 spec.is_auto_delete(),
-            )),
-            Declared::Queue(declaration) => Some((
+            ),
+            Declared::Queue(declaration) => self.named(
                 Named::Queue(declaration.name().to_string()),
                 declaration.is_auto_delete(),
-            )),
-            _ => None,
-        };
-        let mut kept = true;
-        if let Some((named, auto_delete)) = named {
-            // Declared again, it is what it is now, auto-delete or not.
-            self.left_out.retain(|known| *known != named);
-            if auto_delete {
-                self.declared.retain(|known| match known {
-                    Declared::Binding(binding) => !binding_of(binding, &named),
-                    _ => true,
-                });
-                if self.left_out.len() == LEFT_OUT_KEPT {
-                    self.left_out.pop_front();
-                }
-                self.left_out.push_back(named);
-                kept = false;
-            }
-        }
-        let kept = match &declared {
-            Declared::Exchange(spec) => kept && !spec.is_passive(),
-            Declared::Queue(_) => kept,
+            ),
             Declared::Binding(binding) => {
                 !self.left_out.iter().any(|named| binding_of(binding, named))
             }
@@ -112,6 +92,24 @@ impl Record {
         if kept {
             self.declared.push(declared);
         }
+    }
+
+    /// Notes a queue or exchange declared now, auto-delete or not (whatever an earlier
+    /// declaration of its name was); whether it is kept. An auto-delete one is left
+    /// out, and its bindings with it.
+    fn named(&mut self, named: Named, auto_delete: bool) -> bool {
+        self.left_out.retain(|known| *known != named);
+        if !auto_delete {
+            return true;
+        }
+        self.declared.retain(
+            |known| !matches!(known, Declared::Binding(binding) if binding_of(binding, &named)),
+        );
+        if self.left_out.len() == LEFT_OUT_KEPT {
+            self.left_out.pop_front();
+        }
+        self.left_out.push_back(named);
+        false
     }
 
     /// Forgets a queue that was deleted, and its bindings.
