@@ -2,7 +2,8 @@
 //!
 //! Headers travel as message attributes: UTF-8 values as `String`, anything else as
 //! `Binary`, so every header value comes back byte for byte; a type given in an
-//! [`AttributeTypes`] (a received message's own, or a publisher's) replaces that choice. A body SQS cannot carry
+//! [`AttributeTypes`] (a received message's own, or a publisher's) replaces that choice.
+//! A body SQS cannot carry
 //! (not UTF-8, or characters SQS refuses) goes base64-encoded, marked by the
 //! [`BODY_ENCODING_ATTRIBUTE`] attribute, and is decoded on receipt. An empty payload,
 //! which SQS refuses as a body (it takes at least one character), goes as a placeholder
@@ -93,7 +94,7 @@ pub(crate) fn encode_dead_letter(
     kept.remove(REJECT_REASON_HEADER);
     attributes.add_headers(&kept, group.map(Some))?;
     if let Some(reason) = reason.filter(|reason| !reason.is_empty()) {
-        check_attribute_name(REJECT_REASON_HEADER).map_err(|reason| attributes.invalid(reason))?;
+        // Not `add`: the reason goes as its value says, whatever type an earlier one had.
         attributes.insert(REJECT_REASON_HEADER, reason.as_bytes(), None)?;
     }
     attributes.finish(payload)
