@@ -66,7 +66,8 @@
 //!   Retry and release set visibility 0; retry-after sets it to the delay rounded *up* to
 //!   whole seconds (1.5 s hides for 2 s, 300 ms for 1 s), capped, as renewals are, 5 s
 //!   short of 12 hours from receipt when its call is made (SQS counts from its own receipt
-//!   and refuses more) (both `ChangeMessageVisibilityBatch`). Reject ends the message's life at once: it is
+//!   and refuses more) (both `ChangeMessageVisibilityBatch`). Reject ends the message's
+//!   life at once: it is
 //!   sent (`SendMessageBatch`) to the dead-letter queue the queue's redrive policy names,
 //!   with its payload and headers (each attribute of the type it came with) and the
 //!   reason in the
@@ -89,7 +90,8 @@
 //! - **Shutdown**: when the app starts draining, the pump makes no new receive, a receive
 //!   under way completes and its messages are released (visibility 0) as it returns, and
 //!   every message waiting in the hand-over is released at once (its call made without
-//!   waiting for the flush interval), while the handlers already running go on. Closing the subscription waits for that receive (bounded by
+//!   waiting for the flush interval), while the handlers already running go on. Closing
+//!   the subscription waits for that receive (bounded by
 //!   the long poll plus the request timeout), then for every settlement's call.
 //! - **Errors that cannot heal** end the subscription: a receive that fails because the
 //!   queue does not exist, access is denied, the credentials are refused, or SQS refuses
