@@ -17,8 +17,15 @@ fn example(name: &str) -> PathBuf {
         .join("examples")
         .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     if !path.exists() {
+        // `lanes`, the README's first command, is the core's own example: it builds without
+        // the transports.
+        let package = if name == "lanes" {
+            "conveyor"
+        } else {
+            "conveyor-examples"
+        };
         let built = Command::new(env!("CARGO"))
-            .args(["build", "-p", "conveyor-examples", "--example", name])
+            .args(["build", "-p", package, "--example", name])
             .status()
             .expect("cargo runs");
         assert!(built.success(), "building example {name} failed");
