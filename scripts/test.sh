@@ -12,6 +12,9 @@ done
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
+echo "== the core's transport contract imports nothing app-level"
+python3 scripts/module-graph.py crates/conveyor/src \
+    --leaf transport,message,headers,delivery,outcome,admin,error,encode
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 # The workspace build turns the core's optional features on (tests and examples ask for

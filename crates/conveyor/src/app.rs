@@ -14,12 +14,12 @@ use crate::dispatch::{MAX_WORKERS, Phase, Run, Shutdown};
 use crate::error::Error;
 use crate::extract::Context;
 use crate::handler::{Endpoint, Handler, Unlayered};
-use crate::health::{ConnectionHealth, Health, MountHealth, MountStatus};
+use crate::health::{Health, MountHealth, MountStatus};
 use crate::lanes_view::MountLanes;
 use crate::layer::{Identity, Layer, Stack};
 use crate::mount::{Dispatch, MountOptions};
 use crate::state::StateMap;
-use crate::transport::{Broker, Source, SubscribeSettings, Subscriber};
+use crate::transport::{Broker, ConnectionHealth, Source, SubscribeSettings, Subscriber};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 type MountTask = BoxFuture<Result<(), Error>>;
@@ -82,7 +82,7 @@ struct Mount {
     /// The mount has layers (its own or the app's).
     layered: bool,
     /// Where the handler's outputs go.
-    route: crate::output::Route,
+    route: crate::route::Route,
     /// What the handler takes its payload as, for the AsyncAPI document.
     payload: crate::handler::PayloadInfo,
     /// How the transport describes the queue, and the `publish_to` destination.

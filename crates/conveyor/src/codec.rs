@@ -27,6 +27,7 @@
 //! # Ok::<(), conveyor::Error>(())
 //! ```
 
+pub use crate::encode::{CBOR_CONTENT_TYPE, MSGPACK_CONTENT_TYPE};
 #[cfg(any(feature = "msgpack", feature = "cbor"))]
 use {
     crate::payload::{DecodeError, FromPayload, PayloadFormat},
@@ -34,12 +35,6 @@ use {
     serde::de::DeserializeOwned,
     std::fmt,
 };
-
-/// The content type `Message::msgpack` sets.
-pub const MSGPACK_CONTENT_TYPE: &str = "application/msgpack";
-
-/// The content type `Message::cbor` sets.
-pub const CBOR_CONTENT_TYPE: &str = "application/cbor";
 
 /// A MessagePack payload, decoded with serde (feature `msgpack`). It reads
 /// `application/msgpack` and the older `application/x-msgpack` and
@@ -74,16 +69,6 @@ impl<T: DeserializeOwned + Send + 'static> FromPayload for MsgPack<T> {
     }
 }
 
-/// Encodes `value` as MessagePack, structs as maps of their field names: what other
-/// languages' MessagePack libraries read without a schema.
-#[cfg(feature = "msgpack")]
-pub(crate) fn to_msgpack<T: serde::Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, crate::Error> {
-    rmp_serde::to_vec_named(value).map_err(|e| crate::Error::Encode {
-        format: "msgpack",
-        source: e.into(),
-    })
-}
-
 /// A CBOR payload (RFC 8949), decoded with serde (feature `cbor`). It reads
 /// `application/cbor`.
 #[cfg(feature = "cbor")]
@@ -107,17 +92,6 @@ impl<T: DeserializeOwned + Send + 'static> FromPayload for Cbor<T> {
             .map(Cbor)
             .map_err(|e| DecodeError::new("cbor", e))
     }
-}
-
-/// Encodes `value` as CBOR.
-#[cfg(feature = "cbor")]
-pub(crate) fn to_cbor<T: serde::Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, crate::Error> {
-    let mut out = Vec::new();
-    ciborium::into_writer(value, &mut out).map_err(|e| crate::Error::Encode {
-        format: "cbor",
-        source: e.into(),
-    })?;
-    Ok(out)
 }
 
 #[cfg(all(test, feature = "msgpack", feature = "cbor"))]

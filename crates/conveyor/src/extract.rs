@@ -13,7 +13,7 @@ use crate::delivery::Delivery;
 use crate::error::Error;
 use crate::headers::Headers;
 use crate::message::PartitionKey;
-use crate::output::Route;
+use crate::route::Route;
 use crate::state::StateMap;
 
 /// What a handler can see besides its delivery: the queue it is mounted on and the app's

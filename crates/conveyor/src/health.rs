@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::lanes_view::LaneStats;
 use crate::support;
+use crate::transport::{ConnectionHealth, ConnectionProbe, ConnectionState};
 
 /// Where one mount is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,42 +46,6 @@ pub struct MountHealth {
     pub queue: String,
     /// Where it is.
     pub state: MountState,
-}
-
-/// Where one broker connection is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ConnectionState {
-    /// Open and usable.
-    Connected,
-    /// Open, but the broker has stopped reading what it sends (RabbitMQ blocks a
-    /// publishing connection during a resource alarm): its publishes wait. Still counts
-    /// as ready (see [`Health::is_ready`]).
-    Blocked,
-    /// Lost, and being recovered.
-    Reconnecting,
-    /// Closed for good.
-    Closed,
-}
-
-/// One broker connection's health.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ConnectionHealth {
-    /// What the connection is for (RabbitMQ: `consuming` or `publishing`).
-    pub name: String,
-    /// Where it is.
-    pub state: ConnectionState,
-}
-
-impl ConnectionHealth {
-    /// A connection named `name` in `state`: for transports.
-    pub fn new(name: impl Into<String>, state: ConnectionState) -> Self {
-        ConnectionHealth {
-            name: name.into(),
-            state,
-        }
-    }
 }
 
 /// A running app's health: every mount's state, and every connection of the brokers
@@ -122,17 +87,6 @@ impl Health {
                 )
             })
     }
-}
-
-/// Tells whether a subscription's connection is lost, when asked: what a transport that
-/// recovers its connection by itself, out of sight of
-/// [`Subscriber::recv`](crate::Subscriber::recv), hands to the core through
-/// [`Subscriber::connection`](crate::Subscriber::connection). The mount shows as
-/// [`MountState::Reconnecting`] while it answers `true`. It is asked only when
-/// [`RunningApp::health`](crate::RunningApp::health) is, so keep it cheap and never block.
-pub trait ConnectionProbe: Send + Sync + 'static {
-    /// Whether the connection is lost now (and being recovered).
-    fn is_lost(&self) -> bool;
 }
 
 /// What the app knows of one mount, shared by the mount's task and the running app.

@@ -57,6 +57,7 @@ mod batch;
 pub mod codec;
 mod delivery;
 pub mod dispatch;
+mod encode;
 mod error;
 mod extract;
 mod handler;
@@ -73,6 +74,7 @@ pub mod output;
 mod payload;
 mod policy;
 pub mod request;
+mod route;
 mod state;
 pub mod support;
 pub mod telemetry;
@@ -93,9 +95,7 @@ pub use error::{BoxError, Error, Report, Result};
 pub use extract::{Context, DeliveryInfo, FromContext, FromDelivery, Rejection, State};
 pub use handler::Handler;
 pub use headers::{HeaderName, Headers};
-pub use health::{
-    ConnectionHealth, ConnectionProbe, ConnectionState, Health, MountHealth, MountState,
-};
+pub use health::{Health, MountHealth, MountState};
 pub use lanes_view::{HotKey, LaneView, MountLanes};
 pub use layer::{Identity, Layer, Stack};
 pub use memory::{MemoryBroker, MemoryQueue, MemorySubscriber};
@@ -105,8 +105,11 @@ pub use message::{
 };
 pub use mount::{DEFAULT_BATCH_SIZE, Dispatch, MountOptions};
 pub use outcome::{IntoOutcome, Outcome, REJECT_REASON_HEADER, Settlement};
-pub use output::{CAUSATION_ID_HEADER, IntoReply, Output, Reply, SharedPublisher};
+pub use output::{CAUSATION_ID_HEADER, IntoReply, Output, Reply};
 pub use payload::{DecodeError, FromPayload, Json, PayloadFormat};
 pub use policy::{Backoff, FailurePolicy, OnError};
 pub use state::StateMap;
-pub use transport::{Broker, Publisher, Source, SubscribeSettings, Subscriber};
+pub use transport::{
+    Broker, ConnectionHealth, ConnectionProbe, ConnectionState, Publisher, SharedPublisher, Source,
+    SubscribeSettings, Subscriber,
+};

@@ -349,16 +349,16 @@ impl MessageBuilder {
     /// content type `application/msgpack` (unless one was set). Feature `msgpack`.
     #[cfg(feature = "msgpack")]
     pub fn msgpack<T: Serialize + ?Sized>(self, value: &T) -> Result<Message, Error> {
-        let payload = crate::codec::to_msgpack(value)?;
-        Ok(self.encoded(payload, crate::codec::MSGPACK_CONTENT_TYPE))
+        let payload = crate::encode::to_msgpack(value)?;
+        Ok(self.encoded(payload, crate::encode::MSGPACK_CONTENT_TYPE))
     }
 
     /// The message, with `value` as CBOR for its payload and content type
     /// `application/cbor` (unless one was set). Feature `cbor`.
     #[cfg(feature = "cbor")]
     pub fn cbor<T: Serialize + ?Sized>(self, value: &T) -> Result<Message, Error> {
-        let payload = crate::codec::to_cbor(value)?;
-        Ok(self.encoded(payload, crate::codec::CBOR_CONTENT_TYPE))
+        let payload = crate::encode::to_cbor(value)?;
+        Ok(self.encoded(payload, crate::encode::CBOR_CONTENT_TYPE))
     }
 
     /// The message with an encoded payload, labelled `content_type` unless a content

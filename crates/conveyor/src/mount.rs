@@ -4,9 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::layer::{Identity, Layer, Stack};
-use crate::output::SharedPublisher;
 use crate::policy::{Backoff, FailurePolicy, OnError};
 use crate::transport::Publisher;
+use crate::transport::SharedPublisher;
 
 /// How a mount runs its deliveries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -372,8 +372,8 @@ impl<L> MountOptions<L> {
     }
 
     /// Where the handler's outputs go, given the publisher of the mount's own broker.
-    pub(crate) fn route(&self, own: Option<SharedPublisher>) -> crate::output::Route {
-        crate::output::Route {
+    pub(crate) fn route(&self, own: Option<SharedPublisher>) -> crate::route::Route {
+        crate::route::Route {
             own,
             via: self.publish_via.clone(),
             destination: self.publish_to.clone(),

@@ -37,18 +37,15 @@
 //!     .mount(broker.queue("orders"), invoice, |m| m.publish_to("invoices"));
 //! ```
 
-use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
-
-use futures_util::future::BoxFuture;
 
 use crate::delivery::Delivery;
 use crate::error::{BoxError, Error};
 use crate::extract::Context;
 use crate::message::{CORRELATION_ID_HEADER, Message, REPLY_TO_HEADER};
 use crate::outcome::{IntoOutcome, Outcome};
-use crate::transport::Publisher;
+use crate::route::Route;
+use crate::transport::{Publisher, SharedPublisher};
 
 /// The header an output carries the message id of the delivery that produced it in.
 pub const CAUSATION_ID_HEADER: &str = "causation-id";
@@ -240,87 +237,6 @@ macro_rules! result_into_reply {
 }
 
 result_into_reply!(Reply; Message; Output; Option<M>, M; Vec<M>, M);
-
-/// A [`Publisher`] of any transport behind one type, as a mount keeps the one its outputs
-/// go through. It publishes as the publisher it wraps does.
-///
-/// ```
-/// use conveyor::{MemoryBroker, Publisher, SharedPublisher};
-///
-/// # async fn demo() -> Result<(), conveyor::Error> {
-/// let publisher = SharedPublisher::new(MemoryBroker::new());
-/// publisher.publish_json("orders", &7u64).await?;
-/// # Ok(()) }
-/// ```
-#[derive(Clone)]
-pub struct SharedPublisher(Arc<dyn ErasedPublisher>);
-
-impl SharedPublisher {
-    /// Wraps `publisher`.
-    pub fn new(publisher: impl Publisher + 'static) -> Self {
-        SharedPublisher(Arc::new(publisher))
-    }
-}
-
-impl fmt::Debug for SharedPublisher {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("SharedPublisher")
-    }
-}
-
-/// [`Publisher`] with boxed futures, so that it can be a trait object.
-trait ErasedPublisher: Send + Sync {
-    fn publish_boxed<'a>(
-        &'a self,
-        destination: &'a str,
-        message: Message,
-    ) -> BoxFuture<'a, Result<(), Error>>;
-
-    fn publish_batch_boxed<'a>(
-        &'a self,
-        destination: &'a str,
-        messages: Vec<Message>,
-    ) -> BoxFuture<'a, Result<(), Error>>;
-}
-
-impl<P: Publisher> ErasedPublisher for P {
-    fn publish_boxed<'a>(
-        &'a self,
-        destination: &'a str,
-        message: Message,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(self.publish(destination, message))
-    }
-
-    fn publish_batch_boxed<'a>(
-        &'a self,
-        destination: &'a str,
-        messages: Vec<Message>,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(self.publish_batch(destination, messages))
-    }
-}
-
-impl Publisher for SharedPublisher {
-    async fn publish(&self, destination: &str, message: Message) -> Result<(), Error> {
-        self.0.publish_boxed(destination, message).await
-    }
-
-    async fn publish_batch(&self, destination: &str, messages: Vec<Message>) -> Result<(), Error> {
-        self.0.publish_batch_boxed(destination, messages).await
-    }
-}
-
-/// Where a mount's outputs go: set at the mount site, resolved when the app starts.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Route {
-    /// The publisher of the broker the mount consumes from: replies go back through it.
-    pub(crate) own: Option<SharedPublisher>,
-    /// The mount's `publish_via`, for every other output.
-    pub(crate) via: Option<SharedPublisher>,
-    /// The mount's `publish_to`.
-    pub(crate) destination: Option<Arc<str>>,
-}
 
 /// Why a handler's outputs were not published.
 #[derive(Debug, thiserror::Error)]

@@ -11,6 +11,14 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+mod connection;
+mod describe;
+mod shared;
+
+pub use connection::{ConnectionHealth, ConnectionProbe, ConnectionState};
+pub use describe::QueueDescription;
+pub use shared::SharedPublisher;
+
 use crate::admin::{DeadLetter, QueueDepth, QueueSpec};
 use crate::delivery::Delivery;
 use crate::error::Error;
@@ -59,7 +67,7 @@ pub trait Source: Send + 'static {
     ///
     /// [`MountOptions::publish_to`]: crate::MountOptions::publish_to
     /// [`MountOptions::publish_via`]: crate::MountOptions::publish_via
-    fn publisher(&self) -> Option<crate::SharedPublisher> {
+    fn publisher(&self) -> Option<SharedPublisher> {
         None
     }
 
@@ -67,9 +75,9 @@ pub trait Source: Send + 'static {
     /// broker (this source's own, or a destination its handler publishes to): where the
     /// partition key travels, and the protocol's bindings. The default describes
     /// nothing.
-    fn describe(&self, queue: &str) -> crate::asyncapi::QueueDescription {
+    fn describe(&self, queue: &str) -> QueueDescription {
         let _ = queue;
-        crate::asyncapi::QueueDescription::default()
+        QueueDescription::default()
     }
 
     /// Opens a subscription: declares or checks the queue, opens the receive side.
@@ -130,7 +138,7 @@ pub trait Subscriber: Send + 'static {
     /// [`RunningApp::health`](crate::RunningApp::health) shows the mount as reconnecting
     /// while the probe says so. (Receive errors that `recv` returns are seen by the
     /// dispatcher.) Asked once, when the mount starts. The default gives none.
-    fn connection(&self) -> Option<std::sync::Arc<dyn crate::ConnectionProbe>> {
+    fn connection(&self) -> Option<std::sync::Arc<dyn ConnectionProbe>> {
         None
     }
 
@@ -302,7 +310,7 @@ pub trait Broker: Publisher + Clone + Send + Sync + 'static {
     /// [`RunningApp::health`](crate::RunningApp::health). Asked on every health check:
     /// keep it cheap and never block. The default, for a broker that keeps no
     /// connection (in process, or over HTTP), has none.
-    fn connections(&self) -> Vec<crate::ConnectionHealth> {
+    fn connections(&self) -> Vec<ConnectionHealth> {
         Vec::new()
     }
 }
