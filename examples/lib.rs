@@ -44,4 +44,22 @@ mod guide {
     struct Operating;
     #[doc = include_str!("../docs/migrating.md")]
     struct Migrating;
+    #[doc = include_str!("../docs/handlers.md")]
+    struct Handlers;
+    #[doc = include_str!("../docs/outputs.md")]
+    struct Outputs;
+    #[doc = include_str!("../docs/request-reply.md")]
+    struct RequestReply;
+    #[doc = include_str!("../docs/outbox.md")]
+    struct Outbox;
+    #[doc = include_str!("../docs/testing.md")]
+    struct Testing;
+    #[doc = include_str!("../docs/asyncapi.md")]
+    struct AsyncApi;
+    #[doc = include_str!("../docs/guarantees.md")]
+    struct Guarantees;
+    #[doc = include_str!("../docs/rabbitmq.md")]
+    struct RabbitMq;
+    #[doc = include_str!("../docs/sqs.md")]
+    struct Sqs;
 }
