@@ -244,7 +244,7 @@ impl Settle for Settler {
                 tracing::debug!(queue = %self.queue, reason, "rejecting a message");
                 Action::Reject(reason.to_string())
             }
-            _ => Action::Release,
+            Settlement::Release => Action::Release,
         };
         // If the task is gone the channel is closing, and closing it returns the message.
         self.ops.push(Op::Settle(Job {

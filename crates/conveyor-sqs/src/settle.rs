@@ -104,8 +104,7 @@ impl Settle for Settler {
                 types: entry.types.clone(),
                 partition_key,
             })),
-            // Retry, Release, and whatever a later core adds: visible again now.
-            _ => Op::Hide {
+            Settlement::Retry | Settlement::Release => Op::Hide {
                 delay: Duration::ZERO,
             },
         });

@@ -28,8 +28,10 @@ pub enum Outcome {
 
 /// How a transport is asked to settle a delivery: an [`Outcome`], or a release of a
 /// delivery that was received but never handed to a handler.
+///
+/// Not `#[non_exhaustive]`: a transport matches every variant, so a fate added here is a
+/// compile error in each transport rather than a silent fall into a catch-all arm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum Settlement<'a> {
     /// Remove the message from the queue.
     Ack,

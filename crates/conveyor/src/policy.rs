@@ -94,29 +94,11 @@ impl Default for FailurePolicy {
     }
 }
 
-/// The fate the policy picks for one failed delivery.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Verdict {
-    Retry,
-    RetryAfter(Duration),
-    Reject { attempts_exhausted: bool },
-}
-
 impl FailurePolicy {
-    /// The fate of a delivery whose attempt number `attempt` just failed.
-    pub(crate) fn verdict(&self, attempt: u32) -> Verdict {
-        if self.max_attempts.is_some_and(|max| attempt >= max) {
-            return Verdict::Reject {
-                attempts_exhausted: true,
-            };
-        }
-        match self.on_error {
-            OnError::Retry => Verdict::Retry,
-            OnError::RetryAfter(backoff) => Verdict::RetryAfter(backoff.delay(attempt)),
-            OnError::Reject => Verdict::Reject {
-                attempts_exhausted: false,
-            },
-        }
+    /// Whether attempt number `attempt` is the last this policy allows: its failure is
+    /// rejected whatever `on_error` says.
+    pub(crate) fn attempts_exhausted(&self, attempt: u32) -> bool {
+        self.max_attempts.is_some_and(|max| attempt >= max)
     }
 }
 
@@ -125,41 +107,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rejects_once_attempts_run_out() {
+    fn attempts_run_out_on_the_max_attempt() {
         let policy = FailurePolicy {
             on_error: OnError::Retry,
             max_attempts: Some(3),
         };
-        assert_eq!(policy.verdict(1), Verdict::Retry);
-        assert_eq!(policy.verdict(2), Verdict::Retry);
-        assert_eq!(
-            policy.verdict(3),
-            Verdict::Reject {
-                attempts_exhausted: true
-            }
-        );
+        assert!(!policy.attempts_exhausted(1));
+        assert!(!policy.attempts_exhausted(2));
+        assert!(policy.attempts_exhausted(3));
+        let forever = FailurePolicy {
+            max_attempts: None,
+            ..policy
+        };
+        assert!(!forever.attempts_exhausted(u32::MAX));
     }
 
     #[test]
     fn retry_after_grows_with_the_attempt() {
-        let policy = FailurePolicy {
-            on_error: OnError::RetryAfter(Backoff::exponential(
-                Duration::from_secs(1),
-                Duration::from_secs(5),
-            )),
-            max_attempts: None,
-        };
-        assert_eq!(
-            policy.verdict(1),
-            Verdict::RetryAfter(Duration::from_secs(1))
-        );
-        assert_eq!(
-            policy.verdict(3),
-            Verdict::RetryAfter(Duration::from_secs(4))
-        );
-        assert_eq!(
-            policy.verdict(50),
-            Verdict::RetryAfter(Duration::from_secs(5))
-        );
+        let backoff = Backoff::exponential(Duration::from_secs(1), Duration::from_secs(5));
+        assert_eq!(backoff.delay(1), Duration::from_secs(1));
+        assert_eq!(backoff.delay(3), Duration::from_secs(4));
+        assert_eq!(backoff.delay(50), Duration::from_secs(5));
     }
 }

@@ -35,33 +35,10 @@
 
 use std::time::Instant;
 
-/// What a settlement was, for the outcome counter.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum OutcomeKind {
-    Ack,
-    Retry,
-    RetryAfter,
-    Reject,
-}
-
-impl OutcomeKind {
-    /// What `settlement` counts as; `None` for a release (the core releases only by
-    /// dropping a delivery, counted where it drops it).
-    pub(crate) fn of(settlement: &crate::outcome::Settlement<'_>) -> Option<Self> {
-        use crate::outcome::Settlement;
-        match settlement {
-            Settlement::Ack => Some(OutcomeKind::Ack),
-            Settlement::Retry => Some(OutcomeKind::Retry),
-            Settlement::RetryAfter(_) => Some(OutcomeKind::RetryAfter),
-            Settlement::Reject { .. } => Some(OutcomeKind::Reject),
-            Settlement::Release => None,
-        }
-    }
-}
-
 #[cfg(feature = "metrics")]
 mod enabled {
-    use super::{Instant, OutcomeKind};
+    use super::Instant;
+    use crate::outcome::Settlement;
     use metrics::{Counter, Gauge, Histogram, Label};
 
     /// The handles of one mount's series.
@@ -200,13 +177,17 @@ mod enabled {
             }
         }
 
+        /// Counts what the dispatcher settled. A release is not counted here: the core
+        /// releases only by dropping a delivery, counted where it drops it
+        /// ([`released`](Self::released)).
         #[inline]
-        pub(crate) fn outcome(&self, outcome: OutcomeKind) {
-            match outcome {
-                OutcomeKind::Ack => &self.acked,
-                OutcomeKind::Retry => &self.retried,
-                OutcomeKind::RetryAfter => &self.retried_later,
-                OutcomeKind::Reject => &self.rejected,
+        pub(crate) fn outcome(&self, settlement: &Settlement<'_>) {
+            match settlement {
+                Settlement::Ack => &self.acked,
+                Settlement::Retry => &self.retried,
+                Settlement::RetryAfter(_) => &self.retried_later,
+                Settlement::Reject { .. } => &self.rejected,
+                Settlement::Release => return,
             }
             .increment(1);
         }
@@ -227,7 +208,8 @@ mod enabled {
 
 #[cfg(not(feature = "metrics"))]
 mod disabled {
-    use super::{Instant, OutcomeKind};
+    use super::Instant;
+    use crate::outcome::Settlement;
 
     /// Without the `metrics` feature: nothing, at no cost.
     #[derive(Clone, Debug)]
@@ -267,7 +249,7 @@ mod disabled {
 
         pub(crate) fn run_ended(&self, _started: Option<Instant>) {}
 
-        pub(crate) fn outcome(&self, _outcome: OutcomeKind) {}
+        pub(crate) fn outcome(&self, _settlement: &Settlement<'_>) {}
 
         pub(crate) fn released(&self, _count: u64) {}
 

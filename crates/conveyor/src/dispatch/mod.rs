@@ -392,9 +392,7 @@ pub(crate) async fn finish<S: Subscriber>(subscriber: S, run: &Run, end: End) ->
 
 /// Settles `delivery` as the dispatcher decided, and counts the outcome.
 pub(crate) fn settle(delivery: Delivery, settlement: crate::outcome::Settlement<'_>, run: &Run) {
-    if let Some(outcome) = crate::telemetry::OutcomeKind::of(&settlement) {
-        run.metrics.outcome(outcome);
-    }
+    run.metrics.outcome(&settlement);
     delivery.settle(settlement);
 }
 

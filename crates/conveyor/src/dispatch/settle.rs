@@ -16,8 +16,7 @@ use crate::delivery::Delivery;
 use crate::error::BoxError;
 use crate::handler::{CallOne, Refusal};
 use crate::outcome::{Outcome, Settlement};
-use crate::policy::Verdict;
-use crate::telemetry::OutcomeKind;
+use crate::policy::OnError;
 
 /// The reason recorded when a handler itself returns [`Outcome::Reject`](crate::Outcome).
 const REJECTED_BY_HANDLER: &str = "rejected by the handler";
@@ -88,7 +87,9 @@ fn delivery_span(delivery: &Delivery, run: &Run) -> tracing::Span {
     span
 }
 
-/// What one run of the handler decided for its delivery.
+/// What one run of the handler decided for its delivery: the core's one internal fate,
+/// between the handler's [`Outcome`] (or failure) and the transport's [`Settlement`].
+/// A retry here may still run again in place; a reject owns its reason.
 enum Fate {
     Ack,
     /// Again: now (`None`) or after the delay.
@@ -147,9 +148,7 @@ async fn run_and_settle<H: CallOne>(
             // A retry now must not spin: let the runtime run timers and other tasks.
             tokio::task::yield_now().await;
         }
-        if let Some(retried) = OutcomeKind::of(&to_broker(delay)) {
-            run.metrics.outcome(retried);
-        }
+        run.metrics.outcome(&to_broker(delay));
         delivery.count_retry();
     }
 }
@@ -218,19 +217,17 @@ fn decided(outcome: Outcome, delivery: &Delivery, run: &Run) -> Fate {
 /// A retry the handler asked for: granted while attempts are left, like a failure's.
 fn asked_again(delivery: &Delivery, delay: Option<Duration>, run: &Run) -> Fate {
     let attempt = delivery.attempt();
-    match run.options.failure_policy().max_attempts {
-        Some(max) if attempt >= max => {
-            tracing::error!(
-                queue = run.cx.queue(),
-                attempt,
-                "the handler asked for a retry with no attempts left; rejecting"
-            );
-            Fate::Reject(Cow::Owned(format!(
-                "the handler asked for a retry on attempt {attempt}, the last allowed"
-            )))
-        }
-        _ => Fate::Retry(delay),
+    if !run.options.failure_policy().attempts_exhausted(attempt) {
+        return Fate::Retry(delay);
     }
+    tracing::error!(
+        queue = run.cx.queue(),
+        attempt,
+        "the handler asked for a retry with no attempts left; rejecting"
+    );
+    Fate::Reject(Cow::Owned(format!(
+        "the handler asked for a retry on attempt {attempt}, the last allowed"
+    )))
 }
 
 fn refused(refusal: &Refusal, run: &Run) -> Fate {
@@ -281,26 +278,31 @@ impl fmt::Display for Failure {
     }
 }
 
-/// The fate the mount's failure policy gives a delivery whose handler failed, logged.
+/// The fate the mount's failure policy gives a delivery whose handler failed, logged:
+/// rejected on the last allowed attempt, else as its `on_error` says.
 fn failed(delivery: &Delivery, failure: &Failure, run: &Run) -> Fate {
     let attempt = delivery.attempt();
     let queue = run.cx.queue();
-    match run.options.failure_policy().verdict(attempt) {
-        Verdict::Retry => {
+    let policy = run.options.failure_policy();
+    if policy.attempts_exhausted(attempt) {
+        tracing::error!(queue, attempt, error = %failure, "handler failed; rejecting");
+        return Fate::Reject(Cow::Owned(format!(
+            "{failure} (attempt {attempt}, no attempts left)"
+        )));
+    }
+    match policy.on_error {
+        OnError::Retry => {
             tracing::warn!(queue, attempt, error = %failure, "handler failed; retrying now");
             Fate::Retry(None)
         }
-        Verdict::RetryAfter(delay) => {
+        OnError::RetryAfter(backoff) => {
+            let delay = backoff.delay(attempt);
             tracing::warn!(queue, attempt, ?delay, error = %failure, "handler failed; retrying later");
             Fate::Retry(Some(delay))
         }
-        Verdict::Reject { attempts_exhausted } => {
+        OnError::Reject => {
             tracing::error!(queue, attempt, error = %failure, "handler failed; rejecting");
-            Fate::Reject(Cow::Owned(if attempts_exhausted {
-                format!("{failure} (attempt {attempt}, no attempts left)")
-            } else {
-                failure.to_string()
-            }))
+            Fate::Reject(Cow::Owned(failure.to_string()))
         }
     }
 }
