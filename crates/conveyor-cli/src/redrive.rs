@@ -352,7 +352,7 @@ pub fn redriven_amqp(
 
 /// An id no other message of this or another redrive has.
 fn fresh_id() -> String {
-    format!("redrive-{}", conveyor::support::unique_id())
+    format!("redrive-{}", conveyor::kit::unique_id())
 }
 
 /// Headers a transport keeps for itself: attempt counts, death records, and where it

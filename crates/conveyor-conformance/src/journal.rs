@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use conveyor::support;
+use conveyor::kit;
 use conveyor::{DeliveryInfo, Json, Outcome, PartitionKey, State};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
@@ -106,7 +106,7 @@ impl Journal {
     }
 
     fn runs_locked(&self) -> MutexGuard<'_, Vec<Run>> {
-        support::lock(&self.inner.runs)
+        kit::lock(&self.inner.runs)
     }
 
     /// Every run so far, in the order they ended.

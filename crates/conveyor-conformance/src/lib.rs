@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use std::sync::{Arc, Mutex};
 
-use conveyor::{Broker, DeadLetter, QueueSpec, support};
+use conveyor::{Broker, DeadLetter, QueueSpec, kit};
 
 pub use journal::Journal;
 
@@ -187,7 +187,7 @@ pub trait Queues: Fixture {
                 Ok(taken) => taken,
                 Err(error) => panic!("cannot read the dead-letter queue `{dlq}`: {error}"),
             };
-            let mut all = support::lock(&queue.taken);
+            let mut all = kit::lock(&queue.taken);
             all.extend(taken);
             all.clone()
         }

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use conveyor::support;
+use conveyor::kit;
 use conveyor::{
     App, Backoff, Batch, Broker, Bytes, Context, DecodeError, Delivery, FromDelivery, FromPayload,
     Headers, Json, Message, MountOptions, Publisher, Rejection, RunningApp, State,
@@ -126,7 +126,7 @@ fn fixed(ms: u64) -> Backoff {
 struct Captured(Arc<Mutex<Vec<(Bytes, Headers)>>>);
 
 async fn capture(payload: Bytes, headers: Headers, State(seen): State<Captured>) {
-    support::lock(&seen.0).push((payload, headers));
+    kit::lock(&seen.0).push((payload, headers));
 }
 
 /// The payload arrives byte for byte, and so do text and binary headers; the message's
@@ -155,11 +155,11 @@ pub async fn round_trip_keeps_payload_headers_and_properties<F: Fixture>(fixture
         .await
         .unwrap_or_else(|error| panic!("the app does not start: {error}"));
     eventually("the message to arrive", || async {
-        !support::lock(&seen.0).is_empty()
+        !kit::lock(&seen.0).is_empty()
     })
     .await;
     stop(app).await;
-    let (got, headers) = support::lock(&seen.0)[0].clone();
+    let (got, headers) = kit::lock(&seen.0)[0].clone();
     assert_eq!(got, payload);
     assert_eq!(headers.get_str("x-trace"), Some("abc-123"));
     assert_eq!(headers.get("x-binary"), Some(&binary));
@@ -422,7 +422,7 @@ pub async fn retry_after_comes_no_sooner_than_its_delay<F: Fixture>(fixture: &F)
 struct Sizes(Arc<Mutex<Vec<usize>>>);
 
 async fn sizes(batch: Batch<Json<Job>>, State(sizes): State<Sizes>) {
-    support::lock(&sizes.0).push(batch.len());
+    kit::lock(&sizes.0).push(batch.len());
 }
 
 /// Batch handlers get between one and `size` messages, and every message once.
@@ -437,10 +437,10 @@ pub async fn batches_are_never_empty_and_never_larger_than_their_size<F: Fixture
         .start()
         .await
         .unwrap_or_else(|error| panic!("the app does not start: {error}"));
-    let total = || support::lock(&seen.0).iter().sum::<usize>();
+    let total = || kit::lock(&seen.0).iter().sum::<usize>();
     eventually("every job in some batch", || async { total() >= JOBS }).await;
     stop(app).await;
-    let sizes = support::lock(&seen.0).clone();
+    let sizes = kit::lock(&seen.0).clone();
     assert!(sizes.iter().all(|&n| (1..=4).contains(&n)), "{sizes:?}");
     assert_eq!(total(), JOBS);
     fixture.delete(queue).await;
@@ -452,7 +452,7 @@ struct Attempts(Arc<Mutex<Vec<u32>>>);
 /// Asks for every message of its batch again, noting each one's attempt.
 async fn retry_all(batch: Batch<Json<Job>>, State(seen): State<Attempts>) -> conveyor::Outcome {
     let attempts = (0..batch.len()).filter_map(|index| batch.info(index).map(|info| info.attempt));
-    support::lock(&seen.0).extend(attempts);
+    kit::lock(&seen.0).extend(attempts);
     conveyor::Outcome::Retry
 }
 
@@ -475,7 +475,7 @@ pub async fn a_batch_asking_for_retries_is_dead_lettered_after_max_attempts<F: F
         .unwrap_or_else(|error| panic!("the app does not start: {error}"));
     let dead = dead_lettered(fixture, &queue, 1).await;
     stop(app).await;
-    assert_eq!(*support::lock(&seen.0), [1, 2, 3], "one run per attempt");
+    assert_eq!(*kit::lock(&seen.0), [1, 2, 3], "one run per attempt");
     let reason = dead[0].reason.clone().unwrap_or_default();
     assert!(
         reason.contains("asked for a retry on attempt 3"),
@@ -662,12 +662,12 @@ impl<P: Publisher> Publisher for Refusing<P> {
             .unwrap_or_default()
             .to_string();
         let refuse = {
-            let mut listed = support::lock(&self.refuse);
+            let mut listed = kit::lock(&self.refuse);
             let at = listed.iter().position(|id| *id == cause);
             at.map(|at| listed.remove(at)).is_some()
         };
         if refuse {
-            support::lock(&self.refused).push(cause);
+            kit::lock(&self.refused).push(cause);
             return Err(conveyor::Error::config("refused once by the scenario"));
         }
         self.inner.publish(destination, message).await
@@ -689,7 +689,7 @@ async fn forward(
     key: Option<conveyor::PartitionKey>,
     State(seen): State<Forwarded>,
 ) -> Result<Message, conveyor::Error> {
-    support::lock(&seen.0).push((job.id, info.attempt, key.map(|key| key.to_string())));
+    kit::lock(&seen.0).push((job.id, info.attempt, key.map(|key| key.to_string())));
     Message::json(&job)
 }
 
@@ -706,7 +706,7 @@ async fn arrive(
     let cause = headers
         .get_str(conveyor::CAUSATION_ID_HEADER)
         .map(str::to_string);
-    support::lock(&seen.0).push((job.id, cause, key.map(|key| key.to_string())));
+    kit::lock(&seen.0).push((job.id, cause, key.map(|key| key.to_string())));
 }
 
 /// A handler's returned message goes out through the mount's own broker (or the
@@ -758,16 +758,16 @@ pub async fn a_handlers_messages_are_published_before_its_input_is_acked<F: Fixt
         .unwrap_or_else(|error| panic!("the app does not start: {error}"));
 
     eventually("every output downstream", || async {
-        support::lock(&arrived.0).len() >= 2 * JOBS as usize
+        kit::lock(&arrived.0).len() >= 2 * JOBS as usize
     })
     .await;
     stop(own_stage).await;
     stop(via_stage).await;
     stop(downstream).await;
 
-    let arrived = support::lock(&arrived.0).clone();
+    let arrived = kit::lock(&arrived.0).clone();
     for (prefix, forwarded) in [("own", &from_own), ("via", &from_via)] {
-        let forwarded = support::lock(&forwarded.0).clone();
+        let forwarded = kit::lock(&forwarded.0).clone();
         let mut ids: Vec<u64> = arrived
             .iter()
             .filter(|(_, cause, _)| cause.as_deref().is_some_and(|c| c.starts_with(prefix)))
@@ -796,9 +796,9 @@ pub async fn a_handlers_messages_are_published_before_its_input_is_acked<F: Fixt
         }
     }
     // The refused ones ran twice, and only their second run was acked.
-    let refused = support::lock(&refusing.refused).len();
+    let refused = kit::lock(&refusing.refused).len();
     assert_eq!(refused, (JOBS as usize).div_ceil(5));
-    let runs = support::lock(&from_via.0).clone();
+    let runs = kit::lock(&from_via.0).clone();
     for id in (0..JOBS).step_by(5) {
         let attempts: Vec<u32> = runs
             .iter()
@@ -944,7 +944,7 @@ impl Readings {
         let content_type = headers
             .get_str(conveyor::CONTENT_TYPE_HEADER)
             .map(str::to_string);
-        support::lock(&self.0).push((reading, content_type));
+        kit::lock(&self.0).push((reading, content_type));
     }
 }
 
@@ -1009,12 +1009,12 @@ pub async fn msgpack_and_cbor_payloads_round_trip_and_a_mislabelled_one_is_rejec
         .unwrap_or_else(|error| panic!("the app does not start: {error}"));
     let dead = dead_lettered(fixture, &packed, 1).await;
     eventually("both readings to arrive", || async {
-        support::lock(&seen.0).len() >= 2
+        kit::lock(&seen.0).len() >= 2
     })
     .await;
     stop(app).await;
 
-    let mut got = support::lock(&seen.0).clone();
+    let mut got = kit::lock(&seen.0).clone();
     got.sort_by_key(|(reading, _)| reading.sensor);
     assert_eq!(
         got,

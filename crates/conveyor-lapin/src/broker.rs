@@ -290,7 +290,7 @@ impl LapinBrokerBuilder {
             url: redacted.clone(),
             source,
         })?;
-        let deadline = conveyor::support::due_after(self.first_connect_timeout);
+        let deadline = conveyor::kit::due_after(self.first_connect_timeout);
         let dialer = Arc::new(Dialer::new(
             redacted.clone(),
             deadline,
@@ -565,7 +565,7 @@ impl LapinBroker {
             Ok(())
         })
         .await?;
-        conveyor::support::lock(&self.inner.declared).insert(spec.name().to_string(), declaration);
+        conveyor::kit::lock(&self.inner.declared).insert(spec.name().to_string(), declaration);
         Ok(())
     }
 
@@ -601,13 +601,13 @@ impl LapinBroker {
                         });
                     }
                 }
-                conveyor::support::lock(&self.inner.topology_record).queue_deleted(queue);
+                conveyor::kit::lock(&self.inner.topology_record).queue_deleted(queue);
                 Ok(())
             })
             .await?;
         }
-        conveyor::support::lock(&self.inner.declared).remove(name);
-        conveyor::support::lock(&self.inner.delay_queues).remove(name);
+        conveyor::kit::lock(&self.inner.declared).remove(name);
+        conveyor::kit::lock(&self.inner.delay_queues).remove(name);
         Ok(())
     }
 
@@ -632,7 +632,7 @@ impl LapinBroker {
             _ => None,
         };
         if guessed && ready.is_ok() && delayed.is_none() {
-            conveyor::support::lock(&self.inner.missing_delay_queues)
+            conveyor::kit::lock(&self.inner.missing_delay_queues)
                 .insert(name.to_string(), std::time::Instant::now());
         }
         close_quietly(channel).await;
@@ -711,7 +711,7 @@ impl LapinBroker {
     /// Notes a declaration that succeeded, under the topology channel's lock: a record
     /// made again on a new channel, and a deletion, are then never between the two.
     fn record(&self, declared: Declared) {
-        conveyor::support::lock(&self.inner.topology_record).declared(declared);
+        conveyor::kit::lock(&self.inner.topology_record).declared(declared);
     }
 
     /// Deletes an exchange. Deleting one that does not exist succeeds.
@@ -732,7 +732,7 @@ impl LapinBroker {
                     });
                 }
             }
-            conveyor::support::lock(&self.inner.topology_record).exchange_deleted(exchange);
+            conveyor::kit::lock(&self.inner.topology_record).exchange_deleted(exchange);
             Ok(())
         })
         .await
@@ -756,28 +756,28 @@ impl LapinBroker {
 
     /// The declaration this broker made of `queue`, if it declared it.
     pub(crate) fn declaration(&self, queue: &str) -> Option<Arc<Declaration>> {
-        conveyor::support::lock(&self.inner.declared)
+        conveyor::kit::lock(&self.inner.declared)
             .get(queue)
             .cloned()
     }
 
     /// Whether `queue_depth` found `queue`'s default delay queue missing lately.
     fn delay_queue_missing(&self, queue: &str) -> bool {
-        conveyor::support::lock(&self.inner.missing_delay_queues)
+        conveyor::kit::lock(&self.inner.missing_delay_queues)
             .get(queue)
             .is_some_and(|since| since.elapsed() < MISSING_DELAY_QUEUE_RECHECK)
     }
 
     /// The delay queue a subscription of this broker declared for `queue`, if any.
     fn remembered_delay_queue(&self, queue: &str) -> Option<String> {
-        conveyor::support::lock(&self.inner.delay_queues)
+        conveyor::kit::lock(&self.inner.delay_queues)
             .get(queue)
             .cloned()
     }
 
     /// Remembers that a subscription declared `delay_queue` for `queue`.
     pub(crate) fn remember_delay_queue(&self, queue: &str, delay_queue: &str) {
-        conveyor::support::lock(&self.inner.delay_queues)
+        conveyor::kit::lock(&self.inner.delay_queues)
             .insert(queue.to_string(), delay_queue.to_string());
     }
 
@@ -790,7 +790,7 @@ impl LapinBroker {
     /// waits on an async lock.
     async fn confirm_publisher(&self) -> Result<Arc<LapinPublisher>, LapinError> {
         let current = || {
-            conveyor::support::lock(&self.inner.publisher)
+            conveyor::kit::lock(&self.inner.publisher)
                 .as_ref()
                 .filter(|publisher| publisher.is_open())
                 .cloned()
@@ -805,7 +805,7 @@ impl LapinBroker {
             return Ok(publisher);
         }
         let publisher = Arc::new(LapinPublisher::open(self.clone()).await?);
-        *conveyor::support::lock(&self.inner.publisher) = Some(publisher.clone());
+        *conveyor::kit::lock(&self.inner.publisher) = Some(publisher.clone());
         Ok(publisher)
     }
 
@@ -874,7 +874,7 @@ impl LapinBroker {
     /// in turn.
     pub(crate) async fn publishing_connected(&self) {
         let status = self.inner.publishing.status();
-        let recovered = conveyor::support::wait_for(&self.inner.unblocked, || {
+        let recovered = conveyor::kit::wait_for(&self.inner.unblocked, || {
             (!status.connecting() && !status.reconnecting()).then_some(())
         });
         let _ = tokio::time::timeout(self.inner.confirm_timeout, recovered).await;
@@ -951,7 +951,7 @@ impl LapinBroker {
     /// ends it with the error, the record kept whole.
     async fn declare_again(&self, mut channel: Channel) -> Result<Channel, LapinError> {
         'channel: loop {
-            let declared = conveyor::support::lock(&self.inner.topology_record).all();
+            let declared = conveyor::kit::lock(&self.inner.topology_record).all();
             for declaration in declared {
                 let Err(error) = declaration.declare(&channel).await else {
                     continue;
@@ -967,7 +967,7 @@ impl LapinBroker {
                     error = %conveyor::Report(&error),
                     "a declaration made earlier cannot be made again; it will not come back after a lost connection"
                 );
-                conveyor::support::lock(&self.inner.topology_record).forget(&declaration);
+                conveyor::kit::lock(&self.inner.topology_record).forget(&declaration);
                 channel = self.open_channel("topology").await?;
                 continue 'channel;
             }
@@ -1067,8 +1067,7 @@ pub(crate) struct Block {
 impl Block {
     /// Resolves once the connection is not blocked (at once, mostly).
     pub(crate) async fn over(&self) {
-        conveyor::support::wait_for(&self.unblocked, || (!self.status.blocked()).then_some(()))
-            .await;
+        conveyor::kit::wait_for(&self.unblocked, || (!self.status.blocked()).then_some(())).await;
     }
 }
 
@@ -1288,7 +1287,7 @@ mod tests {
     const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
     async fn publish_channel(broker: &LapinBroker) -> Option<Channel> {
-        let slot = conveyor::support::lock(&broker.inner.publisher);
+        let slot = conveyor::kit::lock(&broker.inner.publisher);
         slot.as_ref().map(|publisher| publisher.channel.clone())
     }
 

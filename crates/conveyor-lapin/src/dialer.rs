@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
 use conveyor::Backoff;
-use conveyor::support::RetryPause;
+use conveyor::kit::RetryPause;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -154,7 +154,7 @@ impl Dialer {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        conveyor::support::lock(&self.state)
+        conveyor::kit::lock(&self.state)
     }
 
     /// Follows the connection's status through `up` (lapin's `status().connected()`),
@@ -234,7 +234,7 @@ impl Dialer {
     /// Waits until lapin's thread has ended (it drops its [`Handle`] on the dialer as
     /// it ends, having run out of retries or stopped by itself).
     pub(crate) async fn stopped(&self) {
-        conveyor::support::wait_for(&self.stopping, || self.state().released.then_some(())).await;
+        conveyor::kit::wait_for(&self.stopping, || self.state().released.then_some(())).await;
     }
 
     /// The attempt opened a stream whose socket is `socket`, to hand to lapin. Returns

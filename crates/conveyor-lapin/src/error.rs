@@ -305,7 +305,7 @@ pub(crate) fn shown(name: &str) -> Cow<'_, str> {
     } else {
         usize::MAX
     };
-    conveyor::support::bounded(name, max)
+    conveyor::kit::bounded(name, max)
 }
 
 #[cfg(test)]

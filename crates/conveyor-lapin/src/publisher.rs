@@ -483,7 +483,7 @@ impl Prepared {
                     what: "expiration",
                     reason: format!(
                         "`{}` is not a number of milliseconds up to {MAX_EXPIRATION_MS}, the longest per-message TTL RabbitMQ takes",
-                        conveyor::support::bounded(expiration.as_str(), 40)
+                        conveyor::kit::bounded(expiration.as_str(), 40)
                     ),
                 });
             }

@@ -16,18 +16,17 @@
 //!   Otherwise (a queue declared elsewhere, a policy) it is `basic.nack` without
 //!   requeue: the broker dead-letters or drops it, without the reason.
 //!
-//! The task takes settlements in the order the core made them, all that are queued at a
-//! time (up to [`BATCH`]). The acks and nacks of such a batch are handed to lapin
-//! together and awaited as one, so they leave in as few writes as lapin makes of them and
-//! the task does not wait for each before the next; what is settled while a batch is
+//! The core's settle task ([`conveyor::kit::SettleDriver`]) performs them in order: the
+//! acks and nacks queued together are handed to lapin together and awaited as one, so
+//! they leave in as few writes as lapin makes of them; what is settled while a batch is
 //! being written goes in the next. Acks whose lower tags are all settled on the wire go
 //! as one `basic.ack` with `multiple` ([`crate::ack_window`]): fewer frames for the
-//! broker to parse, which is where the time goes when it shares the machine. A republish (sending the copy, its
-//! confirm, and the ack of the original after it) runs beside the later settlements, at
-//! most [`MAX_CONFIRMING`] at a time: a slow confirm, or a publishing connection that a
-//! resource alarm blocks, holds back nothing but its own message, and the prefetch
-//! window keeps moving. [`Settler::flush`] waits for everything queued before it,
-//! confirms included.
+//! broker to parse, which is where the time goes when it shares the machine. A republish
+//! (sending the copy, its confirm, and the ack of the original after it) runs beside the
+//! later settlements, at most [`MAX_CONFIRMING`] at a time: a slow confirm, or a
+//! publishing connection that a resource alarm blocks, holds back nothing but its own
+//! message, and the prefetch window keeps moving. [`Settler::flush`] waits for
+//! everything queued before it, confirms included.
 //!
 //! A copy keeps the message's properties but `user_id`, which RabbitMQ checks against
 //! the publishing login (another producer's would have every copy refused); a dead
@@ -44,22 +43,16 @@
 //! delivery whose channel is gone is never republished, which would make a second copy.
 
 use std::any::Any;
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::future::Future;
-use std::pin::Pin;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use conveyor::support::{RetryPause, SettleQueue, TagTable};
+use conveyor::kit::{Perform, RetryPause, SettleDriver, Started, TagTable};
 use conveyor::{Bytes, REJECT_REASON_HEADER, Settle, Settled, Settlement};
-use futures_util::StreamExt;
 use futures_util::future::{BoxFuture, join_all};
-use futures_util::stream::FuturesUnordered;
 use lapin::options::{BasicAckOptions, BasicNackOptions, BasicPublishOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Acker, BasicProperties, Channel, Confirmation, PublisherConfirm};
-use tokio::sync::oneshot;
 
 use crate::ack_window::{AckWindow, Place};
 use crate::broker::LapinBroker;
@@ -165,26 +158,13 @@ struct Job {
     payload: Bytes,
 }
 
-/// What the settle task is asked to do. A settlement is not boxed: nearly every op is
-/// one, and boxing would cost an allocation per message.
-enum Op<J> {
-    Settle(J),
-    Flush(oneshot::Sender<()>),
-}
-
 /// The [`Settle`] of one subscription.
 pub(crate) struct Settler {
     queue: Arc<str>,
     pending: Mutex<TagTable<Pending>>,
-    ops: Arc<SettleQueue<Op<Job>>>,
-}
-
-/// The last delivery (or the subscription) let go of the settler: nothing more comes, and
-/// the task ends once what is under way has finished.
-impl Drop for Settler {
-    fn drop(&mut self) {
-        self.ops.close();
-    }
+    /// Closed when the last delivery (or the subscription) lets go of the settler: the
+    /// task ends once what is under way has finished.
+    driver: SettleDriver<Job>,
 }
 
 impl Settler {
@@ -193,39 +173,36 @@ impl Settler {
         queue: Arc<str>,
         routes: Arc<Routes>,
     ) -> (Arc<Settler>, tokio::task::JoinHandle<()>) {
-        let ops = Arc::new(SettleQueue::new());
-        let settler = Arc::new(Settler {
-            queue: queue.clone(),
-            pending: Mutex::default(),
-            ops: ops.clone(),
-        });
         let settling = Settling {
-            queue,
+            queue: queue.clone(),
             routes,
             window: Arc::default(),
         };
-        let task = tokio::spawn(run(ops, settling));
+        let (driver, task) = SettleDriver::start(settling, MAX_CONFIRMING);
+        let settler = Arc::new(Settler {
+            queue,
+            pending: Mutex::default(),
+            driver,
+        });
         (settler, task)
     }
 
     /// Remembers a delivery until the core settles it; returns its tag.
     pub(crate) fn track(&self, pending: Pending) -> u64 {
-        conveyor::support::lock(&self.pending).insert(pending)
+        conveyor::kit::lock(&self.pending).insert(pending)
     }
 
     /// Waits until every settlement queued so far has been performed, republishes
     /// included (their confirms, then the acks of their originals). (Should the task have
     /// died, the answer never comes: race it with the task.)
     pub(crate) async fn flush(&self) {
-        let (done, flushed) = oneshot::channel();
-        self.ops.push(Op::Flush(done));
-        let _ = flushed.await;
+        self.driver.flush().await;
     }
 }
 
 impl Settle for Settler {
     fn settle(&self, settled: Settled<'_>) {
-        let pending = conveyor::support::lock(&self.pending).remove(settled.tag);
+        let pending = conveyor::kit::lock(&self.pending).remove(settled.tag);
         let Some(pending) = pending else {
             return;
         };
@@ -247,156 +224,17 @@ impl Settle for Settler {
             Settlement::Release => Action::Release,
         };
         // If the task is gone the channel is closing, and closing it returns the message.
-        self.ops.push(Op::Settle(Job {
+        self.driver.push(Job {
             pending,
             action,
             payload: settled.payload,
-        }));
+        });
     }
 
     /// The AMQP properties as received ([`crate::amqp_properties`]).
     fn record(&self, tag: u64) -> Option<Box<dyn Any + Send>> {
-        let pending = conveyor::support::lock(&self.pending);
+        let pending = conveyor::kit::lock(&self.pending);
         Some(Box::new(pending.get(tag)?.properties.clone()))
-    }
-}
-
-/// What the settle task does with a settlement: [`start`](Self::start) turns it into one
-/// frame on the consuming channel (an ack, a nack: [`Started::Plain`]), which
-/// [`send`](Self::send) sends with the others of its batch, or into a rest (a republish,
-/// its confirm, then the ack of the original), which runs beside later settlements.
-trait Perform {
-    type Job;
-    type Plain: Send + 'static;
-    fn start(&self, job: Self::Job) -> Started<Self::Plain>;
-    /// Sends `plain` in order, all at once: the future ends when every one has been
-    /// written (or has failed).
-    fn send(&self, plain: Vec<Self::Plain>) -> BoxFuture<'static, ()>;
-}
-
-/// What starting a settlement gave.
-enum Started<P> {
-    /// One frame to send with the others of its batch.
-    Plain(P),
-    /// The rest, to run beside later settlements.
-    Rest(BoxFuture<'static, ()>),
-}
-
-/// How many ops the task takes at once: the acks among them are sent together.
-const BATCH: usize = 256;
-
-/// Performs `ops` in order, a batch of what is queued at a time, with up to
-/// [`MAX_CONFIRMING`] rests (see [`Perform`]; a batch's plain frames are one) running
-/// beside them; a flush is answered once every rest begun before it has finished.
-///
-/// The acks and nacks of a batch are handed to lapin together and awaited as one, so
-/// that they leave in as few writes as lapin can make of them, instead of one ack, one
-/// write and one wake-up after another. While one batch of frames is being written, the
-/// next gathers whatever is settled meanwhile: the task never waits on the broker, and
-/// the acks that go next can cover each other with `multiple` (see
-/// [`crate::ack_window`]), which they cannot while those before them are unwritten.
-async fn run<P: Perform>(ops: Arc<SettleQueue<Op<P::Job>>>, perform: P) {
-    let mut underway = Underway::default();
-    // Each waiting flush, with the number of the first rest begun after it.
-    let mut flushes: VecDeque<(u64, oneshot::Sender<()>)> = VecDeque::new();
-    let mut batch = Vec::with_capacity(BATCH);
-    let mut plain = Vec::new();
-    // The number of the batch of frames being written, if one is.
-    let mut writing: Option<u64> = None;
-    loop {
-        let room = MAX_CONFIRMING
-            .saturating_sub(underway.rests.len())
-            .min(BATCH);
-        tokio::select! {
-            biased;
-            Some(number) = underway.rests.next(), if !underway.rests.is_empty() => {
-                underway.numbers.remove(&number);
-                if writing == Some(number) {
-                    writing = None;
-                    if !plain.is_empty() {
-                        writing = Some(underway.begin(perform.send(std::mem::take(&mut plain))));
-                    }
-                }
-                while let Some((after, _)) = flushes.front() {
-                    if underway.numbers.first().is_some_and(|first| first < after) {
-                        break;
-                    }
-                    if let Some((_, done)) = flushes.pop_front() {
-                        let _ = done.send(());
-                    }
-                }
-            }
-            ready = ops.ready(1, Duration::ZERO), if room > 0 => {
-                if !ready {
-                    break;
-                }
-                ops.take(room, &mut batch);
-                for op in batch.drain(..) {
-                    match op {
-                        Op::Flush(done) => {
-                            // What came before the flush is under way before it is.
-                            if !plain.is_empty() {
-                                writing = Some(underway.begin(perform.send(std::mem::take(&mut plain))));
-                            }
-                            if underway.numbers.is_empty() {
-                                let _ = done.send(());
-                            } else {
-                                flushes.push_back((underway.next, done));
-                            }
-                        }
-                        Op::Settle(job) => match perform.start(job) {
-                            Started::Plain(frame) => plain.push(frame),
-                            Started::Rest(rest) => {
-                                underway.begin(rest);
-                            }
-                        },
-                    }
-                }
-                if !plain.is_empty() && writing.is_none() {
-                    writing = Some(underway.begin(perform.send(std::mem::take(&mut plain))));
-                }
-            },
-        }
-    }
-    // The settler is gone: what it settled last still goes, and the confirms under way
-    // still settle their originals.
-    if !plain.is_empty() {
-        underway.begin(perform.send(plain));
-    }
-    while underway.rests.next().await.is_some() {}
-}
-
-/// The rests under way, numbered in the order they began.
-#[derive(Default)]
-struct Underway {
-    rests: FuturesUnordered<Numbered>,
-    numbers: BTreeSet<u64>,
-    next: u64,
-}
-
-impl Underway {
-    /// Runs `rest`; returns its number.
-    fn begin(&mut self, rest: BoxFuture<'static, ()>) -> u64 {
-        let number = self.next;
-        self.next += 1;
-        self.numbers.insert(number);
-        self.rests.push(Numbered { rest, number });
-        number
-    }
-}
-
-/// A rest that ends with its number.
-struct Numbered {
-    rest: BoxFuture<'static, ()>,
-    number: u64,
-}
-
-impl Future for Numbered {
-    type Output = u64;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<u64> {
-        let number = self.number;
-        self.rest.as_mut().poll(cx).map(|()| number)
     }
 }
 
@@ -457,7 +295,7 @@ impl Settling {
     /// every settlement of `plain` sits, to mark them written once sent.
     fn coalesce(&self, mut plain: Vec<Frame>) -> (Vec<Frame>, Vec<Place>) {
         let places: Vec<Place> = plain.iter().map(|frame| frame.place).collect();
-        let window = conveyor::support::lock(&self.window);
+        let window = conveyor::kit::lock(&self.window);
         let Some(epoch) = window.epoch() else {
             return (plain, places);
         };
@@ -498,7 +336,7 @@ impl Perform for Settling {
             for result in sent {
                 report(&queue, result);
             }
-            let mut window = conveyor::support::lock(&window);
+            let mut window = conveyor::kit::lock(&window);
             for place in places {
                 window.written(place);
             }
@@ -511,7 +349,7 @@ impl Perform for Settling {
             action,
             payload,
         } = job;
-        conveyor::support::lock(&self.window).seen(pending.place);
+        conveyor::kit::lock(&self.window).seen(pending.place);
         let routes = &self.routes;
         match action {
             Action::Ack => Started::Plain(Frame::ack(pending)),
@@ -608,7 +446,7 @@ impl Settling {
                     if dead_letter {
                         conveyor::telemetry::record_dead_lettered("rabbitmq", &queue);
                     } else {
-                        conveyor::support::lock(&routes.refused).reset();
+                        conveyor::kit::lock(&routes.refused).reset();
                     }
                     acker.ack(BasicAckOptions::default()).await
                 }
@@ -618,7 +456,7 @@ impl Settling {
         };
         Box::pin(async move {
             republished.await;
-            conveyor::support::lock(&window).written(place);
+            conveyor::kit::lock(&window).written(place);
         })
     }
 }
@@ -642,7 +480,7 @@ impl Fallback {
     ) -> lapin::Result<bool> {
         match self {
             Fallback::Requeue { to } => {
-                let pause = conveyor::support::lock(&routes.refused).failed();
+                let pause = conveyor::kit::lock(&routes.refused).failed();
                 tracing::warn!(
                     queue,
                     to = %to,
@@ -861,7 +699,6 @@ async fn confirmed(confirm: PublisherConfirm, timeout: Duration) -> Result<(), S
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::sync::mpsc;
 
     fn received(headers: &[(&str, AMQPValue)]) -> BasicProperties {
         let mut table = FieldTable::default();
@@ -902,234 +739,6 @@ mod tests {
 
     fn text(value: &str) -> AMQPValue {
         AMQPValue::LongString(LongString::from(value.as_bytes()))
-    }
-
-    /// A scripted settlement: done at once, or (a republish) done when its confirm comes.
-    enum Step {
-        Done(&'static str),
-        Confirm(&'static str, oneshot::Receiver<()>),
-    }
-
-    /// Performs steps by recording their names, in the order they are done, and counts
-    /// the batches of plain frames sent; each batch is written once it gets a permit of
-    /// the semaphore.
-    struct Script(
-        mpsc::UnboundedSender<&'static str>,
-        Arc<std::sync::atomic::AtomicUsize>,
-        Arc<tokio::sync::Semaphore>,
-    );
-
-    fn unlimited() -> Arc<tokio::sync::Semaphore> {
-        Arc::new(tokio::sync::Semaphore::new(
-            tokio::sync::Semaphore::MAX_PERMITS,
-        ))
-    }
-
-    impl Perform for Script {
-        type Job = Step;
-        type Plain = &'static str;
-
-        fn start(&self, step: Step) -> Started<&'static str> {
-            match step {
-                Step::Done(name) => Started::Plain(name),
-                Step::Confirm(name, confirm) => {
-                    let done = self.0.clone();
-                    Started::Rest(Box::pin(async move {
-                        let _ = confirm.await;
-                        let _ = done.send(name);
-                    }))
-                }
-            }
-        }
-
-        fn send(&self, plain: Vec<&'static str>) -> BoxFuture<'static, ()> {
-            self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let done = self.0.clone();
-            let written = self.2.clone();
-            Box::pin(async move {
-                if let Ok(permit) = written.acquire().await {
-                    permit.forget();
-                }
-                for name in plain {
-                    let _ = done.send(name);
-                }
-            })
-        }
-    }
-
-    /// A settle task running [`Script`]: where to queue ops, and what it has done.
-    fn scripted() -> (
-        Arc<SettleQueue<Op<Step>>>,
-        mpsc::UnboundedReceiver<&'static str>,
-    ) {
-        let ops = Arc::new(SettleQueue::new());
-        let (done, performed) = mpsc::unbounded_channel();
-        tokio::spawn(run(ops.clone(), Script(done, Arc::default(), unlimited())));
-        (ops, performed)
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_acks_queued_together_are_sent_together_in_order() {
-        let ops = Arc::new(SettleQueue::new());
-        let (done, mut performed) = mpsc::unbounded_channel();
-        let batches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        // Queued before the task first runs: one batch.
-        for name in ["ack 1", "nack 2", "ack 3"] {
-            ops.push(Op::Settle(Step::Done(name)));
-        }
-        tokio::spawn(run(ops, Script(done, batches.clone(), unlimited())));
-        for name in ["ack 1", "nack 2", "ack 3"] {
-            assert_eq!(now(performed.recv()).await, Some(name));
-        }
-        assert_eq!(batches.load(std::sync::atomic::Ordering::SeqCst), 1);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn acks_settled_while_a_batch_is_written_go_together_after_it() {
-        let ops = Arc::new(SettleQueue::new());
-        let (done, mut performed) = mpsc::unbounded_channel();
-        let batches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let written = Arc::new(tokio::sync::Semaphore::new(0));
-        tokio::spawn(run(
-            ops.clone(),
-            Script(done, batches.clone(), written.clone()),
-        ));
-        ops.push(Op::Settle(Step::Done("ack 1")));
-        assert!(
-            stuck(performed.recv()).await,
-            "the first batch is being written"
-        );
-        ops.push(Op::Settle(Step::Done("ack 2")));
-        ops.push(Op::Settle(Step::Done("ack 3")));
-        assert!(
-            stuck(performed.recv()).await,
-            "the first batch is still being written"
-        );
-        assert_eq!(batches.load(std::sync::atomic::Ordering::SeqCst), 1);
-
-        written.add_permits(1);
-        assert_eq!(now(performed.recv()).await, Some("ack 1"));
-        written.add_permits(1);
-        assert_eq!(now(performed.recv()).await, Some("ack 2"));
-        assert_eq!(now(performed.recv()).await, Some("ack 3"));
-        assert_eq!(batches.load(std::sync::atomic::Ordering::SeqCst), 2);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn what_is_settled_last_is_still_sent_when_the_settler_is_gone() {
-        let ops = Arc::new(SettleQueue::new());
-        let (done, mut performed) = mpsc::unbounded_channel();
-        let written = Arc::new(tokio::sync::Semaphore::new(0));
-        tokio::spawn(run(
-            ops.clone(),
-            Script(done, Arc::default(), written.clone()),
-        ));
-        ops.push(Op::Settle(Step::Done("ack 1")));
-        assert!(
-            stuck(performed.recv()).await,
-            "the first batch is being written"
-        );
-        ops.push(Op::Settle(Step::Done("ack 2")));
-        ops.close();
-        written.add_permits(2);
-        assert_eq!(now(performed.recv()).await, Some("ack 1"));
-        assert_eq!(now(performed.recv()).await, Some("ack 2"));
-        assert_eq!(now(performed.recv()).await, None, "then the task ends");
-    }
-
-    /// Queues a flush, and returns what answers it.
-    fn flush(ops: &SettleQueue<Op<Step>>) -> oneshot::Receiver<()> {
-        let (done, flushed) = oneshot::channel();
-        ops.push(Op::Flush(done));
-        flushed
-    }
-
-    /// Whether `future` is still waiting once everything else has run: the clock is
-    /// paused, so it only moves (to the timeout) when no task can make progress.
-    async fn stuck<F: Future>(future: F) -> bool {
-        tokio::time::timeout(Duration::from_secs(3600), future)
-            .await
-            .is_err()
-    }
-
-    /// What `future` gives, failing if it is [`stuck`].
-    async fn now<F: Future>(future: F) -> F::Output {
-        tokio::time::timeout(Duration::from_secs(3600), future)
-            .await
-            .expect("it is stuck")
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn settlements_after_a_republish_do_not_wait_for_its_confirm() {
-        let (ops, mut performed) = scripted();
-        let (confirm, confirmation) = oneshot::channel();
-        ops.push(Op::Settle(Step::Confirm("retry", confirmation)));
-        ops.push(Op::Settle(Step::Done("ack 1")));
-        ops.push(Op::Settle(Step::Done("nack 2")));
-        assert_eq!(now(performed.recv()).await, Some("ack 1"));
-        assert_eq!(now(performed.recv()).await, Some("nack 2"));
-        assert!(stuck(performed.recv()).await, "nothing else is done");
-
-        confirm.send(()).unwrap();
-        assert_eq!(now(performed.recv()).await, Some("retry"));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_flush_waits_for_the_confirms_queued_before_it_and_only_those() {
-        let (ops, mut performed) = scripted();
-        let (first, first_confirmation) = oneshot::channel();
-        let (second, second_confirmation) = oneshot::channel();
-        ops.push(Op::Settle(Step::Confirm("first", first_confirmation)));
-        ops.push(Op::Settle(Step::Done("ack")));
-        let mut flushed = flush(&ops);
-        ops.push(Op::Settle(Step::Confirm("second", second_confirmation)));
-        let mut flushed_later = flush(&ops);
-
-        assert!(
-            stuck(&mut flushed).await,
-            "the first republish is not confirmed yet"
-        );
-        assert_eq!(now(performed.recv()).await, Some("ack"));
-        first.send(()).unwrap();
-        now(flushed).await.unwrap();
-        assert_eq!(now(performed.recv()).await, Some("first"));
-        assert!(
-            stuck(&mut flushed_later).await,
-            "the second one is not confirmed yet"
-        );
-
-        second.send(()).unwrap();
-        now(flushed_later).await.unwrap();
-        assert_eq!(now(performed.recv()).await, Some("second"));
-        // With nothing under way, a flush is answered at once.
-        now(flush(&ops)).await.unwrap();
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_republishes_waiting_for_confirms_are_bounded() {
-        let (ops, mut performed) = scripted();
-        let mut confirms = Vec::new();
-        for _ in 0..MAX_CONFIRMING {
-            let (confirm, confirmation) = oneshot::channel();
-            confirms.push(confirm);
-            ops.push(Op::Settle(Step::Confirm("held", confirmation)));
-        }
-        ops.push(Op::Settle(Step::Done("ack")));
-        assert!(stuck(performed.recv()).await, "the ack waits for room");
-        confirms.pop().unwrap().send(()).unwrap();
-        assert_eq!(now(performed.recv()).await, Some("held"));
-        assert_eq!(now(performed.recv()).await, Some("ack"));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn confirms_under_way_still_finish_when_the_settler_is_gone() {
-        let (ops, mut performed) = scripted();
-        let (confirm, confirmation) = oneshot::channel();
-        ops.push(Op::Settle(Step::Confirm("retry", confirmation)));
-        ops.close();
-        confirm.send(()).unwrap();
-        assert_eq!(now(performed.recv()).await, Some("retry"));
-        assert_eq!(now(performed.recv()).await, None, "then the task ends");
     }
 
     #[test]

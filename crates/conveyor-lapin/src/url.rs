@@ -1,7 +1,7 @@
 //! Broker URLs, and keeping their passwords out of logs and errors.
 
 /// Kept here for `conveyor_lapin::redact_url`: the core's, shared by every transport.
-pub use conveyor::support::redact_url;
+pub use conveyor::kit::redact_url;
 
 /// Parses a broker URL, which must start with `amqp://` or `amqps://`; the error says
 /// why not, with no part of the password in it.
@@ -17,7 +17,7 @@ pub(crate) fn parse(url: &str) -> Result<lapin::uri::AMQPUri, String> {
     }
     url.parse().map_err(|reason: String| {
         let reason = reason.replace(url, &redact_url(url));
-        match conveyor::support::url_password(url).filter(|password| !password.is_empty()) {
+        match conveyor::kit::url_password(url).filter(|password| !password.is_empty()) {
             Some(password) => reason.replace(password, "***"),
             None => reason,
         }

@@ -124,7 +124,7 @@ impl fmt::Debug for SqsBrokerBuilder {
             // An endpoint may carry user information (a proxy or gateway in front of SQS).
             .field(
                 "endpoint",
-                &self.endpoint.as_deref().map(conveyor::support::redact_url),
+                &self.endpoint.as_deref().map(conveyor::kit::redact_url),
             )
             .field("region", &self.region)
             .field("static_credentials", &self.credentials.is_some())
@@ -454,13 +454,13 @@ impl SqsBroker {
     /// Forgets what the cache holds of the queue `name_or_url` (under its name, its URL or
     /// a redrive policy's ARN), so that the next use looks it up again.
     pub(crate) fn forget(&self, name_or_url: &str) {
-        conveyor::support::lock(&self.inner.queues).retain(|key, info| {
+        conveyor::kit::lock(&self.inner.queues).retain(|key, info| {
             key != name_or_url && info.url != name_or_url && info.name != name_or_url
         });
     }
 
     fn cached(&self, name_or_url: &str) -> Option<Arc<QueueInfo>> {
-        conveyor::support::lock(&self.inner.queues)
+        conveyor::kit::lock(&self.inner.queues)
             .get(name_or_url)
             .cloned()
     }
@@ -484,7 +484,7 @@ impl SqsBroker {
             url,
             attributes.attributes().unwrap_or(&HashMap::new()),
         ));
-        conveyor::support::lock(&self.inner.queues).insert(name_or_url.to_string(), info.clone());
+        conveyor::kit::lock(&self.inner.queues).insert(name_or_url.to_string(), info.clone());
         Ok(info)
     }
 
@@ -512,7 +512,7 @@ impl SqsBroker {
             detail: "no queue URL".into(),
         })?;
         let info = self.resolve(url).await?;
-        conveyor::support::lock(&self.inner.queues).insert(target.arn.clone(), info.clone());
+        conveyor::kit::lock(&self.inner.queues).insert(target.arn.clone(), info.clone());
         Ok(info)
     }
 }

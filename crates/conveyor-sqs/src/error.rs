@@ -216,8 +216,8 @@ pub(crate) fn shown(name: &str) -> Cow<'_, str> {
         MAX_SHOWN_NAME_CHARS
     };
     match redacted(name) {
-        Cow::Borrowed(name) => conveyor::support::bounded(name, max),
-        Cow::Owned(name) => Cow::Owned(conveyor::support::bounded(&name, max).into_owned()),
+        Cow::Borrowed(name) => conveyor::kit::bounded(name, max),
+        Cow::Owned(name) => Cow::Owned(conveyor::kit::bounded(&name, max).into_owned()),
     }
 }
 
@@ -225,8 +225,8 @@ pub(crate) fn shown(name: &str) -> Cow<'_, str> {
 /// `***`: what errors, spans and metrics keep of it. A queue URL may carry user
 /// information (a gateway in front of SQS), and secrets never reach logs or errors.
 pub(crate) fn redacted(name: &str) -> Cow<'_, str> {
-    if is_url(name) && conveyor::support::url_password(name).is_some() {
-        Cow::Owned(conveyor::support::redact_url(name))
+    if is_url(name) && conveyor::kit::url_password(name).is_some() {
+        Cow::Owned(conveyor::kit::redact_url(name))
     } else {
         Cow::Borrowed(name)
     }

@@ -8,7 +8,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use conveyor::support::{SettleQueue, TagTable};
+use conveyor::kit::{SettleQueue, TagTable};
 use conveyor::{Bytes, Headers, PartitionKey};
 
 use crate::data_types::AttributeTypes;
@@ -108,7 +108,7 @@ pub(crate) struct InFlight {
 
 impl InFlight {
     fn lock(&self) -> std::sync::MutexGuard<'_, TagTable<Entry>> {
-        conveyor::support::lock(&self.entries)
+        conveyor::kit::lock(&self.entries)
     }
 
     /// Records a message hidden for `visibility` from now; returns its delivery tag.

@@ -21,7 +21,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use crate::attributes::{self, Outgoing};
 use crate::calls::{Calls, Failed, send_built, send_entry};
 use conveyor::Report;
-use conveyor::support::{RetryPause, SettleQueue};
+use conveyor::kit::{RetryPause, SettleQueue};
 
 use crate::error::SqsError;
 use crate::inflight::{InFlight, Op, Rejected};

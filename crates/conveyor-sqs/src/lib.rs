@@ -98,7 +98,7 @@
 //!   the request for good (any other 4xx but throttling) makes the mount fail with
 //!   [`conveyor::Error::Subscribe`] naming the queue, which stops the app. Timeouts,
 //!   connection failures, throttling and 5xx are retried, after a pause that doubles from
-//!   100 ms up to 30 s ([`conveyor::support::RetryPause`]).
+//!   100 ms up to 30 s ([`conveyor::kit::RetryPause`]).
 //!
 //! SQS bills per request: a message costs about a tenth of a receive and a tenth of a
 //! delete with every mount, sequential included (0.2 requests per message in

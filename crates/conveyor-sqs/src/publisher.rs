@@ -85,7 +85,7 @@ fn prepare_typed(
 
 /// A deduplication id no other publish of this process, or (by its clock) of another
 /// process, has used.
-pub(crate) use conveyor::support::unique_id;
+pub(crate) use conveyor::kit::unique_id;
 
 /// `error` as the core's publish error ([`SqsError::into_publish`]). Its text quotes
 /// `destination`, so an oversize one is cut there as in every error text (see [`shown`]).

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::types::MessageSystemAttributeName;
-use conveyor::support::RetryPause;
+use conveyor::kit::RetryPause;
 use conveyor::{Delivery, Error};
 use tokio::sync::{Notify, watch};
 
@@ -50,7 +50,7 @@ pub(crate) enum Next {
 
 impl Handover {
     fn lock(&self) -> std::sync::MutexGuard<'_, Waiting> {
-        conveyor::support::lock(&self.waiting)
+        conveyor::kit::lock(&self.waiting)
     }
 
     /// Takes the next delivery; once none is left, the failure or the end.
@@ -120,8 +120,7 @@ impl Handover {
     }
 
     async fn wait_empty(&self) {
-        conveyor::support::wait_for(&self.emptied, || self.lock().ready.is_empty().then_some(()))
-            .await;
+        conveyor::kit::wait_for(&self.emptied, || self.lock().ready.is_empty().then_some(())).await;
     }
 }
 
@@ -280,5 +279,5 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 
 /// Waits until fewer than `limit` messages are in flight.
 async fn wait_for_room(in_flight: &InFlight, limit: usize) {
-    conveyor::support::wait_for(&in_flight.room, || (in_flight.len() < limit).then_some(())).await;
+    conveyor::kit::wait_for(&in_flight.room, || (in_flight.len() < limit).then_some(())).await;
 }

@@ -120,7 +120,7 @@ impl SnsPublisher {
         if topic.starts_with("arn:") {
             return Ok(topic.into());
         }
-        if let Some(arn) = conveyor::support::lock(&self.topics).get(topic) {
+        if let Some(arn) = conveyor::kit::lock(&self.topics).get(topic) {
             return Ok(arn.clone());
         }
         let mut create = self.client.create_topic().name(topic);
@@ -139,7 +139,7 @@ impl SnsPublisher {
                 detail: "no TopicArn".into(),
             })?
             .into();
-        conveyor::support::lock(&self.topics).insert(topic.to_string(), arn.clone());
+        conveyor::kit::lock(&self.topics).insert(topic.to_string(), arn.clone());
         Ok(arn)
     }
 

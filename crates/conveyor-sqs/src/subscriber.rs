@@ -257,7 +257,7 @@ pub struct SqsSubscriber {
 
 impl SqsSubscriber {
     async fn next(&self) -> Next {
-        conveyor::support::wait_for(&self.handover.arrived, || match self.handover.take() {
+        conveyor::kit::wait_for(&self.handover.arrived, || match self.handover.take() {
             Next::Empty => None,
             next => Some(next),
         })

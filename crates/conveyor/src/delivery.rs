@@ -252,8 +252,8 @@ impl Delivery {
         &self.queue
     }
 
-    /// The queue name, shared.
-    pub fn queue_name(&self) -> &Arc<str> {
+    /// The queue name, shared (for [`DeliveryInfo`](crate::DeliveryInfo)).
+    pub(crate) fn shared_queue(&self) -> &Arc<str> {
         &self.queue
     }
 

@@ -149,7 +149,7 @@ pub struct DeliveryInfo {
 impl DeliveryInfo {
     pub(crate) fn of(delivery: &Delivery) -> Self {
         DeliveryInfo {
-            queue: delivery.queue_name().clone(),
+            queue: delivery.shared_queue().clone(),
             receive_count: delivery.receive_count(),
             redelivered: delivery.redelivered(),
             attempt: delivery.attempt(),

@@ -17,8 +17,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use crate::kit;
 use crate::lanes_view::LaneStats;
-use crate::support;
 use crate::transport::{ConnectionHealth, ConnectionProbe, ConnectionState};
 
 /// Where one mount is.
@@ -150,12 +150,12 @@ impl MountStatus {
 
     /// The mount's task has ended, cleanly or with `error`.
     pub(crate) fn ended(&self, error: Option<String>) {
-        *support::lock(&self.ended) = Some(error);
+        *kit::lock(&self.ended) = Some(error);
     }
 
     /// The mount's state, given whether the app is shutting down.
     pub(crate) fn state(&self, shutting_down: bool) -> MountState {
-        match support::lock(&self.ended).clone() {
+        match kit::lock(&self.ended).clone() {
             Some(Some(error)) => MountState::Failed(error),
             Some(None) if shutting_down => MountState::Stopped,
             Some(None) => MountState::Failed("the subscription ended".to_string()),

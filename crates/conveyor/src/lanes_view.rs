@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::kit;
 use crate::message::PartitionKey;
-use crate::support;
 
 /// One in how many keyed deliveries the hot-key table counts.
 pub const SAMPLE_EVERY: u64 = 4;
@@ -136,7 +136,7 @@ impl LaneStats {
             // One in SAMPLE_EVERY, spread by a multiplicative hash of the count rather
             // than every fourth, which would never see a key that comes every other time.
             if seen.wrapping_mul(0x9e37_79b9_7f4a_7c15) < u64::MAX / SAMPLE_EVERY {
-                support::lock(&self.hot).count(key, hash, lane);
+                kit::lock(&self.hot).count(key, hash, lane);
             }
         }
     }
@@ -200,7 +200,7 @@ impl LaneStats {
         MountLanes {
             queue: queue.to_string(),
             lanes,
-            hot_keys: support::lock(&self.hot).hottest(),
+            hot_keys: kit::lock(&self.hot).hottest(),
             full_lane_waits: self.full_waits.load(Ordering::Relaxed),
             held: self.held.load(Ordering::Relaxed),
         }

@@ -70,8 +70,8 @@ use bytes::Bytes;
 
 use crate::error::Error;
 use crate::headers::Headers;
+use crate::kit::RetryPause;
 use crate::message::Message;
-use crate::support::RetryPause;
 use crate::transport::Publisher;
 
 /// A message in an outbox: the id the store gave it (increasing in the order added),

@@ -21,8 +21,8 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use crate::error::Error;
+use crate::kit;
 use crate::message::Message;
-use crate::support;
 
 /// The requests of one requester waiting for their replies, by correlation id.
 ///
@@ -105,7 +105,7 @@ impl Replies {
     /// id and clock) or requester of this process makes.
     pub fn new() -> Self {
         Replies {
-            prefix: support::unique_id(),
+            prefix: kit::unique_id(),
             next: AtomicU64::new(0),
             waiting: Mutex::default(),
         }
@@ -113,7 +113,7 @@ impl Replies {
 
     /// How many requests wait for their replies now.
     pub fn waiting(&self) -> usize {
-        support::lock(&self.waiting).len()
+        kit::lock(&self.waiting).len()
     }
 
     /// Sends a request with `send`, given the request's correlation id (the message it
@@ -155,7 +155,7 @@ impl Replies {
         let number = self.next.fetch_add(1, Ordering::Relaxed);
         let correlation_id = format!("{}-{number:x}", self.prefix);
         let (answer, answered) = oneshot::channel();
-        support::lock(&self.waiting).insert(correlation_id.clone(), answer);
+        kit::lock(&self.waiting).insert(correlation_id.clone(), answer);
         let _waiting = Waiting {
             replies: self,
             correlation_id: &correlation_id,
@@ -169,7 +169,7 @@ impl Replies {
     /// log, when no request of this requester waits for it (it gave up, or the id is
     /// another's).
     pub fn deliver(&self, correlation_id: &str, reply: Message) -> bool {
-        let answer = support::lock(&self.waiting).remove(correlation_id);
+        let answer = kit::lock(&self.waiting).remove(correlation_id);
         let delivered = answer.is_some_and(|answer| answer.send(reply).is_ok());
         if !delivered {
             tracing::debug!(
@@ -189,7 +189,7 @@ struct Waiting<'a> {
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        support::lock(&self.replies.waiting).remove(self.correlation_id);
+        kit::lock(&self.replies.waiting).remove(self.correlation_id);
     }
 }
 

@@ -33,8 +33,8 @@ use super::{
 use crate::delivery::Delivery;
 use crate::error::Error;
 use crate::handler::CallOne;
+use crate::kit;
 use crate::lanes_view::LaneStats;
-use crate::support;
 use crate::transport::Subscriber;
 
 /// The read-ahead of `any_worker()` when the mount sets none: four deliveries per worker,
@@ -123,20 +123,20 @@ impl<T> Board<T> {
 
     /// Resolves once the board has room for one more item.
     pub(super) async fn room(&self) {
-        support::wait_for(&self.settled, || {
-            (support::lock(&self.held).held < self.read_ahead).then_some(())
+        kit::wait_for(&self.settled, || {
+            (kit::lock(&self.held).held < self.read_ahead).then_some(())
         })
         .await;
     }
 
     /// Resolves once `key` holds fewer items than one key may.
     pub(super) async fn room_for_key(&self, key: u64) {
-        support::wait_for(&self.settled, || self.has_room_for(key).then_some(())).await;
+        kit::wait_for(&self.settled, || self.has_room_for(key).then_some(())).await;
     }
 
     /// Whether `key` holds fewer items than one key may.
     pub(super) fn has_room_for(&self, key: u64) -> bool {
-        let held = support::lock(&self.held);
+        let held = kit::lock(&self.held);
         let of_key = held.behind.get(&key).map_or(0, |behind| behind.len() + 1);
         of_key < self.per_key
     }
@@ -144,7 +144,7 @@ impl<T> Board<T> {
     /// Puts an item on the board. Call after [`room`](Self::room) and, for a key,
     /// [`room_for_key`](Self::room_for_key). On a released board the item is handed back.
     pub(super) fn add(&self, key: Option<u64>, item: T) -> Result<(), T> {
-        let mut held = support::lock(&self.held);
+        let mut held = kit::lock(&self.held);
         if held.released {
             return Err(item);
         }
@@ -173,8 +173,8 @@ impl<T> Board<T> {
     /// Waits for the oldest ready item and takes it; its key runs nothing else until
     /// [`done`](Self::done). `None` once the board is released: the worker leaves.
     pub(super) async fn next(&self) -> Option<Turn<T>> {
-        support::wait_for(&self.ready, || {
-            let mut held = support::lock(&self.held);
+        kit::wait_for(&self.ready, || {
+            let mut held = kit::lock(&self.held);
             match held.ready.pop() {
                 Some(ticket) => Some(Some(Turn {
                     item: ticket.item,
@@ -193,7 +193,7 @@ impl<T> Board<T> {
     /// that the item before them is settled, so that the key keeps its order.
     #[must_use = "the items handed back are released when dropped"]
     pub(super) fn done(&self, key: Option<u64>) -> Vec<T> {
-        let mut held = support::lock(&self.held);
+        let mut held = kit::lock(&self.held);
         held.held = held.held.saturating_sub(1);
         let mut woke = false;
         let mut handed_back = Vec::new();
@@ -229,7 +229,7 @@ impl<T> Board<T> {
     /// [`done`](Self::done): given back before it settles, another consumer could run them
     /// first.
     pub(super) fn release(&self) -> Vec<T> {
-        let mut held = support::lock(&self.held);
+        let mut held = kit::lock(&self.held);
         held.released = true;
         let ready: Vec<Ticket<T>> = held.ready.drain().collect();
         let mut tickets = Vec::with_capacity(ready.len());
@@ -250,7 +250,7 @@ impl<T> Board<T> {
     /// How many keys the board keeps state for.
     #[cfg(test)]
     fn keys(&self) -> usize {
-        support::lock(&self.held).behind.len()
+        kit::lock(&self.held).behind.len()
     }
 }
 

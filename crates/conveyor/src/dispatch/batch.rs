@@ -13,10 +13,10 @@ use crate::batch::{Batch, BatchOutcome, IntoBatchOutcome, Metadata};
 use crate::delivery::Delivery;
 use crate::error::Error;
 use crate::handler::CallBatch;
+use crate::kit::RetryPause;
 use crate::mount::DEFAULT_BATCH_SIZE;
 use crate::outcome::Settlement;
 use crate::payload::decode;
-use crate::support::RetryPause;
 use crate::transport::Subscriber;
 
 pub(super) async fn drive<H: CallBatch, S: Subscriber>(

@@ -32,8 +32,8 @@ use crate::delivery::Delivery;
 use crate::error::Error;
 use crate::extract::Context;
 use crate::handler::{CallBatch, CallOne};
+use crate::kit::RetryPause;
 use crate::mount::{Dispatch, MountOptions};
-use crate::support::RetryPause;
 use crate::transport::Subscriber;
 
 pub use any_worker::DEFAULT_READ_AHEAD_PER_WORKER;

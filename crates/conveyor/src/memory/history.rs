@@ -8,8 +8,8 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
 use crate::headers::Headers;
+use crate::kit;
 use crate::message::PartitionKey;
-use crate::support;
 
 /// A copy of a message as the broker held it.
 #[derive(Clone, Debug)]
@@ -71,11 +71,11 @@ impl History {
     /// Holds the log, so whoever records next waits until the guard is dropped.
     #[cfg(test)]
     pub(super) fn hold(&self) -> impl Drop + '_ {
-        support::lock(&self.log)
+        kit::lock(&self.log)
     }
 
     fn with_log<T>(&self, f: impl FnOnce(&mut Log) -> T) -> T {
-        f(&mut support::lock(&self.log))
+        f(&mut kit::lock(&self.log))
     }
 
     pub(super) fn record_published(&self, queue: &str, message: RecordedMessage) {

@@ -43,9 +43,9 @@ pub use subscriber::MemorySubscriber;
 use crate::admin::{DeadLetter, QueueDepth, QueueSpec};
 use crate::error::Error;
 use crate::headers::Headers;
+use crate::kit;
 use crate::message::{CONTENT_TYPE_HEADER, JSON_CONTENT_TYPE, Message, PartitionKey};
 use crate::request::Replies;
-use crate::support;
 use crate::transport::{Broker, Publisher, Source, SubscribeSettings};
 use history::History;
 use queue::{Queue, Stored};
@@ -160,7 +160,7 @@ impl BrokerInner {
     }
 
     fn queue(self: &Arc<Self>, name: &str) -> Arc<Queue> {
-        let mut queues = support::lock(&self.queues);
+        let mut queues = kit::lock(&self.queues);
         // Looked up first: the name is copied only for a queue met for the first time,
         // not on every publish.
         if let Some(queue) = queues.get(name) {
@@ -179,7 +179,7 @@ impl BrokerInner {
     }
 
     fn all_queues(&self) -> Vec<Arc<Queue>> {
-        let queues = support::lock(&self.queues);
+        let queues = kit::lock(&self.queues);
         queues.values().cloned().collect()
     }
 }
@@ -233,7 +233,7 @@ impl MemoryBroker {
         let now = Instant::now();
         // Under the map's lock (a queue locks its own state inside it, never the other way
         // round), so checking allocates nothing.
-        let queues = support::lock(&self.inner.queues);
+        let queues = kit::lock(&self.inner.queues);
         // Looked at after the queues: a settlement counts itself before it takes its
         // message out of flight, under the queue's lock, so a message seen gone is seen
         // settling until its record is kept.
@@ -265,7 +265,7 @@ impl MemoryBroker {
         let _waiting = Waiting(&self.inner.idle_waiters);
         // Every step towards idle notifies: a take, a settle, and a delayed message
         // falling due, which its waiting subscriber then takes.
-        support::wait_for(&self.inner.changed, || self.is_idle(delayed).then_some(())).await;
+        kit::wait_for(&self.inner.changed, || self.is_idle(delayed).then_some(())).await;
     }
 
     fn store(&self, destination: &str, message: Message) -> (Arc<Queue>, Stored, Option<Duration>) {
@@ -384,7 +384,7 @@ impl Broker for MemoryBroker {
     /// Forgets the queue and what it holds. Subscriptions still open on it keep reading
     /// the forgotten queue; a publish to the name makes a new one.
     async fn delete_queue(&self, name: &str) -> Result<(), Error> {
-        support::lock(&self.inner.queues).remove(name);
+        kit::lock(&self.inner.queues).remove(name);
         self.inner.changed.notify_waiters();
         Ok(())
     }

@@ -13,10 +13,10 @@ use super::history::{RecordedMessage, Rejected};
 use super::{BrokerInner, QueueOptions, QueueStats, REJECT_REASON_HEADER, Settling};
 use crate::delivery::{Delivery, Settle, Settled};
 use crate::headers::Headers;
+use crate::kit;
+use crate::kit::{TagTable, due_after};
 use crate::message::PartitionKey;
 use crate::outcome::Settlement;
-use crate::support;
-use crate::support::{TagTable, due_after};
 use crate::telemetry::SentCounter;
 
 /// A message at rest in a queue.
@@ -102,7 +102,7 @@ impl Queue {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        support::lock(&self.state)
+        kit::lock(&self.state)
     }
 
     pub(super) fn set_options(&self, options: QueueOptions) {

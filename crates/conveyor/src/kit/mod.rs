@@ -1,9 +1,14 @@
-//! Small building blocks that every transport needs in the same shape, kept here so each
-//! is written once: a lock that outlives a panic, a wait on a [`Notify`] for a condition
-//! that misses no wake-up, the table of deliveries not settled yet, the queue their
-//! settlements wait in for the subscription's settle task, the pause between retries of a
-//! failing broker call, error texts that quote a name boundedly, URLs with their
-//! password hidden, and ids no one else makes.
+//! The transport kit: what every transport needs in the same shape, written once.
+//!
+//! - Settling: the table of deliveries not settled yet ([`TagTable`]), the queue their
+//!   settlements wait in ([`SettleQueue`]), and the settle task that performs them in
+//!   batches with slow ones beside the rest ([`SettleDriver`], given a [`Perform`]).
+//! - Pacing: the pause between retries of a failing broker call, doubling
+//!   ([`RetryPause`]), and the instant a delay ends ([`due_after`]).
+//! - Small pieces: a lock that outlives a panic ([`lock`]), a wait on a [`Notify`] for a
+//!   condition that misses no wake-up ([`wait_for`]), error texts that quote a name
+//!   boundedly ([`bounded`]), URLs with their password hidden ([`redact_url`],
+//!   [`url_password`]), and ids no one else makes ([`unique_id`]).
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -12,12 +17,16 @@ use tokio::sync::Notify;
 
 use crate::policy::Backoff;
 
+mod driver;
+
+pub use driver::{Perform, SettleDriver, Started};
+
 /// An id no other call in this process returns, nor (by its clock) any call in another
 /// process: the clock in nanoseconds, the process id and a count, in hex, joined by `-`.
 /// For deduplication ids, correlation prefixes and the like.
 ///
 /// ```
-/// let (a, b) = (conveyor::support::unique_id(), conveyor::support::unique_id());
+/// let (a, b) = (conveyor::kit::unique_id(), conveyor::kit::unique_id());
 /// assert_ne!(a, b);
 /// ```
 pub fn unique_id() -> String {
@@ -39,7 +48,7 @@ pub fn unique_id() -> String {
 /// ```
 /// use std::time::Duration;
 ///
-/// let far = conveyor::support::due_after(Duration::MAX);
+/// let far = conveyor::kit::due_after(Duration::MAX);
 /// assert!(far > tokio::time::Instant::now() + Duration::from_secs(50 * 365 * 24 * 3600));
 /// ```
 pub fn due_after(delay: Duration) -> tokio::time::Instant {
@@ -61,8 +70,8 @@ pub fn due_after(delay: Duration) -> tokio::time::Instant {
 /// use std::sync::Mutex;
 ///
 /// let counter = Mutex::new(0);
-/// *conveyor::support::lock(&counter) += 1;
-/// assert_eq!(*conveyor::support::lock(&counter), 1);
+/// *conveyor::kit::lock(&counter) += 1;
+/// assert_eq!(*conveyor::kit::lock(&counter), 1);
 /// ```
 pub fn lock<T: ?Sized>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
@@ -87,7 +96,7 @@ pub fn lock<T: ?Sized>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 ///     r.store(true, Ordering::SeqCst);
 ///     c.notify_waiters();
 /// });
-/// conveyor::support::wait_for(&changed, || ready.load(Ordering::SeqCst).then_some(())).await;
+/// conveyor::kit::wait_for(&changed, || ready.load(Ordering::SeqCst).then_some(())).await;
 /// # }
 /// ```
 pub async fn wait_for<T>(notify: &Notify, mut check: impl FnMut() -> Option<T>) -> T {
@@ -108,9 +117,9 @@ pub async fn wait_for<T>(notify: &Notify, mut check: impl FnMut() -> Option<T>) 
 /// line. Borrows when there is nothing to change.
 ///
 /// ```
-/// assert_eq!(conveyor::support::bounded("orders", 64), "orders");
-/// assert_eq!(conveyor::support::bounded("abcdef", 3), "abc…");
-/// assert_eq!(conveyor::support::bounded("a\nb", 64), "a\\nb");
+/// assert_eq!(conveyor::kit::bounded("orders", 64), "orders");
+/// assert_eq!(conveyor::kit::bounded("abcdef", 3), "abc…");
+/// assert_eq!(conveyor::kit::bounded("a\nb", 64), "a\\nb");
 /// ```
 pub fn bounded(name: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
     let cut = name.char_indices().nth(max_chars).map(|(end, _)| end);
@@ -145,7 +154,7 @@ pub fn bounded(name: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
 /// not taken for one).
 ///
 /// ```
-/// use conveyor::support::redact_url;
+/// use conveyor::kit::redact_url;
 ///
 /// assert_eq!(redact_url("amqp://app:s3cret@rabbit:5672/prod"), "amqp://app:***@rabbit:5672/prod");
 /// assert_eq!(redact_url("https://app:ab/cd@gw.example/q"), "https://app:***@gw.example/q");
@@ -167,7 +176,7 @@ pub fn redact_url(url: &str) -> String {
 /// transport that must also hide it where a library quotes it in its own words.
 ///
 /// ```
-/// use conveyor::support::url_password;
+/// use conveyor::kit::url_password;
 ///
 /// assert_eq!(url_password("amqp://app:s3cret@rabbit/prod"), Some("s3cret"));
 /// assert_eq!(url_password("amqp://guest@rabbit"), None);
@@ -218,7 +227,7 @@ fn authority_start(url: &str) -> usize {
 /// grown to the number of deliveries in flight, and a lookup is an index, not a hash.
 ///
 /// ```
-/// use conveyor::support::TagTable;
+/// use conveyor::kit::TagTable;
 ///
 /// let mut pending = TagTable::new();
 /// let tag = pending.insert("receipt-1");
@@ -348,7 +357,7 @@ impl<T> TagTable<T> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use conveyor::support::SettleQueue;
+/// use conveyor::kit::SettleQueue;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
@@ -460,7 +469,7 @@ impl<T> SettleQueue<T> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use conveyor::support::RetryPause;
+/// use conveyor::kit::RetryPause;
 ///
 /// let mut pause = RetryPause::new();
 /// assert_eq!(pause.failed(), Duration::from_millis(100));
