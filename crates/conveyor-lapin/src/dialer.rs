@@ -16,7 +16,6 @@ use std::io;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
-use conveyor::Backoff;
 use conveyor::kit::RetryPause;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -30,10 +29,6 @@ use tokio::time::Instant;
 /// so that takes hours.
 pub(crate) const LAPIN_RETRIES: usize = 500;
 
-/// The first reconnect delay, doubled after each failed attempt.
-const MIN_DELAY: Duration = RetryPause::MIN;
-/// The longest delay between two attempts (before jitter).
-const MAX_DELAY: Duration = RetryPause::MAX;
 /// How long one reconnect attempt may take to open its stream, so that an attempt the
 /// network swallows (no answer at all) is given up for a new one.
 const RECONNECT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -383,20 +378,11 @@ async fn cut_if_stalled(dialer: Weak<Dialer>, number: u64, timeout: Duration) {
     }
 }
 
-/// The delay before the attempt after `failures` failed ones: from [`MIN_DELAY`],
-/// doubling up to [`MAX_DELAY`], plus up to as much again at random, so that the
-/// clients of a broker that restarts do not all come back at the same moment.
+/// The delay before the attempt after `failures` failed ones: the kit's retry pause
+/// (from 100 ms, doubling up to 30 s), plus up to as much again at random
+/// ([`conveyor::kit::jittered`]).
 fn backoff(failures: u32) -> Duration {
-    let delay = Backoff::exponential(MIN_DELAY, MAX_DELAY).delay(failures.saturating_add(1));
-    delay.saturating_add(delay.mul_f64(jitter()))
-}
-
-/// A number in `[0, 1)`, different on each call: std's randomly keyed hasher, since
-/// this needs no better randomness than that.
-fn jitter() -> f64 {
-    use std::hash::BuildHasher;
-    let random = std::collections::hash_map::RandomState::new().hash_one(0u8);
-    (random >> 11) as f64 / (1u64 << 53) as f64
+    conveyor::kit::jittered(RetryPause::after(failures.saturating_add(1)))
 }
 
 /// A second handle on `socket` (a duplicated descriptor), which can shut the socket
@@ -448,13 +434,13 @@ mod tests {
     #[test]
     fn the_backoff_doubles_up_to_its_ceiling_with_jitter() {
         for failures in [0, 1, 5, 20, 40, u32::MAX] {
-            let base = MIN_DELAY
+            let base = RetryPause::MIN
                 .saturating_mul(1u32.checked_shl(failures).unwrap_or(u32::MAX))
-                .min(MAX_DELAY);
+                .min(RetryPause::MAX);
             let delay = backoff(failures);
             assert!(delay >= base && delay <= base * 2, "{failures}: {delay:?}");
         }
-        assert!(backoff(40) >= MAX_DELAY);
+        assert!(backoff(40) >= RetryPause::MAX);
     }
 
     #[tokio::test]

@@ -27,7 +27,7 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
 use tokio::sync::oneshot;
 
-use super::SettleQueue;
+use super::settle::SettleQueue;
 
 /// What the settle task is asked to do. A settlement is not boxed: nearly every op is
 /// one, and boxing would cost an allocation per message.
