@@ -172,6 +172,7 @@ mod ack_window;
 mod amqp;
 mod broker;
 mod consistent_hash;
+mod copy;
 mod dialer;
 mod error;
 mod headers;
@@ -193,11 +194,11 @@ pub use broker::{
     LapinBroker, LapinBrokerBuilder,
 };
 pub use consistent_hash::ConsistentHash;
+pub use copy::fresh_copy;
 pub use error::LapinError;
 pub use headers::{ATTEMPTS_HEADER, DELIVERY_COUNT_HEADER, PARTITION_KEY_HEADER};
 pub use publisher::{LapinPublisher, PublishOptions};
 pub use queue::LapinQueue;
-pub use settle::fresh_copy;
 pub use spec::RabbitQueueSpec;
 pub use subscriber::LapinSubscriber;
 pub use topology::{ArgumentValue, Binding, ExchangeSpec, ExchangeType};
