@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use conveyor::{App, Json, Message, Publisher, QueueSpec, State};
+use conveyor::{App, Dispatch, Json, Message, Publisher, QueueSpec, State};
 use conveyor_lapin::LapinBroker;
 use futures_util::StreamExt;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
@@ -121,7 +121,11 @@ async fn conveyor_run(broker: &LapinBroker, queue: &str, n: u64, lanes: bool) ->
     let running = App::new("bench")
         .with_state(counter.clone())
         .mount(broker.queue(queue).prefetch(PREFETCH), handle, move |m| {
-            if lanes { m.workers(4).by_key() } else { m }
+            m.with_dispatch(if lanes {
+                Dispatch::Lanes(4)
+            } else {
+                Dispatch::Sequential
+            })
         })
         .start()
         .await

@@ -18,7 +18,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use conveyor::{App, Broker, Json, MemoryBroker, Message, MountOptions, QueueSpec, State};
+use conveyor::{
+    App, Broker, Dispatch, Identity, Json, MemoryBroker, Message, MountOptions, QueueSpec, State,
+    mode,
+};
 use conveyor_lapin::LapinBroker;
 use tokio::sync::Notify;
 
@@ -144,12 +147,15 @@ impl Mode {
         }
     }
 
-    fn configure(self, m: MountOptions) -> MountOptions {
-        match self {
-            Mode::Sequential => m,
-            Mode::Lanes => m.workers(WORKERS).by_key(),
-            Mode::AnyWorker => m.workers(WORKERS).by_key().any_worker(),
-        }
+    fn configure(self, m: MountOptions) -> MountOptions<Identity, mode::Chosen> {
+        m.with_dispatch(match self {
+            Mode::Sequential => Dispatch::Sequential,
+            Mode::Lanes => Dispatch::Lanes(WORKERS),
+            Mode::AnyWorker => Dispatch::AnyWorker {
+                workers: WORKERS,
+                read_ahead: WORKERS * conveyor::dispatch::DEFAULT_READ_AHEAD_PER_WORKER,
+            },
+        })
     }
 }
 

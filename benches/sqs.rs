@@ -21,7 +21,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use conveyor::{App, Batch, Broker, Json, Message, MountOptions, Publisher, QueueSpec, State};
+use conveyor::{
+    App, Batch, Broker, Identity, Json, Message, MountOptions, Publisher, QueueSpec, State,
+};
 use conveyor_sqs::SqsBroker;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
@@ -124,13 +126,13 @@ async fn fill(broker: &SqsBroker, name: &str, messages: usize) -> Result<String,
     Ok(broker.queue_url(name).await?)
 }
 
-async fn conveyor_run(
+async fn conveyor_run<D>(
     emulator: &Emulator,
     broker: &SqsBroker,
     name: &str,
     messages: usize,
     batch: bool,
-    configure: fn(MountOptions) -> MountOptions,
+    configure: fn(MountOptions) -> MountOptions<Identity, D>,
 ) -> Result<Figures, Box<dyn Error>> {
     fill(broker, name, messages).await?;
     let progress = Progress {

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use conveyor::kit;
 use conveyor::{
-    App, Backoff, Batch, Broker, Bytes, Context, DecodeError, Delivery, FromDelivery, FromPayload,
-    Headers, Json, Message, MountOptions, Publisher, Rejection, RunningApp, State,
+    App, Backoff, Batch, Broker, Bytes, Context, DecodeError, Delivery, Dispatch, FromDelivery,
+    FromPayload, Headers, Identity, Json, Message, MountOptions, Publisher, Rejection, RunningApp,
+    State, mode,
 };
 
 use crate::journal::{Job, Journal, Run, handle};
@@ -54,11 +55,11 @@ async fn publish_as<F: Fixture>(
 }
 
 /// Starts an app running the scenarios' handler on `queue`.
-async fn start<F: Fixture>(
+async fn start<F: Fixture, D>(
     fixture: &F,
     queue: &TestQueue,
     journal: &Journal,
-    configure: impl FnOnce(MountOptions) -> MountOptions,
+    configure: impl FnOnce(MountOptions) -> MountOptions<Identity, D>,
 ) -> RunningApp {
     let started = App::new("conformance")
         .with_state(journal.clone())
@@ -244,11 +245,20 @@ enum Keyed {
 const KEYED: [Keyed; 2] = [Keyed::Lanes, Keyed::AnyWorker];
 
 impl Keyed {
-    fn with(self, m: MountOptions, workers: usize) -> MountOptions {
+    /// The mode with `workers` workers (any-worker reading ahead its default).
+    fn dispatch(self, workers: usize) -> Dispatch {
         match self {
-            Keyed::Lanes => m.workers(workers).by_key(),
-            Keyed::AnyWorker => m.workers(workers).by_key().any_worker(),
+            Keyed::Lanes => Dispatch::Lanes(workers),
+            Keyed::AnyWorker => Dispatch::AnyWorker {
+                workers,
+                read_ahead: workers
+                    .saturating_mul(conveyor::dispatch::DEFAULT_READ_AHEAD_PER_WORKER),
+            },
         }
+    }
+
+    fn with(self, m: MountOptions, workers: usize) -> MountOptions<Identity, mode::Chosen> {
+        m.with_dispatch(self.dispatch(workers))
     }
 }
 
@@ -310,9 +320,9 @@ pub async fn keyed_modes_keep_each_key_in_order_one_at_a_time_across_retries<F: 
     }
 }
 
-async fn max_attempts_end_in_the_dead_letter_queue<F: Fixture>(
+async fn max_attempts_end_in_the_dead_letter_queue<F: Fixture, D>(
     fixture: &F,
-    configure: impl FnOnce(MountOptions) -> MountOptions,
+    configure: impl FnOnce(MountOptions) -> MountOptions<Identity, D>,
 ) {
     let queue = fixture.declare(QueueKind::with_dead_letter_queue()).await;
     let journal = Journal::default();
@@ -399,7 +409,7 @@ pub async fn retry_after_comes_no_sooner_than_its_delay<F: Fixture>(fixture: &F)
         publish(fixture, &queue, jobs, 2).await;
         let app = start(fixture, &queue, &journal, |m| match keyed {
             Some(mode) => mode.with(m, 2),
-            None => m.workers(2),
+            None => m.with_dispatch(Dispatch::Workers(2)),
         })
         .await;
         all_acked(&journal, delays.len()).await;
@@ -505,8 +515,8 @@ pub async fn draining_hands_back_unstarted_deliveries_while_handlers_run<F: Fixt
         publish(fixture, &queue, (0..JOBS).map(Job::new).collect(), JOBS).await;
         let app = start(fixture, &queue, &journal, |m| match (running, keyed) {
             (_, Some(mode)) => mode.with(m, running),
-            (1, None) => m,
-            (_, None) => m.workers(running),
+            (1, None) => m.with_dispatch(Dispatch::Sequential),
+            (_, None) => m.with_dispatch(Dispatch::Workers(running)),
         })
         .await;
         eventually(&format!("{running} handlers at the gate"), || async {
@@ -863,11 +873,11 @@ async fn request_all<F: Fixture>(fixture: &F, queue: &TestQueue, numbers: std::o
 }
 
 /// Starts a responder on `queue`: `answer`, behind `gate`, as `configure` mounts it.
-async fn responder<F: Fixture>(
+async fn responder<F: Fixture, D>(
     fixture: &F,
     queue: &TestQueue,
     gate: &ReplyGate,
-    configure: impl FnOnce(MountOptions) -> MountOptions,
+    configure: impl FnOnce(MountOptions) -> MountOptions<Identity, D>,
 ) -> RunningApp {
     App::new("conformance-responder")
         .with_state(gate.clone())

@@ -261,11 +261,11 @@ async fn with_dead_letters(
 /// with `max_attempts(3)` and the rest of `mount`, and checks that the handler ran
 /// exactly three times (attempts 1, 2, 3) and the message reached the dead-letter queue
 /// with the handler's error as its reason.
-async fn three_attempts_then_the_dead_letter_queue(
+async fn three_attempts_then_the_dead_letter_queue<D>(
     name: &str,
     spec: impl FnOnce(QueueSpec) -> QueueSpec,
     source: impl FnOnce(LapinQueue) -> LapinQueue,
-    mount: impl FnOnce(MountOptions) -> MountOptions,
+    mount: impl FnOnce(MountOptions) -> MountOptions<conveyor::Identity, D>,
 ) {
     let broker = broker().await;
     let (queue, dlx, dlq) = with_dead_letters(&broker, name, spec).await;

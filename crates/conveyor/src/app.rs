@@ -213,11 +213,11 @@ impl<L: Layer + Clone> App<L> {
     /// let app = App::new("orders")
     ///     .mount(broker.queue("orders.fifo"), handle, |m| m.workers(4).by_key());
     /// ```
-    pub fn mount<S, H, Args, M>(
+    pub fn mount<S, H, Args, M, D>(
         mut self,
         source: S,
         handler: H,
-        configure: impl FnOnce(MountOptions) -> MountOptions<M>,
+        configure: impl FnOnce(MountOptions) -> MountOptions<M, D>,
     ) -> Self
     where
         S: Source,

@@ -103,7 +103,7 @@ pub use message::{
     CONTENT_TYPE_HEADER, CORRELATION_ID_HEADER, MESSAGE_ID_HEADER, Message, MessageBuilder,
     MessageParts, PartitionKey, REPLY_TO_HEADER,
 };
-pub use mount::{DEFAULT_BATCH_SIZE, Dispatch, MountOptions};
+pub use mount::{DEFAULT_BATCH_SIZE, Dispatch, MountOptions, mode};
 pub use outcome::{IntoOutcome, Outcome, REJECT_REASON_HEADER, Settlement};
 pub use output::{CAUSATION_ID_HEADER, IntoReply, Output, Reply};
 pub use payload::{DecodeError, FromPayload, Json, PayloadFormat};

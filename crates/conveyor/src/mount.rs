@@ -1,5 +1,6 @@
 //! A mount site's settings: dispatch mode, batch size, window and failure policy.
 
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,9 +30,60 @@ pub enum Dispatch {
     },
 }
 
+/// Where a mount's dispatch settings stand, as a type: [`MountOptions`] offers only what
+/// fits after them, so a mode that means nothing is a compile error, not a startup one.
+///
+/// `m.workers(n)` is offered on a [`Sequential`] mount, `.by_key()` after it
+/// ([`Workers`]), `.any_worker()` after that ([`Keyed`]), and `.read_ahead(r)` only on
+/// an [`AnyWorker`] mount. A mode chosen at run time is set from a
+/// [`Dispatch`](crate::Dispatch) value with
+/// [`with_dispatch`](crate::MountOptions::with_dispatch) ([`Chosen`]).
+///
+/// ```compile_fail,E0599
+/// # use conveyor::MountOptions;
+/// // by_key() spreads keys over workers: a mount without them already keeps every key's order.
+/// MountOptions::default().by_key();
+/// ```
+///
+/// ```compile_fail,E0599
+/// # use conveyor::MountOptions;
+/// // any_worker() unties keys from lanes: without keys it means nothing.
+/// MountOptions::default().workers(2).any_worker();
+/// ```
+///
+/// ```compile_fail,E0599
+/// # use conveyor::MountOptions;
+/// // read_ahead sizes any_worker()'s window only.
+/// MountOptions::default().workers(2).read_ahead(8);
+/// ```
+pub mod mode {
+    /// One delivery at a time: the default. Offers [`workers`](crate::MountOptions::workers).
+    #[derive(Clone, Copy, Debug)]
+    pub struct Sequential;
+    /// After `workers(n)`. Offers [`by_key`](crate::MountOptions::by_key).
+    #[derive(Clone, Copy, Debug)]
+    pub struct Workers;
+    /// After `workers(n).by_key()`: ordered lanes. Offers
+    /// [`any_worker`](crate::MountOptions::any_worker).
+    #[derive(Clone, Copy, Debug)]
+    pub struct Keyed;
+    /// After `workers(n).by_key().any_worker()`. Offers
+    /// [`read_ahead`](crate::MountOptions::read_ahead).
+    #[derive(Clone, Copy, Debug)]
+    pub struct AnyWorker;
+    /// After [`with_dispatch`](crate::MountOptions::with_dispatch): a mode chosen at run
+    /// time, which offers no further dispatch setting.
+    #[derive(Clone, Copy, Debug)]
+    pub struct Chosen;
+}
+
+use mode::{AnyWorker, Keyed, Sequential, Workers};
+
 /// The settings of one mount site, built in the closure given to
 /// [`App::mount`](crate::App::mount). `L` is the layers of this mount
-/// ([`layer`](Self::layer)); none by default.
+/// ([`layer`](Self::layer)); none by default. `D` is where its dispatch settings stand
+/// (see [`mode`]): it decides which of `workers`, `by_key`, `any_worker` and `read_ahead`
+/// are offered.
 ///
 /// ```
 /// use std::time::Duration;
@@ -49,11 +101,11 @@ pub enum Dispatch {
 /// assert_eq!(careful.dispatch(), Dispatch::Sequential);
 /// ```
 #[derive(Clone, Debug)]
-pub struct MountOptions<L = Identity> {
+pub struct MountOptions<L = Identity, D = Sequential> {
     workers: Option<usize>,
-    /// `by_key()` was asked for: lanes once there are workers, a startup error without.
+    /// `by_key()` was asked for (after `workers(n)`).
     keyed: bool,
-    /// `any_worker()` was asked for: a startup error without `by_key()`.
+    /// `any_worker()` was asked for (after `by_key()`).
     any_worker: bool,
     read_ahead: Option<usize>,
     batch_size: Option<usize>,
@@ -65,6 +117,7 @@ pub struct MountOptions<L = Identity> {
     #[cfg(feature = "schemars")]
     schemas: Schemas,
     layer: L,
+    mode: PhantomData<D>,
 }
 
 /// The schemas a mount documents for the app's AsyncAPI document.
@@ -106,6 +159,7 @@ impl Default for MountOptions {
             #[cfg(feature = "schemars")]
             schemas: Schemas::default(),
             layer: Identity,
+            mode: PhantomData,
         }
     }
 }
@@ -116,7 +170,7 @@ pub const DEFAULT_BATCH_SIZE: usize = 10;
 /// How many deliveries may wait in a lane behind the one it is running.
 pub(crate) const LANE_BUFFER: usize = 1;
 
-impl<L> MountOptions<L> {
+impl<L, D> MountOptions<L, D> {
     /// Wraps this mount's handler in `layer` (see [`Layer`]): inside the layers of
     /// [`App::layer`](crate::App::layer), and around those this mount was given before.
     /// A batch mount takes no layer: it is a startup error.
@@ -128,18 +182,25 @@ impl<L> MountOptions<L> {
     /// let layered = MountOptions::default().workers(4).layer(Identity);
     /// assert_eq!(layered.dispatch(), Dispatch::Workers(4));
     /// ```
-    pub fn layer<Outer: Layer>(self, layer: Outer) -> MountOptions<Stack<Outer, L>> {
-        let (options, inner) = self.into_parts();
-        options.swap_layer(Stack::new(layer, inner)).0
+    pub fn layer<Outer: Layer>(self, layer: Outer) -> MountOptions<Stack<Outer, L>, D> {
+        let (options, inner) = self.swap::<Identity, D>(Identity);
+        options.swap(Stack::new(layer, inner)).0
     }
 
-    /// The settings and the layers, apart.
+    /// The settings and the layers, apart. The dispatch mode stays in the settings' own
+    /// fields: the core reads it from [`dispatch`](Self::dispatch).
     pub(crate) fn into_parts(self) -> (MountOptions, L) {
-        self.swap_layer(Identity)
+        self.swap(Identity)
     }
 
-    /// The same settings with `layer`, and the layers they had.
-    fn swap_layer<M>(self, layer: M) -> (MountOptions<M>, L) {
+    /// The same settings in mode `E`.
+    fn into_mode<E>(self) -> MountOptions<L, E> {
+        let (options, layer) = self.swap::<Identity, E>(Identity);
+        options.swap(layer).0
+    }
+
+    /// The same settings with `layer`, in mode `E`, and the layers they had.
+    fn swap<M, E>(self, layer: M) -> (MountOptions<M, E>, L) {
         let options = MountOptions {
             workers: self.workers,
             keyed: self.keyed,
@@ -154,87 +215,16 @@ impl<L> MountOptions<L> {
             #[cfg(feature = "schemars")]
             schemas: self.schemas,
             layer,
+            mode: PhantomData,
         };
         (options, self.layer)
     }
 
-    /// Runs up to `n` handlers at once, finishing in any order. While `n` are in flight
-    /// the subscription reads nothing further. A retry goes back to the broker. Follow
-    /// with [`by_key`](Self::by_key) for ordered lanes. At most
-    /// [`MAX_WORKERS`](crate::dispatch::MAX_WORKERS).
-    pub fn workers(mut self, n: usize) -> Self {
-        self.workers = Some(n);
-        self
-    }
-
-    /// Turns `workers(n)` into `n` ordered lanes keyed by the partition key: one key never
-    /// spreads over two lanes, a lane runs its deliveries one at a time in arrival order,
-    /// and deliveries without a key rotate over the lanes. Without `workers(n)` it is a
-    /// startup error: a sequential mount already keeps every key's order.
-    ///
-    /// A lane retries a failed delivery in place, after its backoff, before it runs the
-    /// next one, so each key keeps its order across retries; meanwhile the lane's other
-    /// keys wait.
-    pub fn by_key(mut self) -> Self {
-        self.keyed = true;
-        self
-    }
-
-    /// Unties keys from lanes: under `workers(n).by_key().any_worker()` a free worker
-    /// takes the oldest delivery held whose key has nothing running. Each key still runs
-    /// one delivery at a time, in arrival order, retries in place included; but a busy
-    /// key no longer holds up the other keys a hash put on its lane, so `n` workers stay
-    /// busy as long as `n` keys have work.
-    ///
-    /// The mount reads ahead up to [`read_ahead`](Self::read_ahead) deliveries (default
-    /// [`DEFAULT_READ_AHEAD_PER_WORKER`](crate::dispatch::DEFAULT_READ_AHEAD_PER_WORKER)
-    /// per worker) to find keys to run; one key may hold at most `read_ahead - n` of them,
-    /// which leaves room for a delivery of each other worker's key. The queue's order
-    /// still rules: when the next delivery's key holds all it may, the mount reads on
-    /// only once that key has run one. Choose lanes instead when a key's lane must be
-    /// predictable, for example to keep per-lane state in the handler. Without `by_key()`
-    /// it is a startup error.
-    ///
-    /// Deliveries waiting for their key's turn are held by the broker as unsettled, so
-    /// they count against its limits: with slow handlers and a key that holds many, the
-    /// last may wait long, and RabbitMQ closes a channel whose delivery stays unacked past
-    /// its `consumer_timeout` (30 minutes by default). Keep `read_ahead` in proportion.
-    pub fn any_worker(mut self) -> Self {
-        self.any_worker = true;
-        self
-    }
-
-    /// How many deliveries an `any_worker()` mount holds at once: running, or waiting for
-    /// their key's turn. At least `n` (the workers); more finds more distinct keys to run
-    /// at the cost of more unsettled deliveries held. Without `any_worker()`, or below
-    /// `n`, it is a startup error.
-    pub fn read_ahead(mut self, deliveries: usize) -> Self {
-        self.read_ahead = Some(deliveries);
-        self
-    }
-
     /// What does not fit together, as a startup error's text.
     pub(crate) fn conflict(&self) -> Option<String> {
-        if self.keyed && self.workers.is_none() {
-            return Some("by_key() spreads keys over workers; ask for them with workers(n).by_key() (a mount without workers already keeps every key's order)".into());
-        }
-        if self.any_worker && !self.keyed {
-            return Some(
-                "any_worker() unties keys from lanes; ask for it with workers(n).by_key().any_worker()"
-                    .into(),
-            );
-        }
-        if self.timeout == Some(Duration::ZERO) {
-            return Some(
-                "timeout(0) would cancel every handler before it runs; use a longer one".into(),
-            );
-        }
-        match (self.read_ahead, self.dispatch()) {
-            (Some(_), Dispatch::AnyWorker { .. }) | (None, _) => None,
-            (Some(_), _) => Some(
-                "read_ahead(..) sizes the window of workers(n).by_key().any_worker(); other modes read ahead by themselves".into(),
-            ),
-        }
+        (self.timeout == Some(Duration::ZERO)).then(|| {
+            "timeout(0) would cancel every handler before it runs; use a longer one".into()
+        })
     }
 
     /// The most deliveries a batch handler gets at once (default
@@ -467,5 +457,93 @@ impl<L> MountOptions<L> {
             (None, Dispatch::Lanes(n)) => n.saturating_mul(1 + LANE_BUFFER).saturating_add(1),
             (None, Dispatch::AnyWorker { read_ahead, .. }) => read_ahead,
         }
+    }
+}
+
+impl<L> MountOptions<L, Sequential> {
+    /// Sets the dispatch mode from a value, for a mode chosen at run time (from
+    /// configuration, say) where the type of each branch of `workers(n)`, `by_key()` and
+    /// `any_worker()` would differ. The result offers none of those any more.
+    ///
+    /// ```
+    /// use conveyor::{Dispatch, MountOptions};
+    ///
+    /// let ordered = true; // from the service's configuration
+    /// let mode = if ordered { Dispatch::Lanes(4) } else { Dispatch::Workers(4) };
+    /// let options = MountOptions::default().with_dispatch(mode).max_attempts(3);
+    /// assert_eq!(options.dispatch(), Dispatch::Lanes(4));
+    /// ```
+    pub fn with_dispatch(mut self, dispatch: Dispatch) -> MountOptions<L, mode::Chosen> {
+        (self.workers, self.keyed, self.any_worker, self.read_ahead) = match dispatch {
+            Dispatch::Sequential => (None, false, false, None),
+            Dispatch::Workers(n) => (Some(n), false, false, None),
+            Dispatch::Lanes(n) => (Some(n), true, false, None),
+            Dispatch::AnyWorker {
+                workers,
+                read_ahead,
+            } => (Some(workers), true, true, Some(read_ahead)),
+        };
+        self.into_mode()
+    }
+
+    /// Runs up to `n` handlers at once, finishing in any order. While `n` are in flight
+    /// the subscription reads nothing further. A retry goes back to the broker. Follow
+    /// with [`by_key`](Self::by_key) for ordered lanes. At most
+    /// [`MAX_WORKERS`](crate::dispatch::MAX_WORKERS).
+    pub fn workers(mut self, n: usize) -> MountOptions<L, Workers> {
+        self.workers = Some(n);
+        self.into_mode()
+    }
+}
+
+impl<L> MountOptions<L, Workers> {
+    /// Turns `workers(n)` into `n` ordered lanes keyed by the partition key: one key never
+    /// spreads over two lanes, a lane runs its deliveries one at a time in arrival order,
+    /// and deliveries without a key rotate over the lanes. Offered only after `workers(n)`
+    /// (a sequential mount already keeps every key's order).
+    ///
+    /// A lane retries a failed delivery in place, after its backoff, before it runs the
+    /// next one, so each key keeps its order across retries; meanwhile the lane's other
+    /// keys wait.
+    pub fn by_key(mut self) -> MountOptions<L, Keyed> {
+        self.keyed = true;
+        self.into_mode()
+    }
+}
+
+impl<L> MountOptions<L, Keyed> {
+    /// Unties keys from lanes: under `workers(n).by_key().any_worker()` a free worker
+    /// takes the oldest delivery held whose key has nothing running. Each key still runs
+    /// one delivery at a time, in arrival order, retries in place included; but a busy
+    /// key no longer holds up the other keys a hash put on its lane, so `n` workers stay
+    /// busy as long as `n` keys have work.
+    ///
+    /// The mount reads ahead up to [`read_ahead`](Self::read_ahead) deliveries (default
+    /// [`DEFAULT_READ_AHEAD_PER_WORKER`](crate::dispatch::DEFAULT_READ_AHEAD_PER_WORKER)
+    /// per worker) to find keys to run; one key may hold at most `read_ahead - n` of them,
+    /// which leaves room for a delivery of each other worker's key. The queue's order
+    /// still rules: when the next delivery's key holds all it may, the mount reads on
+    /// only once that key has run one. Choose lanes instead when a key's lane must be
+    /// predictable, for example to keep per-lane state in the handler. Offered only after
+    /// `by_key()`.
+    ///
+    /// Deliveries waiting for their key's turn are held by the broker as unsettled, so
+    /// they count against its limits: with slow handlers and a key that holds many, the
+    /// last may wait long, and RabbitMQ closes a channel whose delivery stays unacked past
+    /// its `consumer_timeout` (30 minutes by default). Keep `read_ahead` in proportion.
+    pub fn any_worker(mut self) -> MountOptions<L, AnyWorker> {
+        self.any_worker = true;
+        self.into_mode()
+    }
+}
+
+impl<L> MountOptions<L, AnyWorker> {
+    /// How many deliveries an `any_worker()` mount holds at once: running, or waiting for
+    /// their key's turn. At least `n` (the workers); more finds more distinct keys to run
+    /// at the cost of more unsettled deliveries held. Offered only after `any_worker()`;
+    /// below `n`, it is a startup error.
+    pub fn read_ahead(mut self, deliveries: usize) -> Self {
+        self.read_ahead = Some(deliveries);
+        self
     }
 }

@@ -213,32 +213,36 @@ async fn a_handler_whose_state_is_missing_fails_startup() {
 
 async fn any(Json(_n): Json<u64>) {}
 
+/// Starts an app with one mount configured by `configure`; the error it fails with.
+async fn startup_error<L: conveyor::Layer, D>(
+    configure: impl FnOnce(conveyor::MountOptions) -> conveyor::MountOptions<L, D>,
+) -> Error {
+    let broker = MemoryBroker::new();
+    App::new("bad")
+        .mount(broker.queue("jobs"), any, configure)
+        .start()
+        .await
+        .unwrap_err()
+}
+
+/// What the types cannot rule out fails at startup (`by_key()` without workers,
+/// `any_worker()` without keys and `read_ahead` without `any_worker()` do not compile:
+/// see `conveyor::mode`).
 #[tokio::test]
 async fn impossible_mount_settings_fail_startup() {
-    let broker = MemoryBroker::new();
-    for configure in [
-        (|m: conveyor::MountOptions| m.workers(0)) as fn(_) -> _,
-        |m| m.batch(5),
-        // Keys spread over workers; without them this would silently be one lane.
-        |m| m.by_key(),
-        // any_worker() unties keys from lanes: without keys it means nothing.
-        |m| m.workers(2).any_worker(),
-        // read_ahead sizes any_worker's window only.
-        |m| m.workers(2).read_ahead(8),
+    let errors = [
+        startup_error(|m| m.workers(0)).await,
+        startup_error(|m| m.batch(5)).await,
         // Fewer held than workers would leave workers idle for good.
-        |m| m.workers(4).by_key().any_worker().read_ahead(3),
-        |m| m.workers(0).by_key().any_worker(),
+        startup_error(|m| m.workers(4).by_key().any_worker().read_ahead(3)).await,
+        startup_error(|m| m.workers(0).by_key().any_worker()).await,
         // A zero timeout would cancel every handler before it runs.
-        |m| m.timeout(Duration::ZERO),
+        startup_error(|m| m.timeout(Duration::ZERO)).await,
         // More than a mount runs: its tasks and lanes would be made up front.
-        |m| m.workers(usize::MAX),
-        |m| m.workers(conveyor::dispatch::MAX_WORKERS + 1).by_key(),
-    ] {
-        let error = App::new("bad")
-            .mount(broker.queue("jobs"), any, configure)
-            .start()
-            .await
-            .unwrap_err();
+        startup_error(|m| m.workers(usize::MAX)).await,
+        startup_error(|m| m.workers(conveyor::dispatch::MAX_WORKERS + 1).by_key()).await,
+    ];
+    for error in errors {
         assert!(matches!(error, Error::Config(_)), "{error}");
     }
 }
@@ -274,12 +278,6 @@ async fn a_huge_batch_size_or_read_ahead_runs_like_any_other() {
         broker.stats("batches").ready + broker.stats("keyed").ready,
         0
     );
-}
-
-#[test]
-fn by_key_before_workers_still_makes_lanes() {
-    let options = conveyor::MountOptions::default().by_key().workers(3);
-    assert_eq!(options.dispatch(), conveyor::Dispatch::Lanes(3));
 }
 
 /// A source whose queue does not exist, or whose subscription ends after one delivery.
@@ -387,7 +385,11 @@ async fn a_handler_past_its_timeout_is_cancelled_and_the_policy_retries_it() {
             hang_once,
             move |m| {
                 let m = m.timeout(Duration::from_secs(1)).retry();
-                if workers { m.workers(2) } else { m }
+                m.with_dispatch(if workers {
+                    conveyor::Dispatch::Workers(2)
+                } else {
+                    conveyor::Dispatch::Sequential
+                })
             },
         );
         let test = TestApp::start(app, &broker).await.unwrap();
@@ -437,11 +439,11 @@ async fn a_cancelled_handler_that_panics_while_dropped_is_retried_and_the_mount_
             hang_once_with_a_panicking_guard,
             move |m| {
                 let m = m.timeout(Duration::from_secs(1)).retry();
-                match mode {
-                    "workers" => m.workers(2),
-                    "lanes" => m.workers(2).by_key(),
-                    _ => m,
-                }
+                m.with_dispatch(match mode {
+                    "workers" => conveyor::Dispatch::Workers(2),
+                    "lanes" => conveyor::Dispatch::Lanes(2),
+                    _ => conveyor::Dispatch::Sequential,
+                })
             },
         );
         let test = TestApp::start(app, &broker).await.unwrap();

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use conveyor::testing::TestApp;
 use conveyor::{
-    App, Batch, Bytes, Context, DecodeError, Delivery, DeliveryInfo, Error, FromDelivery,
+    App, Batch, Bytes, Context, DecodeError, Delivery, DeliveryInfo, Dispatch, Error, FromDelivery,
     FromPayload, Json, MemoryBroker, Message, MountOptions, Outcome, Publisher, Rejection, Source,
     State, SubscribeSettings, Subscriber,
 };
@@ -129,14 +129,18 @@ async fn fail_unprintably(Json(_n): Json<u64>) -> Result<(), Unprintable> {
 
 #[tokio::test]
 async fn a_worker_or_lane_that_dies_anyway_stops_the_app_with_a_mount_error() {
-    for (mode, configure) in [
+    for (mode, dispatch) in [
+        ("lanes", Dispatch::Lanes(2)),
+        ("workers", Dispatch::Workers(2)),
         (
-            "lanes",
-            (|m: MountOptions| m.workers(2).by_key()) as fn(_) -> _,
+            "any-worker",
+            Dispatch::AnyWorker {
+                workers: 2,
+                read_ahead: 8,
+            },
         ),
-        ("workers", |m| m.workers(2)),
-        ("any-worker", |m| m.workers(2).by_key().any_worker()),
     ] {
+        let configure = move |m: MountOptions| m.with_dispatch(dispatch);
         let broker = MemoryBroker::new();
         broker.publish_json("q", &1u64).await.unwrap();
         let run = App::new("dying")
@@ -169,7 +173,11 @@ async fn a_retry_after_too_long_for_the_clock_waits_instead_of_panicking() {
             broker.queue("q"),
             retry_forever_later,
             move |m| {
-                if workers { m.workers(1) } else { m }
+                m.with_dispatch(if workers {
+                    Dispatch::Workers(1)
+                } else {
+                    Dispatch::Sequential
+                })
             },
         );
         let test = TestApp::start(app, &broker).await.unwrap();

@@ -98,7 +98,10 @@ async fn shutdown_finishes_in_flight_work_and_returns_the_rest_at_once() {
 
 /// Mounts `work` (which never finishes here) with `configure`, waits until `running`
 /// handlers have started, and shuts down with a short timeout.
-async fn shut_down_stuck(configure: fn(MountOptions) -> MountOptions, running: usize) {
+async fn shut_down_stuck<D>(
+    configure: fn(MountOptions) -> MountOptions<conveyor::Identity, D>,
+    running: usize,
+) {
     let broker = MemoryBroker::new();
     publish_numbers(&broker, 5).await;
     let work_state = Work::new();
