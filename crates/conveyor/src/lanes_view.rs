@@ -1,13 +1,13 @@
 //! A live view of a keyed mount's lanes (or, under any-worker, its workers): what each
-//! runs and holds, and which partition keys are hot. [`RunningApp::lanes`](crate::RunningApp::lanes) takes it.
+//! runs and holds, and which partition keys are hot.
+//! [`RunningApp::lanes`](crate::RunningApp::lanes) takes it.
 //!
 //! The counters are kept as the lanes run, with relaxed atomics (a handful of
 //! instructions per delivery). The hot keys come from a sample of the deliveries (one in
-//! [`SAMPLE_EVERY`], spread pseudo-randomly) counted in a fixed table of [`HOT_KEY_SLOTS`] keys (the Space-Saving
-//! algorithm): memory stays the same whatever the number of keys, and a key that takes a
-//! large share of the traffic is in the table. Counts are halved every
-//! [`HALVE_EVERY`] samples, so the table follows what is hot now rather than since the
-//! start.
+//! 4, spread pseudo-randomly) counted in a fixed table of [`HOT_KEY_SLOTS`] keys (the
+//! Space-Saving algorithm): memory stays the same whatever the number of keys, and a key
+//! that takes a large share of the traffic is in the table. Counts are halved every
+//! 1,024 samples, so the table follows what is hot now rather than since the start.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -19,11 +19,11 @@ use crate::kit;
 use crate::message::PartitionKey;
 
 /// One in how many keyed deliveries the hot-key table counts.
-pub const SAMPLE_EVERY: u64 = 4;
+pub(crate) const SAMPLE_EVERY: u64 = 4;
 /// How many keys the hot-key table holds.
 pub const HOT_KEY_SLOTS: usize = 16;
 /// After how many samples the hot-key counts are halved.
-pub const HALVE_EVERY: u64 = 1024;
+pub(crate) const HALVE_EVERY: u64 = 1024;
 
 /// One keyed mount's lanes now.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -72,8 +72,8 @@ pub struct HotKey {
     /// The lane it runs on; `None` under any-worker, where any worker runs it.
     pub lane: Option<usize>,
     /// How many of the sampled recent deliveries were its (see the module docs): one in
-    /// about [`SAMPLE_EVERY`] deliveries is sampled, and counts are halved every
-    /// [`HALVE_EVERY`] samples. It may count high by as much as the count of the key
+    /// about 4 deliveries is sampled, and counts are halved every 1,024 samples. It may
+    /// count high by as much as the count of the key
     /// whose slot it took; compare keys by it, rather than read it as a number of
     /// messages.
     pub count: u64,

@@ -37,7 +37,7 @@ pub enum Dispatch {
 /// ([`Workers`]), `.any_worker()` after that ([`Keyed`]), and `.read_ahead(r)` only on
 /// an [`AnyWorker`] mount. A mode chosen at run time is set from a
 /// [`Dispatch`](crate::Dispatch) value with
-/// [`with_dispatch`](crate::MountOptions::with_dispatch) ([`Chosen`]).
+/// [`with_dispatch`](crate::MountOptions::with_dispatch) ([`Chosen`](crate::mode::Chosen)).
 ///
 /// ```compile_fail,E0599
 /// # use conveyor::MountOptions;

@@ -147,7 +147,7 @@ impl Drop for Settling {
 
 /// The reply address of in-process requests: a reply published here goes straight to the
 /// request waiting for it, never to a queue.
-pub const REPLY_ADDRESS: &str = "conveyor.in-process.reply";
+pub(crate) const REPLY_ADDRESS: &str = "conveyor.in-process.reply";
 
 impl BrokerInner {
     /// Tells idle-waiters that a queue changed. Called after the change, with the queue's
@@ -351,7 +351,7 @@ impl Publisher for MemoryBroker {
 impl Broker for MemoryBroker {
     type Queue = MemoryQueue;
 
-    /// Publishes the request with [`REPLY_ADDRESS`] as its reply address: the
+    /// Publishes the request with `conveyor.in-process.reply` as its reply address: the
     /// responder's reply is handed straight to this request.
     async fn request(
         &self,
