@@ -268,12 +268,22 @@ impl<L: Layer + Clone> App<L> {
     }
 
     /// Runs until SIGINT or SIGTERM, then shuts down gracefully.
+    ///
+    /// # Errors
+    ///
+    /// As [`run_until`](Self::run_until).
     pub async fn run(self) -> Result<(), Error> {
         self.run_until(shutdown_signal()).await
     }
 
     /// Runs until `signal` completes, then shuts down gracefully. Returns early with the
     /// error if a subscription cannot start or ends by itself.
+    ///
+    /// # Errors
+    ///
+    /// What [`start`](Self::start) fails with; a mount that ends by itself while the
+    /// app runs ([`Error::SubscriptionEnded`], or its subscription's error); and what
+    /// [`RunningApp::shutdown`] fails with.
     pub async fn run_until(self, signal: impl Future<Output = ()> + Send) -> Result<(), Error> {
         let mut running = self.start().await?;
         let early = tokio::select! {
@@ -295,6 +305,12 @@ impl<L: Layer + Clone> App<L> {
     /// Checks every mount, starts every subscription, and returns the running app. A
     /// mount that cannot work (bad settings, missing state) or a subscription that cannot
     /// start fails here with a clear error, and nothing is left running.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for settings that cannot work together, [`Error::MissingState`]
+    /// for a handler whose `State<T>` the app does not have, and the transport's error
+    /// for a subscription that cannot start (a missing queue, a refused login).
     pub async fn start(self) -> Result<RunningApp, Error> {
         if self.misplaced_layer {
             return Err(Error::config(
@@ -507,6 +523,10 @@ impl RunningApp {
     /// settles them, releases received-but-unstarted deliveries, closes the brokers given
     /// with [`App::broker`], then returns. Handlers still running at the timeout are
     /// cancelled and their deliveries released.
+    ///
+    /// # Errors
+    ///
+    /// The first error a mount ended with, or a broker's error while closing.
     pub async fn shutdown(mut self) -> Result<(), Error> {
         tracing::info!(app = self.name, "shutting down");
         self.stop_receiving();

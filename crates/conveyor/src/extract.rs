@@ -88,10 +88,18 @@ impl Rejection {
 /// A handler argument built from the delivery and the context.
 pub trait FromDelivery: Sized + Send + 'static {
     /// Builds the argument; an error rejects the delivery.
+    ///
+    /// # Errors
+    ///
+    /// A [`Rejection`], which rejects the delivery with it as the reason.
     fn from_delivery(delivery: &Delivery, cx: &Context) -> Result<Self, Rejection>;
 
     /// Checked once when the app starts, so that a handler that can never run (a missing
     /// state) fails startup rather than every delivery.
+    ///
+    /// # Errors
+    ///
+    /// An [`Error`] that stops the app from starting.
     fn check(cx: &Context) -> Result<(), Error> {
         let _ = cx;
         Ok(())
@@ -101,9 +109,17 @@ pub trait FromDelivery: Sized + Send + 'static {
 /// A batch handler argument built from the context alone.
 pub trait FromContext: Sized + Send + 'static {
     /// Builds the argument; an error rejects the whole batch.
+    ///
+    /// # Errors
+    ///
+    /// A [`Rejection`], which rejects every delivery of the batch with it as the reason.
     fn from_context(cx: &Context) -> Result<Self, Rejection>;
 
     /// Checked once when the app starts, like [`FromDelivery::check`].
+    ///
+    /// # Errors
+    ///
+    /// An [`Error`] that stops the app from starting.
     fn check(cx: &Context) -> Result<(), Error> {
         let _ = cx;
         Ok(())

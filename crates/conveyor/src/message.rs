@@ -121,6 +121,10 @@ impl Message {
     }
 
     /// A message whose payload is `value` as JSON, with content type `application/json`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Encode`] when `value` cannot be serialized as JSON.
     pub fn json<T: Serialize + ?Sized>(value: &T) -> Result<Self, Error> {
         MessageBuilder::default().json(value)
     }
@@ -337,6 +341,10 @@ impl MessageBuilder {
 
     /// The message, with `value` as JSON for its payload and content type
     /// `application/json` (unless one was set).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Encode`] when `value` cannot be serialized as JSON.
     pub fn json<T: Serialize + ?Sized>(self, value: &T) -> Result<Message, Error> {
         let payload = serde_json::to_vec(value).map_err(|e| Error::Encode {
             format: "json",

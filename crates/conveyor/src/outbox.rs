@@ -183,6 +183,10 @@ impl<S: OutboxStore, P: Publisher> OutboxRelay<S, P> {
     /// that fails ends the pass with its error, after marking those before it: the
     /// next pass starts with it. A message refused for good is set aside instead, if
     /// the store can ([`OutboxStore::set_aside`]).
+    ///
+    /// # Errors
+    ///
+    /// The store's error, or the first publish's error that is not a refusal set aside.
     pub async fn relay_once(&self) -> Result<usize, Error> {
         self.pass(&mut || false)
             .await
@@ -395,6 +399,10 @@ fn put(out: &mut Vec<u8>, bytes: &[u8]) {
 
 /// The message [`encode`] made `bytes` of (in this format or the one before it);
 /// [`Error::Config`] if they are not such.
+///
+/// # Errors
+///
+/// [`Error::Config`] when `bytes` are not a record [`encode`] made.
 pub fn decode(bytes: &[u8]) -> Result<Message, Error> {
     let bad = || Error::config("an outbox record that is not one encode made");
     let mut reader = Reader(bytes);

@@ -54,6 +54,10 @@ pub enum Settlement<'a> {
 /// `E` converts into a boxed error.
 pub trait IntoOutcome {
     /// The outcome, or the handler's error.
+    ///
+    /// # Errors
+    ///
+    /// The handler's error, for the mount's failure policy.
     fn into_outcome(self) -> Result<Outcome, BoxError>;
 }
 

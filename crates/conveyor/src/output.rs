@@ -160,6 +160,10 @@ impl Reply {
 /// the failure policy, and nothing is published).
 pub trait IntoReply: Sized {
     /// The outcome and the messages, or the handler's error.
+    ///
+    /// # Errors
+    ///
+    /// The handler's error, for the mount's failure policy.
     fn into_reply(self) -> Result<Reply, BoxError>;
 
     /// Runs `run` (the handler's call), publishes the messages it returns for

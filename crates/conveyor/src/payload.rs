@@ -128,6 +128,10 @@ pub trait FromPayload: Sized + Send + 'static {
     const FORMAT: Option<PayloadFormat> = None;
 
     /// Decodes the payload.
+    ///
+    /// # Errors
+    ///
+    /// A [`DecodeError`]: the delivery is rejected with it as the reason.
     fn from_payload(payload: &Bytes) -> Result<Self, DecodeError>;
 }
 

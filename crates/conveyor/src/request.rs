@@ -120,6 +120,10 @@ impl Replies {
     /// publishes must carry it, and the reply address), then waits up to `timeout` for
     /// the reply. A request given up (timed out, or its future dropped) no longer waits:
     /// its reply, if it comes, is dropped.
+    ///
+    /// # Errors
+    ///
+    /// `send`'s error, or [`Error::Timeout`] when no reply came within `timeout`.
     pub async fn request<F, Fut>(
         &self,
         destination: &str,
@@ -142,6 +146,11 @@ impl Replies {
     /// runs it inside one [`within`] together with what it does first (opening its
     /// requester): one timer for the whole request. `timeout` is the caller's, which an
     /// error names.
+    ///
+    /// # Errors
+    ///
+    /// `send`'s error; [`Error::Timeout`] naming `timeout` if the requester is dropped
+    /// first.
     pub async fn exchange<F, Fut>(
         &self,
         destination: &str,
@@ -206,6 +215,10 @@ impl Drop for Waiting<'_> {
 /// assert!(matches!(stalled.await, Err(conveyor::Error::Timeout { .. })));
 /// # }
 /// ```
+///
+/// # Errors
+///
+/// `request`'s error, or [`Error::Timeout`] once `timeout` has passed.
 pub async fn within<T>(
     destination: &str,
     timeout: Duration,

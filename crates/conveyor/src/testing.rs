@@ -49,6 +49,10 @@ pub struct TestApp {
 impl TestApp {
     /// Turns on the broker's history and starts `app`: every subscription is open when
     /// this returns.
+    ///
+    /// # Errors
+    ///
+    /// What [`App::start`] fails with.
     pub async fn start<L: Layer + Clone>(
         app: App<L>,
         broker: &MemoryBroker,
@@ -75,11 +79,19 @@ impl TestApp {
     }
 
     /// Publishes `message` to `queue`.
+    ///
+    /// # Errors
+    ///
+    /// The broker's publish error.
     pub async fn publish(&self, queue: &str, message: Message) -> Result<(), Error> {
         self.broker.publish(queue, message).await
     }
 
     /// Publishes `value` as JSON to `queue`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Encode`] when `value` is no JSON, or the broker's publish error.
     pub async fn publish_json<T: Serialize + Sync + ?Sized>(
         &self,
         queue: &str,
@@ -91,12 +103,20 @@ impl TestApp {
     /// Waits until everything published and due has been handled and settled. Messages
     /// waiting out a delay are left alone: advance the clock, or use
     /// [`drained`](Self::drained).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when the test's deadline passes first.
     pub async fn settled(&self) -> Result<(), Error> {
         self.wait("the app to settle everything due", self.broker.wait_idle())
             .await
     }
 
     /// Waits until everything, delayed messages included, has been handled and settled.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when the test's deadline passes first.
     pub async fn drained(&self) -> Result<(), Error> {
         self.wait("the app to drain every queue", self.broker.wait_drained())
             .await
@@ -137,6 +157,10 @@ impl TestApp {
     }
 
     /// Shuts the app down gracefully and returns its result.
+    ///
+    /// # Errors
+    ///
+    /// What [`RunningApp::shutdown`](crate::RunningApp::shutdown) fails with.
     pub async fn stop(self) -> Result<(), Error> {
         self.running.shutdown().await
     }

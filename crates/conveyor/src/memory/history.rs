@@ -27,6 +27,10 @@ pub struct RecordedMessage {
 
 impl RecordedMessage {
     /// The payload decoded as JSON.
+    ///
+    /// # Errors
+    ///
+    /// serde's error when the payload is not JSON of type `T`.
     pub fn json<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
         serde_json::from_slice(&self.payload)
     }
