@@ -73,6 +73,11 @@ impl ConsistentHash {
 
     /// Declares the exchange, the queues and the bindings (each weight 1), and returns
     /// each queue to mount. A spread over no queue is [`conveyor::Error::Config`].
+    ///
+    /// # Errors
+    ///
+    /// [`conveyor::Error::Config`] for no shard, and what declaring the exchange,
+    /// a queue or a binding fails with.
     pub async fn declare(self, broker: &LapinBroker) -> Result<Vec<LapinQueue>, conveyor::Error> {
         if self.shards == 0 {
             return Err(conveyor::Error::config(format!(

@@ -168,6 +168,11 @@ impl LapinPublisher {
     /// ([`conveyor::Error::Refused`] or [`conveyor::Error::Publish`]); `?` into a
     /// [`conveyor::Error`] gives [`conveyor::Error::Config`] for bad input and
     /// [`conveyor::Error::Transport`] for anything else.
+    ///
+    /// # Errors
+    ///
+    /// A [`LapinError`]: a message AMQP cannot carry (refused before it is sent), no
+    /// confirm within the confirm timeout, or the broker's nack or return.
     pub async fn publish_to(
         &self,
         exchange: &str,
@@ -209,6 +214,10 @@ impl LapinPublisher {
     /// for all their confirms. Returns the first error; a message AMQP cannot carry (a
     /// name too long, headers over the frame limit, ...) fails the batch before any is
     /// sent.
+    ///
+    /// # Errors
+    ///
+    /// As [`publish_to`](Self::publish_to), for the first message that fails.
     pub async fn publish_all_to(
         &self,
         exchange: &str,

@@ -201,6 +201,11 @@ impl SqsBrokerBuilder {
     }
 
     /// Loads the AWS configuration and makes the client.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for settings SQS cannot take (a wait time of no whole second
+    /// from 1 to 20, say).
     pub async fn build(self) -> Result<SqsBroker, Error> {
         let settings = self.settings;
         // SQS long-polls for whole seconds: `as_secs` would make 500 ms a short poll (0 s),
@@ -385,6 +390,10 @@ impl SqsBroker {
     /// # Ok(())
     /// # }
     /// ```
+    ///
+    /// # Errors
+    ///
+    /// SQS's error when it does not know the queue, or refuses the call.
     pub async fn queue_url(&self, name_or_url: &str) -> Result<String, Error> {
         self.resolve(name_or_url)
             .await

@@ -184,6 +184,11 @@ impl SqsBroker {
     /// broker.publish_typed("orders", message, &types).await?;
     /// # Ok(()) }
     /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Publisher::publish`](conveyor::Publisher::publish): [`Error::Refused`] for a
+    /// message SQS would refuse, before any call, else SQS's error.
     pub async fn publish_typed(
         &self,
         destination: &str,

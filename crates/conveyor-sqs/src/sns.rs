@@ -107,6 +107,10 @@ impl SnsPublisher {
 
     /// Creates the topic `name` (FIFO if it ends in `.fifo`), or finds it if it exists;
     /// returns its ARN.
+    ///
+    /// # Errors
+    ///
+    /// SNS's error when it refuses the name or the call.
     pub async fn declare_topic(&self, name: &str) -> Result<String, Error> {
         self.arn(name)
             .await
@@ -227,6 +231,11 @@ impl SnsPublisher {
     /// sns.publish_typed("orders", message, &types).await?;
     /// # Ok(()) }
     /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Refused`] for a message SNS would refuse, before any call, else SNS's
+    /// error.
     pub async fn publish_typed(
         &self,
         destination: &str,
@@ -254,6 +263,10 @@ impl SqsBroker {
     /// credentials, endpoint, HTTP client). A broker made with
     /// [`SqsBroker::from_client`] has no chain to share: that is [`Error::Config`]; make
     /// one with [`SnsPublisher::from_client`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a broker made with [`SqsBroker::from_client`].
     pub fn sns(&self) -> Result<SnsPublisher, Error> {
         let config = self.sdk_config().ok_or_else(|| {
             Error::config(
@@ -269,6 +282,10 @@ impl SqsBroker {
     /// same settings changes nothing. Returns the subscription's ARN. The policy is read,
     /// changed and written back: subscribe one queue to several topics one after
     /// another, not at once, or a statement may be lost.
+    ///
+    /// # Errors
+    ///
+    /// SQS's or SNS's error: a missing queue or topic, a refused policy or subscription.
     pub async fn subscribe_to_topic(
         &self,
         sns: &SnsPublisher,

@@ -131,6 +131,10 @@ impl Message {
 
     /// A message whose payload is `value` as MessagePack (structs as maps), with content
     /// type `application/msgpack` (feature `msgpack`; see [`crate::codec`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Encode`] when `value` cannot be serialized as MessagePack.
     #[cfg(feature = "msgpack")]
     pub fn msgpack<T: Serialize + ?Sized>(value: &T) -> Result<Self, Error> {
         MessageBuilder::default().msgpack(value)
@@ -138,6 +142,10 @@ impl Message {
 
     /// A message whose payload is `value` as CBOR, with content type `application/cbor`
     /// (feature `cbor`; see [`crate::codec`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Encode`] when `value` cannot be serialized as CBOR.
     #[cfg(feature = "cbor")]
     pub fn cbor<T: Serialize + ?Sized>(value: &T) -> Result<Self, Error> {
         MessageBuilder::default().cbor(value)
@@ -355,6 +363,10 @@ impl MessageBuilder {
 
     /// The message, with `value` as MessagePack (structs as maps) for its payload and
     /// content type `application/msgpack` (unless one was set). Feature `msgpack`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Encode`] when `value` cannot be serialized as MessagePack.
     #[cfg(feature = "msgpack")]
     pub fn msgpack<T: Serialize + ?Sized>(self, value: &T) -> Result<Message, Error> {
         let payload = crate::encode::to_msgpack(value)?;
@@ -363,6 +375,10 @@ impl MessageBuilder {
 
     /// The message, with `value` as CBOR for its payload and content type
     /// `application/cbor` (unless one was set). Feature `cbor`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Encode`] when `value` cannot be serialized as CBOR.
     #[cfg(feature = "cbor")]
     pub fn cbor<T: Serialize + ?Sized>(self, value: &T) -> Result<Message, Error> {
         let payload = crate::encode::to_cbor(value)?;

@@ -12,6 +12,11 @@ impl LapinBroker {
     /// Settings RabbitMQ cannot take, and a dead-letter queue that does not exist, are
     /// [`conveyor::Error::Config`]; a broker failure is [`conveyor::Error::Transport`]
     /// with the [`LapinError`] as its source.
+    ///
+    /// # Errors
+    ///
+    /// [`conveyor::Error::Config`] for settings RabbitMQ cannot take and a missing
+    /// dead-letter queue; [`conveyor::Error::Transport`] (with the [`LapinError`] as its source) when RabbitMQ fails the call.
     pub async fn declare_queue(&self, spec: &QueueSpec) -> Result<(), conveyor::Error> {
         let declaration = Declaration::from_spec(spec)?;
         if let Some(policy) = spec.dead_letter()
@@ -38,6 +43,10 @@ impl LapinBroker {
     /// Deletes the queue `name`, the messages in it, and its delay queue (the one its
     /// subscriptions on this broker used, else `<name>.delay`) with the messages
     /// waiting there. Deleting a queue that does not exist succeeds.
+    ///
+    /// # Errors
+    ///
+    /// [`conveyor::Error::Config`] for a name AMQP cannot carry; [`conveyor::Error::Transport`] (with the [`LapinError`] as its source) when RabbitMQ fails the call.
     pub async fn delete_queue(&self, name: &str) -> Result<(), conveyor::Error> {
         short("queue name", name)?;
         let delay_queue = self
@@ -84,6 +93,11 @@ impl LapinBroker {
     /// and `in_flight` unknown (`None`: AMQP does not tell how
     /// many are delivered and unacked). A missing queue is an error
     /// ([`LapinError::MissingQueue`] as the source).
+    ///
+    /// # Errors
+    ///
+    /// [`conveyor::Error::Transport`] for a missing queue ([`LapinError::MissingQueue`])
+    /// or a failed call.
     pub async fn queue_depth(&self, name: &str) -> Result<QueueDepth, conveyor::Error> {
         let remembered = self.remembered_delay_queue(name);
         let guessed = remembered.is_none();
@@ -115,6 +129,11 @@ impl LapinBroker {
     /// Conveyor rejected it with (none where RabbitMQ dead-lettered it by itself: a
     /// delivery limit, an expiry, a nack; its `x-death` header is an array, left out of
     /// the headers). They are acked all at once at the end, so on an error none is taken.
+    ///
+    /// # Errors
+    ///
+    /// [`conveyor::Error::Transport`] for a missing queue or a failed get or ack; then
+    /// none is taken.
     pub async fn take_dead_letters(
         &self,
         dead_letter_queue: &str,
@@ -131,6 +150,11 @@ impl LapinBroker {
     }
 
     /// Declares an exchange now (or checks it, if passive).
+    ///
+    /// # Errors
+    ///
+    /// [`conveyor::Error::Config`] for a name AMQP cannot carry; [`conveyor::Error::Transport`] (with the [`LapinError`] as its source) when RabbitMQ fails the call. (a passive
+    /// declaration of a missing exchange included).
     pub async fn declare_exchange(&self, exchange: &ExchangeSpec) -> Result<(), conveyor::Error> {
         if exchange.is_passive() {
             // On a channel of its own: the topology channel would check it again after
@@ -150,6 +174,10 @@ impl LapinBroker {
     }
 
     /// Binds a queue to an exchange.
+    ///
+    /// # Errors
+    ///
+    /// [`conveyor::Error::Transport`] (with the [`LapinError`] as its source) when RabbitMQ fails the call.
     pub async fn bind(&self, binding: &Binding) -> Result<(), conveyor::Error> {
         self.on_topology_channel(|channel| async move {
             binding.declare(&channel).await?;
@@ -167,6 +195,10 @@ impl LapinBroker {
     }
 
     /// Deletes an exchange. Deleting one that does not exist succeeds.
+    ///
+    /// # Errors
+    ///
+    /// [`conveyor::Error::Config`] for a name AMQP cannot carry; [`conveyor::Error::Transport`] (with the [`LapinError`] as its source) when RabbitMQ fails the call.
     pub async fn delete_exchange(&self, exchange: &str) -> Result<(), conveyor::Error> {
         let name = short("exchange name", exchange)?;
         self.on_topology_channel(|channel| async move {

@@ -156,6 +156,11 @@ impl LapinBrokerBuilder {
     /// refused login are errors right away, since trying again would not help. A failed
     /// first connect leaves nothing behind: when it returns, the attempts have stopped,
     /// a connection it had opened is closed, and lapin's connection thread has ended.
+    ///
+    /// # Errors
+    ///
+    /// A [`LapinError`]: an invalid URL or setting, a refused login or TLS handshake, or
+    /// no connection within the first connect timeout.
     pub async fn connect(self) -> Result<LapinBroker, LapinError> {
         let redacted = redact_url(&self.url);
         if self.prefetch == Some(0) {
@@ -371,6 +376,10 @@ pub(crate) fn zero_prefetch() -> LapinError {
 
 impl LapinBroker {
     /// Connects to `url` with the default settings.
+    ///
+    /// # Errors
+    ///
+    /// As [`LapinBrokerBuilder::connect`].
     pub async fn connect(url: &str) -> Result<LapinBroker, LapinError> {
         Self::builder(url).connect().await
     }

@@ -161,6 +161,11 @@ impl LapinBroker {
     /// [`Publisher`] cannot say: an exchange and routing key, priority, expiration,
     /// transient or non-mandatory messages ([`PublishOptions`](crate::PublishOptions)).
     /// For plain publishing to a queue, the broker itself is a [`Publisher`].
+    ///
+    /// # Errors
+    ///
+    /// A [`LapinError`] when no channel can be opened on the publishing connection (a
+    /// blocked connection included).
     pub async fn publisher(&self) -> Result<LapinPublisher, LapinError> {
         self.publishing_connected().await;
         LapinPublisher::open(self.clone()).await
@@ -168,6 +173,10 @@ impl LapinBroker {
 
     /// Closes the connections. Subscriptions still open end, and their unacked
     /// deliveries go back to their queues.
+    ///
+    /// # Errors
+    ///
+    /// [`conveyor::Error::Transport`] (with the [`LapinError`] as its source) when RabbitMQ fails the call.
     pub async fn close(&self) -> Result<(), conveyor::Error> {
         let reason = "closed by the application";
         let [consuming, publishing] = &self.inner.dialers;
@@ -235,6 +244,10 @@ impl LapinBroker {
     /// }
     /// # Ok(()) }
     /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`LapinPublisher::publish_to`](crate::LapinPublisher::publish_to).
     pub async fn publish_amqp(
         &self,
         exchange: &str,
