@@ -335,6 +335,224 @@ mod tests {
         );
     }
 
+    /// The client's errors the variants carry: a socket's, and the broker's refusal.
+    fn io_failure() -> lapin::Error {
+        std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused").into()
+    }
+
+    fn not_found() -> lapin::Error {
+        use lapin::protocol::{AMQPError, AMQPErrorKind, AMQPSoftError};
+        lapin::ErrorKind::ProtocolError(AMQPError::new(
+            AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND),
+            "NOT_FOUND - no exchange 'orders' in vhost '/'".into(),
+        ))
+        .into()
+    }
+
+    /// One error of each variant, those with a client error as their source with a cause
+    /// of its own where the client gives one, by variant. The match below has no
+    /// wildcard: a new variant does not compile until it is named there, and fails the
+    /// count until it is made here.
+    fn every_variant() -> Vec<(&'static str, LapinError)> {
+        let url = "amqp://guest:***@127.0.0.1:5672/%2f".to_string();
+        let errors = vec![
+            LapinError::InvalidUrl {
+                url: url.clone(),
+                reason: "invalid port number".into(),
+            },
+            LapinError::Connect {
+                url: url.clone(),
+                source: io_failure(),
+            },
+            LapinError::ConnectTimeout {
+                url,
+                after: Duration::from_secs(5),
+                waiting_for: "the connection to be accepted (TCP, and TLS for amqps://)",
+            },
+            LapinError::Channel {
+                purpose: "publisher".into(),
+                source: lapin::ErrorKind::InvalidConnectionState(lapin::ConnectionState::Closed)
+                    .into(),
+            },
+            LapinError::Close {
+                source: io_failure(),
+            },
+            LapinError::Declare {
+                what: "exchange",
+                name: "orders".into(),
+                source: not_found(),
+            },
+            LapinError::MissingQueue {
+                queue: "orders".into(),
+            },
+            LapinError::MissingExchange {
+                exchange: "orders".into(),
+            },
+            LapinError::Consume {
+                queue: "orders".into(),
+                source: not_found(),
+            },
+            LapinError::Receive {
+                queue: "orders".into(),
+                source: io_failure(),
+            },
+            LapinError::Publish {
+                destination: "orders".into(),
+                source: not_found(),
+            },
+            LapinError::Nacked {
+                destination: "orders".into(),
+            },
+            LapinError::Returned {
+                destination: "orders".into(),
+                code: 312,
+                text: "NO_ROUTE".into(),
+            },
+            LapinError::ConfirmTimeout {
+                destination: "orders".into(),
+                after: Duration::from_secs(30),
+            },
+            LapinError::Unavailable {
+                destination: "orders".into(),
+                after: Duration::from_secs(30),
+            },
+            LapinError::Blocked {
+                destination: "orders".into(),
+                after: Duration::from_secs(30),
+            },
+            LapinError::HeadersTooLarge {
+                destination: "orders".into(),
+                size: 140_000,
+                limit: 131_072,
+            },
+            LapinError::Invalid {
+                what: "header name",
+                reason: "`x` is 300 bytes long, over AMQP's 255-byte limit".into(),
+            },
+        ];
+        let named: Vec<(&'static str, LapinError)> = errors
+            .into_iter()
+            .map(|error| {
+                let variant = match &error {
+                    LapinError::InvalidUrl { .. } => "InvalidUrl",
+                    LapinError::Connect { .. } => "Connect",
+                    LapinError::ConnectTimeout { .. } => "ConnectTimeout",
+                    LapinError::Channel { .. } => "Channel",
+                    LapinError::Close { .. } => "Close",
+                    LapinError::Declare { .. } => "Declare",
+                    LapinError::MissingQueue { .. } => "MissingQueue",
+                    LapinError::MissingExchange { .. } => "MissingExchange",
+                    LapinError::Consume { .. } => "Consume",
+                    LapinError::Receive { .. } => "Receive",
+                    LapinError::Publish { .. } => "Publish",
+                    LapinError::Nacked { .. } => "Nacked",
+                    LapinError::Returned { .. } => "Returned",
+                    LapinError::ConfirmTimeout { .. } => "ConfirmTimeout",
+                    LapinError::Unavailable { .. } => "Unavailable",
+                    LapinError::Blocked { .. } => "Blocked",
+                    LapinError::HeadersTooLarge { .. } => "HeadersTooLarge",
+                    LapinError::Invalid { .. } => "Invalid",
+                };
+                (variant, error)
+            })
+            .collect();
+        let mut variants: Vec<&str> = named.iter().map(|(variant, _)| *variant).collect();
+        variants.sort_unstable();
+        variants.dedup();
+        assert_eq!(variants.len(), 18, "a variant is missing: {variants:?}");
+        named
+    }
+
+    /// Every variant alone, and as every core error this crate wraps one in: the
+    /// subscribe error, the publish error (`Refused` or `Publish`), and `From` (`Config`
+    /// or `Transport`), by label.
+    fn every_error() -> Vec<(String, conveyor::BoxError)> {
+        let mut all: Vec<(String, conveyor::BoxError)> = Vec::new();
+        let ways: [(&str, fn(LapinError) -> conveyor::Error); 3] = [
+            ("into_subscribe", |error| error.into_subscribe("orders")),
+            ("into_publish", |error| error.into_publish("orders")),
+            ("conveyor::Error::from", conveyor::Error::from),
+        ];
+        for (how, wrap) in ways {
+            for (variant, error) in every_variant() {
+                all.push((
+                    format!("LapinError::{variant} {how}"),
+                    Box::new(wrap(error)),
+                ));
+            }
+        }
+        for (variant, error) in every_variant() {
+            all.push((format!("LapinError::{variant}"), Box::new(error)));
+        }
+        all
+    }
+
+    /// Panics if a part of `text` (between `: `) comes twice.
+    fn assert_says_each_part_once(label: &str, how: &str, text: &str) {
+        let parts: Vec<&str> = text.split(": ").collect();
+        for (i, part) in parts.iter().enumerate() {
+            assert!(
+                !parts[i + 1..].contains(part),
+                "{label}, {how}: `{part}` comes twice in: {text}"
+            );
+        }
+    }
+
+    /// Every error this crate makes, and every core error it wraps one in, says each
+    /// cause once: by `Display`, by [`conveyor::Report`], and as the reason a handler's
+    /// message is rejected with when the handler fails with it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_error_says_each_cause_once_however_it_is_shown() {
+        use conveyor::{App, BoxError, Bytes, MemoryBroker, Message, State};
+        use std::sync::{Arc, Mutex};
+
+        let errors = every_error();
+        for (label, error) in &errors {
+            assert_says_each_part_once(label, "Display", &error.to_string());
+            assert_says_each_part_once(
+                label,
+                "Report",
+                &conveyor::Report(error.as_ref()).to_string(),
+            );
+        }
+
+        // The same errors again, each returned by a handler for the message that names it.
+        type Failing = Arc<Mutex<Vec<Option<BoxError>>>>;
+        async fn fail(payload: Bytes, State(errors): State<Failing>) -> Result<(), BoxError> {
+            let at: usize = std::str::from_utf8(&payload).unwrap().parse().unwrap();
+            Err(errors.lock().unwrap()[at].take().expect("each error once"))
+        }
+        let again: Failing = Arc::new(Mutex::new(
+            every_error()
+                .into_iter()
+                .map(|(_, error)| Some(error))
+                .collect(),
+        ));
+        let broker = MemoryBroker::new();
+        let app = App::new("errors")
+            .with_state(again)
+            .mount(broker.queue("failing"), fail, |m| m.reject_on_error());
+        let test = conveyor::testing::TestApp::start(app, &broker)
+            .await
+            .unwrap();
+        for at in 0..errors.len() {
+            test.publish("failing", Message::new(at.to_string()))
+                .await
+                .unwrap();
+        }
+        test.settled().await.unwrap();
+        let rejected = test.rejected("failing");
+        assert_eq!(rejected.len(), errors.len());
+        for rejected in rejected {
+            let at: usize = std::str::from_utf8(&rejected.message.payload)
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert_says_each_part_once(&errors[at].0, "as a reject reason", &rejected.reason);
+        }
+        test.stop().await.unwrap();
+    }
+
     #[test]
     fn bad_input_is_a_configuration_error_and_a_broker_failure_keeps_its_source() {
         let invalid = conveyor::Error::from(LapinError::Invalid {

@@ -319,6 +319,7 @@ fn permanent(code: Option<&str>) -> bool {
 #[cfg(test)]
 mod tests {
     use aws_sdk_sqs::error::DisplayErrorContext;
+    use aws_sdk_sqs::operation::send_message::SendMessageError;
 
     use super::*;
     use crate::testing::answering_once;
@@ -474,6 +475,286 @@ mod tests {
             )
             .await
         );
+    }
+
+    /// The SDK's error for a `SendMessage` that SQS answers with the error `code`.
+    async fn send_answered(code: &str) -> SdkError<SendMessageError, HttpResponse> {
+        let (client, server) = answering_once(
+            "400 Bad Request",
+            &format!("x-amzn-query-error: {code};Sender\r\n"),
+            &format!(r#"{{"__type":"com.amazonaws.sqs#{code}","message":"said {code}"}}"#),
+        )
+        .await;
+        let error = client
+            .send_message()
+            .queue_url("http://127.0.0.1/123456789012/orders")
+            .message_body("x")
+            .send()
+            .await
+            .expect_err("the answer is an error");
+        server.await.unwrap();
+        error
+    }
+
+    /// One error of each variant (`NoSuchQueue` with and without SQS's answer), those
+    /// with an SDK error as their source made from what SQS answers, and each as every
+    /// core error the transport wraps one in (the publish error, `Refused` or `Publish`;
+    /// `Transport`; `Subscribe`), by label. The match below has no wildcard: a new
+    /// variant does not compile until it is named there, and fails the count until it is
+    /// made here.
+    async fn every_error() -> Vec<(String, BoxError)> {
+        let errors = vec![
+            SqsError::from_sdk(
+                "SendMessage",
+                "orders",
+                send_answered("InternalError").await,
+            ),
+            SqsError::from_sdk(
+                "SendMessage",
+                "orders",
+                send_answered("QueueDoesNotExist").await,
+            ),
+            SqsError::call(
+                "ReceiveMessage",
+                "orders",
+                SdkError::<SendMessageError, HttpResponse>::construction_failure("no endpoint"),
+            ),
+            SqsError::SnsCall {
+                call: "Publish",
+                topic: "alerts".into(),
+                source: Box::new(SdkError::<SendMessageError, HttpResponse>::timeout_error(
+                    "no answer in 5 s",
+                )),
+            },
+            SqsError::NoSuchQueue {
+                queue: "orders".into(),
+                source: None,
+            },
+            SqsError::InvalidMessage {
+                queue: "orders".into(),
+                reason: "header `x-h00` is empty, and SQS takes no empty attribute value".into(),
+            },
+            SqsError::BatchEntries {
+                call: "DeleteMessageBatch",
+                queue: "orders".into(),
+                failed: 1,
+                total: 2,
+                first: "InternalError: busy".into(),
+            },
+            SqsError::NotSent {
+                queue: "orders".into(),
+                not_sent: vec![1],
+                unconfirmed: vec![2],
+                total: 3,
+                first: "InternalError: busy".into(),
+            },
+            SqsError::Unexpected {
+                call: "GetQueueAttributes",
+                queue: "orders".into(),
+                detail: "no ApproximateNumberOfMessages".into(),
+            },
+            SqsError::Config("a FIFO dead-letter queue for a standard queue".into()),
+        ];
+        let mut seen = Vec::new();
+        let mut all: Vec<(String, BoxError)> = Vec::new();
+        for error in errors {
+            let variant = match &error {
+                SqsError::Call { .. } => "Call",
+                SqsError::SnsCall { .. } => "SnsCall",
+                SqsError::NoSuchQueue { source: None, .. } => "NoSuchQueue",
+                SqsError::NoSuchQueue { .. } => "NoSuchQueue with SQS's answer",
+                SqsError::InvalidMessage { .. } => "InvalidMessage",
+                SqsError::BatchEntries { .. } => "BatchEntries",
+                SqsError::NotSent { .. } => "NotSent",
+                SqsError::Unexpected { .. } => "Unexpected",
+                SqsError::Config(_) => "Config",
+            };
+            seen.push(variant);
+            let label = format!("SqsError::{variant}");
+            // The core's errors made of it: every way this crate wraps one.
+            let publish = {
+                let again = rebuilt(&error);
+                again.into_publish("orders".into())
+            };
+            let transport = crate::broker::transport(rebuilt(&error));
+            let subscribe = conveyor::Error::Subscribe {
+                queue: "orders".into(),
+                source: Box::new(rebuilt(&error)),
+            };
+            all.push((format!("{label} as the publish error"), Box::new(publish)));
+            all.push((format!("{label} as Transport"), Box::new(transport)));
+            all.push((format!("{label} as Subscribe"), Box::new(subscribe)));
+            all.push((label, Box::new(error)));
+        }
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), 9, "a variant is missing: {seen:?}");
+        all
+    }
+
+    /// `error` again, its source (which is no `Clone`) as its text with the same causes.
+    fn rebuilt(error: &SqsError) -> SqsError {
+        match error {
+            SqsError::Call {
+                call,
+                queue,
+                source,
+            } => SqsError::Call {
+                call,
+                queue: queue.clone(),
+                source: Box::new(Copied::of(source.as_ref())),
+            },
+            SqsError::SnsCall {
+                call,
+                topic,
+                source,
+            } => SqsError::SnsCall {
+                call,
+                topic: topic.clone(),
+                source: Box::new(Copied::of(source.as_ref())),
+            },
+            SqsError::NoSuchQueue { queue, source } => SqsError::NoSuchQueue {
+                queue: queue.clone(),
+                source: source
+                    .as_ref()
+                    .map(|source| Box::new(Copied::of(source.as_ref())) as BoxError),
+            },
+            SqsError::InvalidMessage { queue, reason } => SqsError::InvalidMessage {
+                queue: queue.clone(),
+                reason: reason.clone(),
+            },
+            SqsError::BatchEntries {
+                call,
+                queue,
+                failed,
+                total,
+                first,
+            } => SqsError::BatchEntries {
+                call,
+                queue: queue.clone(),
+                failed: *failed,
+                total: *total,
+                first: first.clone(),
+            },
+            SqsError::NotSent {
+                queue,
+                not_sent,
+                unconfirmed,
+                total,
+                first,
+            } => SqsError::NotSent {
+                queue: queue.clone(),
+                not_sent: not_sent.clone(),
+                unconfirmed: unconfirmed.clone(),
+                total: *total,
+                first: first.clone(),
+            },
+            SqsError::Unexpected {
+                call,
+                queue,
+                detail,
+            } => SqsError::Unexpected {
+                call,
+                queue: queue.clone(),
+                detail: detail.clone(),
+            },
+            SqsError::Config(text) => SqsError::Config(text.clone()),
+        }
+    }
+
+    /// An error's text and its causes', copied.
+    #[derive(Debug)]
+    struct Copied {
+        text: String,
+        source: Option<Box<Copied>>,
+    }
+
+    impl Copied {
+        fn of(error: &(dyn std::error::Error + 'static)) -> Copied {
+            Copied {
+                text: error.to_string(),
+                source: error.source().map(|source| Box::new(Copied::of(source))),
+            }
+        }
+    }
+
+    impl fmt::Display for Copied {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(&self.text)
+        }
+    }
+
+    impl std::error::Error for Copied {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.source.as_deref().map(|source| source as _)
+        }
+    }
+
+    /// Panics if a part of `text` (between `: `) comes twice.
+    fn assert_says_each_part_once(label: &str, how: &str, text: &str) {
+        let parts: Vec<&str> = text.split(": ").collect();
+        for (i, part) in parts.iter().enumerate() {
+            assert!(
+                !parts[i + 1..].contains(part),
+                "{label}, {how}: `{part}` comes twice in: {text}"
+            );
+        }
+    }
+
+    /// Every error this crate makes, and every core error it wraps one in, says each
+    /// cause once: by `Display`, by [`conveyor::Report`], and as the reason a handler's
+    /// message is rejected with when the handler fails with it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_error_says_each_cause_once_however_it_is_shown() {
+        use conveyor::{App, Bytes, MemoryBroker, Message, State};
+        use std::sync::{Arc, Mutex};
+
+        let errors = every_error().await;
+        for (label, error) in &errors {
+            assert_says_each_part_once(label, "Display", &error.to_string());
+            assert_says_each_part_once(
+                label,
+                "Report",
+                &conveyor::Report(error.as_ref()).to_string(),
+            );
+        }
+
+        // The same errors again, each returned by a handler for the message that names it.
+        type Failing = Arc<Mutex<Vec<Option<BoxError>>>>;
+        async fn fail(payload: Bytes, State(errors): State<Failing>) -> Result<(), BoxError> {
+            let at: usize = std::str::from_utf8(&payload).unwrap().parse().unwrap();
+            Err(errors.lock().unwrap()[at].take().expect("each error once"))
+        }
+        let again: Failing = Arc::new(Mutex::new(
+            every_error()
+                .await
+                .into_iter()
+                .map(|(_, error)| Some(error))
+                .collect(),
+        ));
+        let broker = MemoryBroker::new();
+        let app = App::new("errors")
+            .with_state(again)
+            .mount(broker.queue("failing"), fail, |m| m.reject_on_error());
+        let test = conveyor::testing::TestApp::start(app, &broker)
+            .await
+            .unwrap();
+        for at in 0..errors.len() {
+            test.publish("failing", Message::new(at.to_string()))
+                .await
+                .unwrap();
+        }
+        test.settled().await.unwrap();
+        let rejected = test.rejected("failing");
+        assert_eq!(rejected.len(), errors.len());
+        for rejected in rejected {
+            let at: usize = std::str::from_utf8(&rejected.message.payload)
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert_says_each_part_once(&errors[at].0, "as a reject reason", &rejected.reason);
+        }
+        test.stop().await.unwrap();
     }
 
     #[tokio::test]

@@ -29,7 +29,7 @@ use tokio::sync::watch;
 use tokio::task::{JoinError, JoinSet};
 
 use crate::delivery::Delivery;
-use crate::error::Error;
+use crate::error::{Error, Report};
 use crate::extract::Context;
 use crate::handler::{CallBatch, CallOne};
 use crate::kit::RetryPause;
@@ -242,7 +242,7 @@ pub(crate) async fn pause_after(pause: &mut RetryPause, error: &Error, run: &mut
     let retry_in = pause.failed();
     tracing::warn!(
         queue = run.cx.queue(),
-        error = %error_chain(error),
+        error = %Report(error),
         ?retry_in,
         "receive failed"
     );
@@ -394,16 +394,4 @@ pub(crate) async fn finish<S: Subscriber>(subscriber: S, run: &Run, end: End) ->
 pub(crate) fn settle(delivery: Delivery, settlement: crate::outcome::Settlement<'_>, run: &Run) {
     run.metrics.outcome(&settlement);
     delivery.settle(settlement);
-}
-
-/// An error with its sources, on one line.
-pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

@@ -11,9 +11,9 @@ use futures_util::FutureExt;
 use tokio::time::Instant;
 
 use super::unwind::CatchDropPanic;
-use super::{Run, error_chain, settle};
+use super::{Run, settle};
 use crate::delivery::Delivery;
-use crate::error::BoxError;
+use crate::error::{BoxError, Report};
 use crate::handler::{CallOne, Refusal};
 use crate::outcome::{Outcome, Settlement};
 use crate::policy::OnError;
@@ -255,7 +255,9 @@ pub(crate) enum Failure {
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Failure::Error(error) => f.write_str(&error_chain(error.as_ref())),
+            // Each cause once: a core error's text already quotes its causes, which a
+            // walk of its sources would add again.
+            Failure::Error(error) => Report(error.as_ref()).fmt(f),
             Failure::Panic(panic) => {
                 let message = panic
                     .downcast_ref::<&str>()
