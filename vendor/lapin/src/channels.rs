@@ -9,6 +9,7 @@ use crate::{
     internal_rpc::InternalRPCHandle,
     killswitch::KillSwitch,
     protocol::{AMQPClass, AMQPError, AMQPHardError},
+    redact::Redacted,
     socket_state::SocketStateHandle,
     types::{ChannelId, Identifier, PayloadSize},
 };
@@ -185,7 +186,7 @@ impl Channels {
     }
 
     pub(crate) fn handle_frame(&self, f: AMQPFrame) -> Result<()> {
-        trace!(frame=?f, "will handle frame");
+        trace!(frame=?Redacted(&f), "will handle frame");
         match f {
             AMQPFrame::ProtocolHeader(version) => {
                 error!(

@@ -4,6 +4,7 @@ use crate::{
     connection_step::ConnectionStep,
     internal_rpc::InternalRPCHandle,
     promise::Cancelable,
+    redact::Redacted,
     types::{ChannelId, FrameSize},
 };
 use amq_protocol::{
@@ -238,12 +239,6 @@ impl FrameEntry {
     }
 }
 
-impl fmt::Display for FrameEntry {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.frame.fmt(f)
-    }
-}
-
 pub(crate) struct FrameSending {
     canceler: Option<Box<dyn Cancelable + Send + Sync>>,
     resolver: Option<PromiseResolver<()>>,
@@ -306,7 +301,7 @@ impl Inner {
     ) {
         let sending = FrameSending::new(Some(canceler), resolver);
         if let Some(error) = self.check_poison(channel_id) {
-            trace!(channel=%channel_id, frame=?frame, "Discarding frame because of poisoning");
+            trace!(channel=%channel_id, frame=?Redacted(&frame), "Discarding frame because of poisoning");
             if let Some(reply) = expected_reply {
                 Self::cancel_expected_reply(reply, error.clone());
             }
@@ -337,7 +332,7 @@ impl Inner {
         let last_frame = frames.pop();
 
         if let Some(error) = self.check_poison(channel_id) {
-            trace!(channel=%channel_id, frames=?frames, "Discarding frames because of poisoning");
+            trace!(channel=%channel_id, frames=?Redacted(frames.as_slice()), "Discarding frames because of poisoning");
             resolver.reject(error);
             return;
         }

@@ -9,6 +9,7 @@ use crate::{
     heartbeat::Heartbeat,
     killswitch::KillSwitch,
     options::{BasicAckOptions, BasicCancelOptions, BasicNackOptions, BasicRejectOptions},
+    redact::{Hidden, Redacted},
     secret_update::SecretUpdate,
     socket_state::SocketStateHandle,
     types::{ChannelId, DeliveryTag, Identifier, LongString, ReplyCode, ShortString},
@@ -243,7 +244,7 @@ impl InternalRPCHandle {
     }
 
     fn send(&self, command: InternalCommand) {
-        trace!(?command, "Queuing internal RPC command");
+        trace!(command=?Redacted(&command), "Queuing internal RPC command");
         // The only scenario where this can fail if this is the IoLoop already exited
         let _ = self.sender.send(Some(command));
         self.waker.wake();
@@ -286,6 +287,20 @@ enum InternalCommand {
     StartChannelsRecovery,
     StartHeartbeat(Duration),
     UpdateSecret(LongString, ShortString, PromiseResolver<()>),
+}
+
+impl fmt::Debug for Redacted<'_, InternalCommand> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            InternalCommand::UpdateSecret(_, reason, resolver) => f
+                .debug_tuple("UpdateSecret")
+                .field(&Hidden)
+                .field(reason)
+                .field(resolver)
+                .finish(),
+            command => fmt::Debug::fmt(command, f),
+        }
+    }
 }
 
 /// The resolver of an ack, nack or reject command, along with the poison of the delivery's
@@ -414,7 +429,7 @@ impl<RK: RuntimeKit + Clone + Send + 'static> InternalRPC<RK> {
         };
 
         while let Ok(Some(command)) = rpc.recv_async().await {
-            trace!(?command, "Handling internal RPC command");
+            trace!(command=?Redacted(&command), "Handling internal RPC command");
             // Conveyor patch: a command skipped for its dead channel wakes the I/O loop too
             // (`break 'handled`, where 4.12.3 had `continue`). The loop keeps running while
             // commands wait here, so it may be waiting for this wake-up: without it, a loop
@@ -602,6 +617,16 @@ mod tests {
         let poison = ErrorHolder::default();
         poison.set(kind.into()).unwrap();
         poison
+    }
+
+    #[test]
+    fn the_secret_of_an_update_secret_command_is_not_printed() {
+        let (_promise, resolver) = Promise::new("connection.update-secret");
+        let command = InternalCommand::UpdateSecret("s3cret".into(), "refresh".into(), resolver);
+        let printed = format!("{:?}", Redacted(&command));
+        assert!(printed.starts_with("UpdateSecret(***, ShortString(\"refresh\"), "), "{printed}");
+        // "s3cret" as amq-protocol prints a `LongString`
+        assert!(!printed.contains("115, 51, 99, 114, 101, 116"), "{printed}");
     }
 
     #[test]

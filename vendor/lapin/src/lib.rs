@@ -213,6 +213,7 @@ mod parsing;
 mod promise;
 mod publisher_confirm;
 mod queue;
+mod redact;
 mod registry;
 mod returned_messages;
 mod secret_update;
