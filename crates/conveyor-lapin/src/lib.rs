@@ -15,9 +15,8 @@
 //! - Publishing: the broker, or a [`LapinPublisher`] with [`PublishOptions`];
 //!   [`amqp_properties`] and [`LapinBroker::publish_amqp`] for raw AMQP properties.
 //! - Settling: retries republish with [`ATTEMPTS_HEADER`]; rejects carry their reason.
-//! - Errors: [`LapinError`]; lapin's TRACE output holds the password, which
-//!   [`HIDE_CREDENTIALS_DIRECTIVES`] (or `hide_credentials()`, feature `tracing-filter`)
-//!   filters out.
+//! - Errors: [`LapinError`]. Logs: lapin's, at any level, print the frames and commands
+//!   that carry credentials with those hidden (`***`), so no subscriber needs a filter.
 //!
 //! How each piece behaves (declarations, recovery, alarms, acks, retries, dead letters,
 //! order across a shutdown, limits) is in the guide's RabbitMQ page, `docs/rabbitmq.md`
@@ -66,7 +65,6 @@ mod spec;
 mod subscriber;
 mod tls;
 mod topology;
-mod trace_filter;
 mod url;
 
 pub use amqp::amqp_properties;
@@ -83,9 +81,6 @@ pub use queue::LapinQueue;
 pub use spec::RabbitQueueSpec;
 pub use subscriber::LapinSubscriber;
 pub use topology::{ArgumentValue, Binding, ExchangeSpec, ExchangeType};
-pub use trace_filter::HIDE_CREDENTIALS_DIRECTIVES;
-#[cfg(feature = "tracing-filter")]
-pub use trace_filter::{HideCredentials, hide_credentials};
 pub use url::redact_url;
 
 /// The `lapin` this crate is built on, for the AMQP types of [`amqp_properties`] and
