@@ -7,7 +7,9 @@
 //! (not UTF-8, or characters SQS refuses) goes base64-encoded, marked by the
 //! [`BODY_ENCODING_ATTRIBUTE`] attribute, and is decoded on receipt. An empty payload,
 //! which SQS refuses as a body (it takes at least one character), goes as a placeholder
-//! body marked by the same attribute, and comes back empty.
+//! body marked by the same attribute, and comes back empty. Headers with an empty value,
+//! which SQS refuses as an attribute value, travel by name in one attribute,
+//! [`EMPTY_HEADERS_ATTRIBUTE`], and come back empty.
 
 use std::collections::HashMap;
 
@@ -29,6 +31,17 @@ pub const PARTITION_KEY_HEADER: &str = "MessageGroupId";
 /// (SQS takes no empty body). Like any attribute, it counts against SQS's ten.
 pub const BODY_ENCODING_ATTRIBUTE: &str = "conveyor-body-encoding";
 
+/// The message attribute that names the headers whose value is empty, which SQS takes no
+/// attribute value of: a `String` of their names, each followed by `,` (names SQS takes
+/// have no `,`). One attribute for all of them, so that however many headers are empty,
+/// they take one of SQS's ten attributes between them (a header with a value takes one
+/// of its own). A receive takes it out of the headers, and gives each name back as a
+/// header with an empty value.
+pub const EMPTY_HEADERS_ATTRIBUTE: &str = "conveyor-empty-headers";
+
+/// What follows each name in the [`EMPTY_HEADERS_ATTRIBUTE`] value.
+const EMPTY_HEADERS_SEPARATOR: char = ',';
+
 /// The [`BODY_ENCODING_ATTRIBUTE`] value of a base64-encoded body.
 const BASE64_ENCODING: &str = "base64";
 
@@ -39,8 +52,13 @@ const EMPTY_ENCODING: &str = "empty";
 /// Only the marker makes it empty again, so a payload `(empty)` stays what it is.
 const EMPTY_BODY: &str = "(empty)";
 
-/// SQS carries at most ten message attributes per message.
-pub(crate) const MAX_ATTRIBUTES: usize = 10;
+/// SQS carries at most ten message attributes per message. The message's headers and
+/// properties count, and so do the attributes this transport adds for them: the body's
+/// marker ([`BODY_ENCODING_ATTRIBUTE`]) where the body needs one, and the list of empty
+/// headers ([`EMPTY_HEADERS_ATTRIBUTE`]), one for all of them, where there is any. So a
+/// message carries up to ten headers whatever their values, and more only where two or
+/// more are empty.
+pub const MAX_ATTRIBUTES: usize = 10;
 
 /// A message ready for `SendMessage`.
 pub(crate) struct Outgoing {
@@ -109,6 +127,9 @@ struct Attributes<'q> {
     /// The types headers go as where their value alone would not say it.
     types: &'q AttributeTypes,
     map: HashMap<String, MessageAttributeValue>,
+    /// The headers with an empty value, by name: they travel in the
+    /// [`EMPTY_HEADERS_ATTRIBUTE`] list.
+    empty: Vec<String>,
     size: usize,
 }
 
@@ -118,6 +139,7 @@ impl<'q> Attributes<'q> {
             queue,
             types,
             map: HashMap::new(),
+            empty: Vec::new(),
             size: 0,
         }
     }
@@ -160,10 +182,17 @@ impl<'q> Attributes<'q> {
         let header = self
             .map
             .iter()
-            .find(|(known, _)| known.eq_ignore_ascii_case(name));
+            .find(|(known, _)| known.eq_ignore_ascii_case(name))
+            .map(|(known, attribute)| (known, attribute_bytes(attribute)))
+            .or_else(|| {
+                self.empty
+                    .iter()
+                    .find(|known| known.eq_ignore_ascii_case(name))
+                    .map(|known| (known, Some(&[][..])))
+            });
         match header {
             None => self.add(name, value),
-            Some((_, attribute)) if attribute_bytes(attribute) == Some(value) => Ok(()),
+            Some((_, carried)) if carried == Some(value) => Ok(()),
             Some((known, _)) => Err(self.invalid(format!(
                 "header `{}` differs from the message's {}, which travels as the attribute `{name}`: only one of them could come back; drop the header or give it the same value",
                 shown(known),
@@ -173,14 +202,28 @@ impl<'q> Attributes<'q> {
     }
 
     /// Adds the header `name` as the type [`Attributes::types`] gives it, else as a
-    /// `String` attribute where SQS takes it as text, else `Binary`.
+    /// `String` attribute where SQS takes it as text, else `Binary`. An empty value,
+    /// which SQS takes in no attribute, goes by name in the [`EMPTY_HEADERS_ATTRIBUTE`]
+    /// list instead, without a type: one given that says more than `String` or `Binary`
+    /// (`Number`, a custom type) is refused, since it would not come back.
     fn add(&mut self, name: &str, value: &[u8]) -> Result<(), SqsError> {
         check_attribute_name(name).map_err(|reason| self.invalid(reason))?;
         if value.is_empty() {
-            return Err(self.invalid(format!(
-                "header `{}` is empty, and SQS takes no empty attribute value",
-                shown(name)
-            )));
+            if let Some(data_type) = self
+                .types
+                .get(name)
+                .filter(|data_type| !matches!(*data_type, "String" | "Binary"))
+            {
+                return Err(self.invalid(format!(
+                    "header `{}` is empty, and an empty value travels without its type `{}` (SQS takes no empty attribute value): send it as `String` or `Binary`",
+                    shown(name),
+                    data_type.escape_debug()
+                )));
+            }
+            if !self.empty.iter().any(|known| known == name) {
+                self.empty.push(name.to_string());
+            }
+            return Ok(());
         }
         self.insert(name, value, self.types.get(name))
     }
@@ -246,6 +289,14 @@ impl<'q> Attributes<'q> {
                 aws_smithy_types::base64::encode(payload)
             }
         };
+        if !self.empty.is_empty() {
+            let mut names = String::new();
+            for name in &self.empty {
+                names.push_str(name);
+                names.push(EMPTY_HEADERS_SEPARATOR);
+            }
+            self.insert(EMPTY_HEADERS_ATTRIBUTE, names.as_bytes(), Some("String"))?;
+        }
         if self.map.len() > MAX_ATTRIBUTES {
             return Err(self.invalid(format!(
                 "{} message attributes (headers and properties{}); SQS carries at most {MAX_ATTRIBUTES}",
@@ -261,14 +312,24 @@ impl<'q> Attributes<'q> {
     }
 
     /// The attributes counted that the sender may not know it set, for the error that
-    /// refuses an eleventh: the body's marker (`marked` says of what body), and the trace
-    /// context that tracing adds to the headers. Empty when there are none.
+    /// refuses an eleventh: the body's marker (`marked` says of what body), the list of
+    /// empty headers, and the trace context that tracing adds to the headers. Empty when
+    /// there are none.
     fn not_set_as_headers(&self, marked: Option<&str>) -> String {
         let mut counted = Vec::new();
         if let Some(body) = marked {
             counted.push(format!(
                 "`{BODY_ENCODING_ATTRIBUTE}`, which marks {body} body"
             ));
+        }
+        match self.empty.len() {
+            0 => {}
+            1 => counted.push(format!(
+                "`{EMPTY_HEADERS_ATTRIBUTE}`, which names the empty header"
+            )),
+            n => counted.push(format!(
+                "`{EMPTY_HEADERS_ATTRIBUTE}`, which names the {n} empty headers"
+            )),
         }
         let trace: Vec<&str> = [
             conveyor::trace::TRACEPARENT_HEADER,
@@ -320,9 +381,12 @@ pub(crate) fn decode(message: &SqsMessage) -> Decoded {
     let mut headers = Headers::new();
     let mut types = AttributeTypes::new();
     let mut encoding = None;
+    let mut empty = None;
     let mut add = |name: &str, data_type: &str, bytes: Bytes| {
         if name == BODY_ENCODING_ATTRIBUTE {
             encoding = Some(bytes);
+        } else if name == EMPTY_HEADERS_ATTRIBUTE {
+            empty = Some(bytes);
         } else {
             types.note_received(name, data_type, &bytes);
             headers.insert(name.to_string(), bytes);
@@ -361,6 +425,16 @@ pub(crate) fn decode(message: &SqsMessage) -> Decoded {
         Some(marker) if marker == EMPTY_ENCODING.as_bytes() => Bytes::new(),
         _ => Bytes::copy_from_slice(body.as_bytes()),
     };
+    // An attribute of the same name, which a sender of its own may have set, wins.
+    let empty = empty.as_deref().map(String::from_utf8_lossy);
+    for name in empty
+        .iter()
+        .flat_map(|names| names.split(EMPTY_HEADERS_SEPARATOR))
+    {
+        if !name.is_empty() && !headers.contains(name) {
+            headers.insert(name.to_string(), Bytes::new());
+        }
+    }
     let key = message
         .attributes()
         .and_then(|system| system.get(&MessageSystemAttributeName::MessageGroupId))
@@ -448,8 +522,9 @@ impl SnsEnvelope {
     }
 }
 
-/// SQS's rules for message attribute names, and the name this transport keeps for
-/// itself ([`BODY_ENCODING_ATTRIBUTE`], which a receive takes out of the headers).
+/// SQS's rules for message attribute names, and the names this transport keeps for
+/// itself ([`BODY_ENCODING_ATTRIBUTE`] and [`EMPTY_HEADERS_ATTRIBUTE`], which a receive
+/// takes out of the headers).
 fn check_attribute_name(name: &str) -> Result<(), String> {
     let prefixed = |prefix: &str| {
         name.get(..prefix.len())
@@ -475,6 +550,8 @@ fn check_attribute_name(name: &str) -> Result<(), String> {
         "has `..`, which SQS refuses".to_string()
     } else if name.eq_ignore_ascii_case(BODY_ENCODING_ATTRIBUTE) {
         "is the attribute this transport marks a base64 or empty body with".to_string()
+    } else if name.eq_ignore_ascii_case(EMPTY_HEADERS_ATTRIBUTE) {
+        "is the attribute this transport names the empty headers in".to_string()
     } else {
         return Ok(());
     };
@@ -768,6 +845,8 @@ mod tests {
             (&"x".repeat(257), "longer than the 256 characters"),
             (BODY_ENCODING_ATTRIBUTE, "marks a base64 or empty body"),
             ("Conveyor-Body-Encoding", "marks a base64 or empty body"),
+            (EMPTY_HEADERS_ATTRIBUTE, "names the empty headers in"),
+            ("Conveyor-Empty-Headers", "names the empty headers in"),
         ] {
             let error = refused(
                 false,
@@ -816,10 +895,176 @@ mod tests {
         );
     }
 
+    /// SQS takes no empty attribute value: empty headers travel by name in one attribute
+    /// between them, and come back empty, among headers with values.
     #[test]
-    fn an_empty_header_value_is_refused_since_sqs_takes_none() {
-        let error = refused(false, Message::builder().header("x-empty", "").payload("x"));
-        assert!(error.contains("`x-empty` is empty"), "{error}");
+    fn empty_header_values_travel_in_one_attribute_and_come_back_empty() {
+        let message = Message::builder()
+            .header("x-h00", "")
+            .header("x-tenant", "acme")
+            .header("X-Other.Empty_1", Vec::<u8>::new())
+            .header("x-bin", vec![0u8, 255])
+            .payload("x");
+        let outgoing = encode("q", false, &message.into_parts(), &AttributeTypes::new())
+            .expect("empty values are carried");
+        let mut names: Vec<&str> = outgoing.attributes.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(names, [EMPTY_HEADERS_ATTRIBUTE, "x-bin", "x-tenant"]);
+        let list = &outgoing.attributes[EMPTY_HEADERS_ATTRIBUTE];
+        assert_eq!(list.data_type(), "String");
+        assert_eq!(list.string_value(), Some("x-h00,X-Other.Empty_1,"));
+        // The list counts in the size as SQS counts it.
+        let size =
+            |name: &str, data_type: &str, value: &str| name.len() + data_type.len() + value.len();
+        assert_eq!(
+            outgoing.size,
+            size(EMPTY_HEADERS_ATTRIBUTE, "String", "x-h00,X-Other.Empty_1,")
+                + size("x-tenant", "String", "acme")
+                + size("x-bin", "Binary", "..")
+                + 1
+        );
+        let (payload, headers, _) = received(outgoing, None);
+        assert_eq!(payload.as_ref(), b"x");
+        assert_eq!(headers.get("x-h00").map(|v| v.as_ref()), Some(&b""[..]));
+        assert_eq!(
+            headers.get("X-Other.Empty_1").map(|v| v.as_ref()),
+            Some(&b""[..])
+        );
+        assert_eq!(headers.get_str("x-tenant"), Some("acme"));
+        assert_eq!(headers.len(), 4, "{headers:?}");
+        assert!(!headers.contains(EMPTY_HEADERS_ATTRIBUTE));
+        // Alone, with an empty body too.
+        let (payload, headers) = sent_and_received(
+            Message::builder()
+                .header("x-h00", "")
+                .payload(Vec::<u8>::new()),
+        );
+        assert!(payload.is_empty());
+        assert_eq!(headers.get("x-h00").map(|v| v.len()), Some(0));
+        assert_eq!(headers.len(), 1, "{headers:?}");
+    }
+
+    /// However many headers are empty, they take one attribute: ten empty headers fit,
+    /// and so do nine with values and one empty; one more with a value does not, and the
+    /// error names the list among what it counted.
+    #[test]
+    fn empty_headers_take_one_attribute_between_them() {
+        let mut all_empty = Message::builder();
+        for i in 0..10 {
+            all_empty = all_empty.header(format!("x-h{i:02}"), "");
+        }
+        let (_, headers) = sent_and_received(all_empty.payload("x"));
+        assert_eq!(headers.len(), 10);
+        assert!(headers.iter().all(|(_, value)| value.is_empty()));
+
+        let mut at_the_limit = Message::builder().header("x-h00", "");
+        for i in 1..10 {
+            at_the_limit = at_the_limit.header(format!("x-h{i:02}"), "v");
+        }
+        let (_, headers) = sent_and_received(at_the_limit.clone().payload("x"));
+        assert_eq!(headers.len(), 10);
+        assert_eq!(headers.get("x-h00").map(|v| v.len()), Some(0));
+
+        let error = refused(false, at_the_limit.header("x-h10", "v").payload("x"));
+        assert_eq!(
+            error,
+            format!(
+                "11 message attributes (headers and properties, counting `{EMPTY_HEADERS_ATTRIBUTE}`, which names the empty header); SQS carries at most 10"
+            )
+        );
+        let mut two_empty = Message::builder().header("x-e1", "").header("x-e2", "");
+        for i in 0..10 {
+            two_empty = two_empty.header(format!("x-h{i:02}"), "v");
+        }
+        let error = refused(false, two_empty.payload(Vec::<u8>::new()));
+        assert!(
+            error.contains(&format!("counting `{BODY_ENCODING_ATTRIBUTE}`, which marks an empty body and `{EMPTY_HEADERS_ATTRIBUTE}`, which names the 2 empty headers")),
+            "{error}"
+        );
+    }
+
+    /// An empty value travels without a type, so a type that says more than its value
+    /// (`Number`, a custom one) is refused rather than lost; `String` and `Binary` are
+    /// what it comes back as anyway.
+    #[test]
+    fn an_empty_header_with_a_type_it_cannot_keep_is_refused() {
+        for data_type in ["Number", "String.json", "Binary.gzip"] {
+            let types = AttributeTypes::new().with("x-h00", data_type);
+            let message = Message::builder().header("x-h00", "").payload("x");
+            let Err(error) = encode("q", false, &message.into_parts(), &types) else {
+                panic!("{data_type}: refused");
+            };
+            assert!(
+                error
+                    .to_string()
+                    .contains(&format!("travels without its type `{data_type}`")),
+                "{error}"
+            );
+        }
+        for data_type in ["String", "Binary"] {
+            let types = AttributeTypes::new().with("x-h00", data_type);
+            let message = Message::builder().header("x-h00", "").payload("x");
+            let outgoing = encode("q", false, &message.into_parts(), &types).expect(data_type);
+            let (_, headers, _) = received(outgoing, None);
+            assert_eq!(headers.get("x-h00").map(|v| v.len()), Some(0));
+        }
+    }
+
+    /// A message property that is empty travels as an empty header, and a header that
+    /// carries it must hold the same, empty, value.
+    #[test]
+    fn an_empty_property_and_its_header_must_agree() {
+        let (_, headers) = sent_and_received(
+            Message::builder()
+                .correlation_id("")
+                .header("correlation-id", "")
+                .payload("x"),
+        );
+        assert_eq!(headers.get("correlation-id").map(|v| v.len()), Some(0));
+        let error = refused(
+            false,
+            Message::builder()
+                .correlation_id("a")
+                .header("correlation-id", "")
+                .payload("x"),
+        );
+        assert!(error.contains("correlation id"), "{error}");
+    }
+
+    /// A dead-lettered message keeps its empty headers, alongside the reason.
+    #[test]
+    fn a_dead_letter_keeps_its_empty_headers() {
+        let mut headers = Headers::new();
+        headers.insert("x-h00", Bytes::new());
+        headers.insert("x-tenant", "acme");
+        let outgoing = encode_dead_letter(
+            "dead",
+            None,
+            b"x",
+            &headers,
+            &AttributeTypes::new(),
+            Some("bad input"),
+        )
+        .expect("encodable");
+        let (_, headers, _) = received(outgoing, None);
+        assert_eq!(headers.get("x-h00").map(|v| v.len()), Some(0));
+        assert_eq!(headers.get_str("x-tenant"), Some("acme"));
+        assert_eq!(headers.get_str(REJECT_REASON_HEADER), Some("bad input"));
+    }
+
+    /// Through SNS without raw delivery the list comes in the envelope's attributes, and
+    /// is undone as from a queue.
+    #[test]
+    fn empty_headers_come_back_from_an_sns_envelope() {
+        let body = format!(
+            r#"{{"Type":"Notification","TopicArn":"arn:aws:sns:us-east-1:1:t","Message":"hi","MessageAttributes":{{"{EMPTY_HEADERS_ATTRIBUTE}":{{"Type":"String","Value":"x-h00,"}},"x-tenant":{{"Type":"String","Value":"acme"}}}},{SIGNED}}}"#
+        );
+        let Decoded {
+            payload, headers, ..
+        } = decode(&SqsMessage::builder().body(body).build());
+        assert_eq!(payload.as_ref(), b"hi");
+        assert_eq!(headers.get("x-h00").map(|v| v.len()), Some(0));
+        assert_eq!(headers.len(), 2, "{headers:?}");
     }
 
     #[test]

@@ -532,7 +532,7 @@ mod tests {
             },
             SqsError::InvalidMessage {
                 queue: "orders".into(),
-                reason: "header `x-h00` is empty, and SQS takes no empty attribute value".into(),
+                reason: "a delay of 1200s is over SQS's 15 minutes".into(),
             },
             SqsError::BatchEntries {
                 call: "DeleteMessageBatch",

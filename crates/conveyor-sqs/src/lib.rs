@@ -38,7 +38,8 @@
 //!   that keeps what it received hidden and batches the settlements. A FIFO queue's
 //!   message group is the partition key ([`PARTITION_KEY_HEADER`]).
 //! - Publishing: headers become message attributes; binary and empty bodies are marked
-//!   by [`BODY_ENCODING_ATTRIBUTE`]; [`AttributeTypes`] and [`attribute_types`] keep
+//!   by [`BODY_ENCODING_ATTRIBUTE`], and headers with an empty value are named in
+//!   [`EMPTY_HEADERS_ATTRIBUTE`]; [`AttributeTypes`] and [`attribute_types`] keep
 //!   attribute data types. Errors are [`SqsError`].
 //! - SNS fan-out (feature `sns`): `SnsPublisher` and `TopicSubscription`.
 //!
@@ -70,7 +71,9 @@ mod subscriber;
 #[cfg(test)]
 mod testing;
 
-pub use attributes::{BODY_ENCODING_ATTRIBUTE, PARTITION_KEY_HEADER};
+pub use attributes::{
+    BODY_ENCODING_ATTRIBUTE, EMPTY_HEADERS_ATTRIBUTE, MAX_ATTRIBUTES, PARTITION_KEY_HEADER,
+};
 pub use broker::{SqsBroker, SqsBrokerBuilder};
 pub use data_types::{AttributeTypes, attribute_types};
 pub use error::SqsError;

@@ -96,9 +96,11 @@ fn publish_error(destination: &str, error: SqsError) -> Error {
 impl Publisher for SqsBroker {
     /// Sends one message with `SendMessage`. `destination` is a queue name or URL. The
     /// message is checked first: a FIFO queue needs a partition key (its group), headers
-    /// must fit in ten message attributes, with names SQS takes and values that are not
-    /// empty (and, on a FIFO queue, a `MessageGroupId` header must be the partition key),
-    /// and the whole must fit the queue's size limit. A message that fails the check is
+    /// must fit in ten message attributes, with names SQS takes (headers with an empty
+    /// value, which SQS takes in no attribute, share one that names them,
+    /// [`EMPTY_HEADERS_ATTRIBUTE`](crate::EMPTY_HEADERS_ATTRIBUTE)), and on a FIFO queue a
+    /// `MessageGroupId` header must be the partition key; the whole must fit the queue's
+    /// size limit. A message that fails the check is
     /// [`Error::Refused`], any other failure [`Error::Publish`], saying why.
     async fn publish(&self, destination: &str, message: Message) -> Result<(), Error> {
         self.publish_typed(destination, message, &AttributeTypes::new())

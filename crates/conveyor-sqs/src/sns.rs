@@ -4,7 +4,8 @@
 //! creates or finds, or an ARN). A message maps onto SNS as onto SQS: headers and
 //! properties as message attributes (ten at most, since a queue subscribed with raw
 //! delivery gets them as its own), a body SNS cannot carry as text in base64 (an empty
-//! one as a marked placeholder, since SNS and SQS take no empty body); on a FIFO
+//! one as a marked placeholder, since SNS and SQS take no empty body), headers with an
+//! empty value by name in one attribute (SNS and SQS take no empty value); on a FIFO
 //! topic (a name ending in `.fifo`) the partition key is the `MessageGroupId` and the
 //! message id, else a fresh one, the deduplication id.
 //!
