@@ -51,6 +51,7 @@ pub const SCENARIOS: &[&str] = &[
     "a_handlers_messages_are_published_before_its_input_is_acked",
     "requests_get_their_own_replies_and_a_late_one_reaches_none",
     "msgpack_and_cbor_payloads_round_trip_and_a_mislabelled_one_is_rejected",
+    "empty_header_values_come_back_empty_alone_among_others_and_at_the_header_limit",
 ];
 
 /// What a scenario asks of a queue.
@@ -127,7 +128,21 @@ pub trait Fixture: Send + Sync + 'static {
     fn concurrent_requests(&self) -> usize {
         1000
     }
+
+    /// The most headers a message may carry on this transport whatever their values,
+    /// empty ones included, counting what the transport adds to carry them (on SQS, ten
+    /// message attributes, the one that names the empty headers among them), for a
+    /// message with no properties. `None` (the default) for a transport with no such
+    /// limit a scenario would reach: in process, or RabbitMQ, whose limit is the frame
+    /// size in bytes; scenarios then use [`HEADERS_WITHOUT_A_LIMIT`].
+    fn header_limit(&self) -> Option<usize> {
+        None
+    }
 }
+
+/// How many headers a scenario puts on a message "at the header limit" where the
+/// transport has none ([`Fixture::header_limit`]).
+pub const HEADERS_WITHOUT_A_LIMIT: usize = 64;
 
 /// What scenarios do with queues, through the portable broker API only; every
 /// [`Fixture`] has it.

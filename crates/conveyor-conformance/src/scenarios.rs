@@ -1043,3 +1043,108 @@ pub async fn msgpack_and_cbor_payloads_round_trip_and_a_mislabelled_one_is_rejec
     fixture.delete(packed).await;
     fixture.delete(cbor).await;
 }
+
+/// Headers by name and value, in the order a scenario sets them.
+type Sent = Vec<(String, Bytes)>;
+
+async fn capture_and_reject(
+    payload: Bytes,
+    headers: Headers,
+    State(seen): State<Captured>,
+) -> Result<(), String> {
+    kit::lock(&seen.0).push((payload, headers));
+    Err("seen".into())
+}
+
+/// Panics unless every header of `sent` is in `got` with the same bytes.
+fn assert_each_header_kept(what: &str, sent: &Sent, got: &Headers) {
+    for (name, value) in sent {
+        assert_eq!(
+            got.get(name),
+            Some(value),
+            "{what}: header `{name}` did not come back as sent; got {got:?}"
+        );
+    }
+}
+
+/// A header with an empty value comes back, empty, byte for byte, to the handler and
+/// in the dead-letter queue: alone, among headers with values (text and binary), and at
+/// the transport's header limit ([`Fixture::header_limit`]), one empty among headers
+/// with values and all of them empty.
+pub async fn empty_header_values_come_back_empty_alone_among_others_and_at_the_header_limit<
+    F: Fixture,
+>(
+    fixture: &F,
+) {
+    let limit = fixture
+        .header_limit()
+        .unwrap_or(crate::HEADERS_WITHOUT_A_LIMIT);
+    let empty = Bytes::new;
+    let mut messages: Vec<(&str, Sent)> = vec![
+        ("alone", vec![("x-h00".into(), empty())]),
+        (
+            "among others",
+            vec![
+                ("x-h00".into(), empty()),
+                ("x-text".into(), Bytes::from_static(b"acme")),
+                ("x-h02".into(), empty()),
+                ("x-binary".into(), Bytes::from_static(&[0, 159, 255])),
+            ],
+        ),
+    ];
+    let one_empty = (0..limit)
+        .map(|i| {
+            let value = if i == 0 {
+                empty()
+            } else {
+                Bytes::from(format!("v{i}"))
+            };
+            (format!("x-h{i:02}"), value)
+        })
+        .collect();
+    messages.push(("at the limit, one empty", one_empty));
+    let all_empty = (0..limit)
+        .map(|i| (format!("x-h{i:02}"), empty()))
+        .collect();
+    messages.push(("at the limit, all empty", all_empty));
+
+    let queue = fixture.declare(QueueKind::with_dead_letter_queue()).await;
+    for (label, headers) in &messages {
+        let mut message = Message::builder().partition_key("k0");
+        for (name, value) in headers {
+            message = message.header(name.clone(), value.clone());
+        }
+        if let Err(error) = fixture
+            .publisher()
+            .publish(&queue.name, message.payload(*label))
+            .await
+        {
+            panic!("cannot publish the message {label}: {error}");
+        }
+    }
+    let seen = Captured::default();
+    let app = App::new("conformance")
+        .with_state(seen.clone())
+        .mount(fixture.source(&queue), capture_and_reject, |m| {
+            m.reject_on_error()
+        })
+        .start()
+        .await
+        .unwrap_or_else(|error| panic!("the app does not start: {error}"));
+    let dead = dead_lettered(fixture, &queue, messages.len()).await;
+    stop(app).await;
+    let seen = kit::lock(&seen.0).clone();
+    for (label, sent) in &messages {
+        let handled = seen
+            .iter()
+            .find(|(payload, _)| payload.as_ref() == label.as_bytes())
+            .unwrap_or_else(|| panic!("the message {label} never reached the handler"));
+        assert_each_header_kept(&format!("handled, {label}"), sent, &handled.1);
+        let dead = dead
+            .iter()
+            .find(|dead| dead.payload.as_ref() == label.as_bytes())
+            .unwrap_or_else(|| panic!("the message {label} was not dead-lettered"));
+        assert_each_header_kept(&format!("dead-lettered, {label}"), sent, &dead.headers);
+    }
+    fixture.delete(queue).await;
+}

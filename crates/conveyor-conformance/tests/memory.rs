@@ -56,6 +56,7 @@ mod standard {
         a_handlers_messages_are_published_before_its_input_is_acked,
         requests_get_their_own_replies_and_a_late_one_reaches_none,
         msgpack_and_cbor_payloads_round_trip_and_a_mislabelled_one_is_rejected,
+        empty_header_values_come_back_empty_alone_among_others_and_at_the_header_limit,
     );
 }
 
@@ -80,5 +81,6 @@ mod fifo {
         a_handlers_messages_are_published_before_its_input_is_acked,
         requests_get_their_own_replies_and_a_late_one_reaches_none,
         msgpack_and_cbor_payloads_round_trip_and_a_mislabelled_one_is_rejected,
+        empty_header_values_come_back_empty_alone_among_others_and_at_the_header_limit,
     );
 }
