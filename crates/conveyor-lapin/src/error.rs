@@ -468,7 +468,8 @@ mod tests {
     /// or `Transport`), by label.
     fn every_error() -> Vec<(String, conveyor::BoxError)> {
         let mut all: Vec<(String, conveyor::BoxError)> = Vec::new();
-        let ways: [(&str, fn(LapinError) -> conveyor::Error); 3] = [
+        type Wrap = fn(LapinError) -> conveyor::Error;
+        let ways: [(&str, Wrap); 3] = [
             ("into_subscribe", |error| error.into_subscribe("orders")),
             ("into_publish", |error| error.into_publish("orders")),
             ("conveyor::Error::from", conveyor::Error::from),
