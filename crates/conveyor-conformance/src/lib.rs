@@ -20,6 +20,7 @@
 //! scenario left out of the list fails the generated `the_suite_lists_every_scenario`
 //! test, so nothing is skipped silently.
 
+pub mod errors;
 mod journal;
 pub mod scenarios;
 

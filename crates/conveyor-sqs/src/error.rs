@@ -690,71 +690,17 @@ mod tests {
         }
     }
 
-    /// Panics if a part of `text` (between `: `) comes twice.
-    fn assert_says_each_part_once(label: &str, how: &str, text: &str) {
-        let parts: Vec<&str> = text.split(": ").collect();
-        for (i, part) in parts.iter().enumerate() {
-            assert!(
-                !parts[i + 1..].contains(part),
-                "{label}, {how}: `{part}` comes twice in: {text}"
-            );
-        }
-    }
-
     /// Every error this crate makes, and every core error it wraps one in, says each
     /// cause once: by `Display`, by [`conveyor::Report`], and as the reason a handler's
     /// message is rejected with when the handler fails with it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn every_error_says_each_cause_once_however_it_is_shown() {
-        use conveyor::{App, Bytes, MemoryBroker, Message, State};
-        use std::sync::{Arc, Mutex};
-
-        let errors = every_error().await;
-        for (label, error) in &errors {
-            assert_says_each_part_once(label, "Display", &error.to_string());
-            assert_says_each_part_once(
-                label,
-                "Report",
-                &conveyor::Report(error.as_ref()).to_string(),
-            );
-        }
-
-        // The same errors again, each returned by a handler for the message that names it.
-        type Failing = Arc<Mutex<Vec<Option<BoxError>>>>;
-        async fn fail(payload: Bytes, State(errors): State<Failing>) -> Result<(), BoxError> {
-            let at: usize = std::str::from_utf8(&payload).unwrap().parse().unwrap();
-            Err(errors.lock().unwrap()[at].take().expect("each error once"))
-        }
-        let again: Failing = Arc::new(Mutex::new(
-            every_error()
-                .await
-                .into_iter()
-                .map(|(_, error)| Some(error))
-                .collect(),
-        ));
-        let broker = MemoryBroker::new();
-        let app = App::new("errors")
-            .with_state(again)
-            .mount(broker.queue("failing"), fail, |m| m.reject_on_error());
-        let test = conveyor::testing::TestApp::start(app, &broker)
+        let again = every_error()
             .await
-            .unwrap();
-        for at in 0..errors.len() {
-            test.publish("failing", Message::new(at.to_string()))
-                .await
-                .unwrap();
-        }
-        test.settled().await.unwrap();
-        let rejected = test.rejected("failing");
-        assert_eq!(rejected.len(), errors.len());
-        for rejected in rejected {
-            let at: usize = std::str::from_utf8(&rejected.message.payload)
-                .unwrap()
-                .parse()
-                .unwrap();
-            assert_says_each_part_once(&errors[at].0, "as a reject reason", &rejected.reason);
-        }
-        test.stop().await.unwrap();
+            .into_iter()
+            .map(|(_, error)| error)
+            .collect();
+        conveyor_conformance::errors::assert_each_cause_said_once(every_error().await, again).await;
     }
 
     #[tokio::test]
