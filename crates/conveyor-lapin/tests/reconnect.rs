@@ -1,12 +1,15 @@
 //! Connections cut under load by a fault-injecting proxy (`common::proxy`): consumption
-//! resumes within a bound and loses nothing, confirmed publishes survive a cut, a broker
-//! that refuses connections fails `connect` instead of hanging, and a reconnect whose
-//! handshake gets no answer is cut and tried again, and a subscription that stops
-//! receiving while its connection is lost holds nothing once lapin restores its consumer.
+//! resumes, each connection back on its first reconnect, and loses nothing, confirmed
+//! publishes survive a cut, a broker that refuses connections fails `connect` instead of
+//! hanging, and a reconnect whose handshake gets no answer is cut and tried again, and a
+//! subscription that stops receiving while its connection is lost holds nothing once
+//! lapin restores its consumer.
 //!
 //! Every fault is provoked by the proxy at a point the test chooses by a condition (so
 //! many messages handled, so many publishes confirmed), never by a sleep, so the tests
-//! behave the same at any machine load. The one clock they race is the recovery bound.
+//! behave the same at any machine load. How soon a recovery comes is never asserted on
+//! the clock: it is proven by counting the reconnect attempts (the connections the proxy
+//! accepted), and the deadlines are only there to turn a hang into a failure.
 
 mod common;
 
@@ -27,9 +30,6 @@ use common::proxy::Proxy;
 use common::{cleanup, ready, take_all, unique, wait_for, wait_until};
 
 const UPSTREAM: &str = "127.0.0.1:5672";
-
-/// How soon after a cut consumption must be going again.
-const RECOVERY_BOUND: Duration = Duration::from_secs(5);
 
 /// The mount's prefetch window: at a cut, at most this many deliveries of the dead
 /// connection are unacked, so at most this many are handled after it; the next one
@@ -122,6 +122,29 @@ async fn through(proxy: &Proxy, name: &str) -> LapinBroker {
         .expect("RabbitMQ through the proxy")
 }
 
+/// A broker connected through `proxy`, its connection named `name`, whose reconnect
+/// handshakes are cut only after [`common::DEADLINE`] instead of the default 10 s: on a
+/// busy machine a handshake slower than that would be cut and tried again, an attempt
+/// more than the test counts, though nothing went wrong.
+async fn through_unhurried(proxy: &Proxy, name: &str) -> LapinBroker {
+    common::init_tracing();
+    LapinBroker::builder(proxy.url())
+        .connection_name(name)
+        .reconnect_handshake_timeout(common::DEADLINE)
+        .connect()
+        .await
+        .expect("RabbitMQ through the proxy")
+}
+
+/// Whether every connection of `brokers` is up, as lapin's status says.
+fn all_connected(brokers: &[&LapinBroker]) -> bool {
+    brokers.iter().all(|broker| {
+        conveyor::Broker::connections(*broker)
+            .iter()
+            .all(|connection| connection.state == ConnectionState::Connected)
+    })
+}
+
 /// Waits until every id in `ids` has been handled, for at most [`common::DEADLINE`];
 /// fails naming how many (and which first few) never were.
 async fn wait_for_all(log: &Log, ids: impl Iterator<Item = u32> + Clone) {
@@ -143,16 +166,16 @@ async fn wait_for_all(log: &Log, ids: impl Iterator<Item = u32> + Clone) {
     }
 }
 
-/// How long the test waits for consumption to resume after a cut before it fails: far
-/// past the bound, so that a slow recovery is told from one that never comes.
-const RESUME_DEADLINE: Duration = Duration::from_secs(30);
-
-/// What one cut measured.
+/// What one cut measured. The durations are for the output only: nothing is asserted on
+/// them, since a busy machine can make any of them long.
 struct Cut {
     /// Deliveries handled when the cut was made.
     at_handled: usize,
     /// Connections the proxy cut.
     connections: usize,
+    /// Connections the proxy accepted from the cut until every cut connection was back:
+    /// the reconnect attempts, one per connection when none failed.
+    dials: usize,
     /// From the cut to the next delivery handled (possibly one of the dead connection,
     /// still in the dispatcher).
     first_handled: Duration,
@@ -167,10 +190,11 @@ impl std::fmt::Display for Cut {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "at {} handled, {} connection(s) cut; next handled after {:?}, first redelivery \
-             after {:?}, resumed on the new connection after {:?}",
+            "at {} handled, {} connection(s) cut, {} reconnect attempt(s); next handled \
+             after {:?}, first redelivery after {:?}, resumed on the new connection after {:?}",
             self.at_handled,
             self.connections,
+            self.dials,
             self.first_handled,
             self.first_redelivery,
             self.resumed
@@ -178,34 +202,38 @@ impl std::fmt::Display for Cut {
     }
 }
 
-/// Cuts every connection through `proxy` once `connections` are open (the brokers have
-/// all reconnected since the last cut), lets the handlers go up to `allow_after(handled
-/// at the cut)`, and measures how soon consumption resumes.
+/// Cuts every connection of `brokers` (all through `proxy`) once they are all up (they
+/// have all reconnected since the last cut), lets the handlers go up to
+/// `allow_after(handled at the cut)`, waits until consumption has resumed on a new
+/// connection and every connection is back, and says what it took.
 async fn cut_and_measure(
     proxy: &Proxy,
     log: &Log,
-    connections: usize,
+    brokers: &[&LapinBroker],
     allow_after: impl Fn(usize) -> usize,
 ) -> Cut {
-    wait_until("every connection through the proxy to be open", || {
-        proxy.open_connections() >= connections
+    let connections = 2 * brokers.len();
+    wait_until("every connection through the proxy to be up", || {
+        proxy.open_connections() >= connections && all_connected(brokers)
     })
     .await;
     let cut_at = Instant::now();
+    let accepted_at_cut = proxy.accepted();
     let cut = proxy.cut_connections().await;
     // Nothing more comes on the dead connections: from here on, at most PREFETCH of
     // their deliveries can still be handled.
     let at_handled = log.len();
-    let accepted_at_cut = proxy.accepted();
     log.allow(allow_after(at_handled));
     let resumed_at = at_handled + usize::from(PREFETCH);
+    // The deadline only tells a recovery that never comes (a stall) from a slow one.
+    let deadline = Instant::now() + common::DEADLINE;
     while log.len() <= resumed_at {
         assert!(
-            cut_at.elapsed() < RESUME_DEADLINE,
-            "consumption did not resume within {RESUME_DEADLINE:?} of the cut (bound \
-             {RECOVERY_BOUND:?}): {} handled at the cut, {} since (at most {PREFETCH} can \
-             be of the cut connection); {} connection(s) made through the proxy since the \
-             cut, {} open (of {connections} before it)",
+            Instant::now() < deadline,
+            "consumption did not resume within {:?} of the cut: {} handled at the cut, {} \
+             since (at most {PREFETCH} can be of the cut connection); {} connection(s) made \
+             through the proxy since the cut, {} open (of {connections} before it)",
+            common::DEADLINE,
             at_handled,
             log.len() - at_handled,
             proxy.accepted() - accepted_at_cut,
@@ -213,11 +241,19 @@ async fn cut_and_measure(
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    // Every cut connection dialed again (after its loss: what lapin's status says from
+    // then on is the new connection's) and is up.
+    wait_until("every cut connection to be back", || {
+        proxy.accepted() - accepted_at_cut >= cut && all_connected(brokers)
+    })
+    .await;
+    let dials = proxy.accepted() - accepted_at_cut;
     let all = log.all();
     let after = &all[at_handled..];
     Cut {
         at_handled,
         connections: cut,
+        dials,
         first_handled: after[0].at.saturating_duration_since(cut_at),
         first_redelivery: after
             .iter()
@@ -237,8 +273,15 @@ fn duplicates(log: &Log) -> usize {
     all.len() - seen.len()
 }
 
+/// After each of three cuts of every connection under load, consumption over lanes
+/// resumes on the recovered connection, each connection having come back on its first
+/// reconnect attempt (no attempt failed, so no backoff grew between attempts: the one
+/// pause was the dialer's shortest), and none of 10,000 messages is lost. How long a
+/// recovery took is printed, not asserted: on a busy machine any bound on it can be
+/// missed while nothing is wrong; a recovery that never comes fails at the deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lanes_resume_within_5s_of_each_of_3_cuts_and_lose_none_of_10_000_messages() {
+async fn lanes_resume_on_the_first_reconnect_after_each_of_3_cuts_and_lose_none_of_10_000_messages()
+{
     const MESSAGES: u32 = 10_000;
     const CUTS: usize = 3;
     /// The first cut comes once this many deliveries have been handled, each later one
@@ -249,8 +292,11 @@ async fn lanes_resume_within_5s_of_each_of_3_cuts_and_lose_none_of_10_000_messag
 
     let started = Instant::now();
     let (admin, queue, proxy) = queue_and_proxy("reconnect-load").await;
-    let publishing = through(&proxy, &unique("reconnect-publisher")).await;
-    let consuming = through(&proxy, &unique("reconnect-consumer")).await;
+    let publishing = through_unhurried(&proxy, &unique("reconnect-publisher")).await;
+    let consuming = through_unhurried(&proxy, &unique("reconnect-consumer")).await;
+    // Two connections each: every connection the proxy accepts from here on is a
+    // reconnect attempt.
+    let accepted_before_cuts = proxy.accepted();
 
     // The load: 10,000 messages waiting, published through the proxy.
     for chunk in (0..MESSAGES).collect::<Vec<_>>().chunks(500) {
@@ -276,7 +322,7 @@ async fn lanes_resume_within_5s_of_each_of_3_cuts_and_lose_none_of_10_000_messag
     for n in 0..CUTS {
         wait_until("the next cut's mark", || log.len() >= mark).await;
         let last = n + 1 == CUTS;
-        let cut = cut_and_measure(&proxy, &log, 4, |handled| {
+        let cut = cut_and_measure(&proxy, &log, &[&publishing, &consuming], |handled| {
             if last {
                 usize::MAX
             } else {
@@ -298,6 +344,8 @@ async fn lanes_resume_within_5s_of_each_of_3_cuts_and_lose_none_of_10_000_messag
         }
     })
     .await;
+    // No attempt was made after the last count (a connection lost again, say).
+    let accepted = proxy.accepted() - accepted_before_cuts;
     running.shutdown().await.unwrap();
 
     let handled = log.len();
@@ -312,13 +360,18 @@ async fn lanes_resume_within_5s_of_each_of_3_cuts_and_lose_none_of_10_000_messag
             "cut {} found all four connections (two brokers, consuming and publishing each)",
             n + 1
         );
-        assert!(
-            cut.resumed < RECOVERY_BOUND,
-            "cut {}: consumption resumed only {:?} after the cut (bound {RECOVERY_BOUND:?}): {cut}",
-            n + 1,
-            cut.resumed
+        assert_eq!(
+            cut.dials,
+            cut.connections,
+            "cut {}: each cut connection came back on its first reconnect attempt: {cut}",
+            n + 1
         );
     }
+    assert_eq!(
+        accepted,
+        cuts.iter().map(|cut| cut.connections).sum::<usize>(),
+        "no reconnect attempt besides the first after each cut"
+    );
     assert_eq!(log.ids().len(), MESSAGES as usize, "nothing lost");
     assert_eq!(
         admin.queue_depth(&queue).await.unwrap().ready,
