@@ -1,30 +1,22 @@
-//! The keeper: one task per subscription that keeps every received, unsettled message
-//! hidden (the visibility extender) and makes the settlement calls.
-//!
-//! Renewals go out beside the settlements, so a settlement call that hangs or keeps
-//! failing never holds the renewals up. A settled message is renewed too until its call
-//! goes out, ten at a time (a reject's dead letter is sent first, the message renewed
-//! meanwhile), so such a call leaves at most its own ten messages unrenewed. They are
-//! still ordered where it matters: a renewal is sent only for messages whose call is not
-//! going out when it is sent, and a call waits for a renewal under way that covers one of
-//! its messages. So the visibility a settlement sets (0 for a retry or
-//! a release, the delay for a retry-after) is always the last word; a renewal can never
-//! land after it and hide the message for a whole visibility timeout.
+//! SQS's side of the kit's keeper ([`conveyor::kit::Keeper`]): renewals are
+//! `ChangeMessageVisibilityBatch` calls, ten messages each, never past 12 hours from
+//! receipt; settlements are `DeleteMessageBatch` for acks, `ChangeMessageVisibilityBatch`
+//! for retries and releases (0, or the retry-after delay), and for rejects a
+//! `SendMessageBatch` to the dead-letter queue (made while the message is still renewed)
+//! followed by the delete.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::join_all;
-use tokio::sync::{OnceCell, watch};
-use tokio::time::{Instant, MissedTickBehavior};
+use conveyor::Report;
+use conveyor::kit::{Keep, LeaseTimes, Renewed, Taken};
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
 
 use crate::attributes::{self, Outgoing};
 use crate::calls::{Calls, Failed, send_built, send_entry};
-use conveyor::Report;
-use conveyor::kit::{RetryPause, SettleQueue};
-
 use crate::error::SqsError;
-use crate::inflight::{InFlight, Op, Rejected};
+use crate::inflight::{Held, Op, Rejected, renewal};
 use crate::publisher::{chunk_lengths, unique_id};
 use crate::queue::{DeadLetter, QueueInfo};
 use crate::settle::{
@@ -36,25 +28,33 @@ use crate::settle::{
 /// boundary) and ends with `…`.
 const MAX_REASON_BYTES: usize = 1024;
 
-/// What a subscription's keeper needs.
-pub(crate) struct Keeper<C> {
+/// What a subscription's keeper needs of SQS.
+pub(crate) struct SqsKeep<C> {
     pub(crate) calls: C,
     pub(crate) queue: Arc<QueueInfo>,
-    pub(crate) in_flight: Arc<InFlight>,
     /// The visibility timeout the pump receives with and the keeper renews to.
     pub(crate) visibility: Duration,
-    /// How long a settlement waits for others to share its batch call.
-    pub(crate) flush_interval: Duration,
-    /// Set by `close` once the pump has ended: finish what is settled, then stop.
-    pub(crate) closing: watch::Receiver<bool>,
-    /// Set when the subscription stops receiving: from then on a settlement's call is
-    /// made at once, so that what the pump read ahead and releases is visible again
-    /// without waiting for the flush interval.
-    pub(crate) draining: watch::Receiver<bool>,
-    /// Closed when the last settler is gone: nothing more will be settled.
-    pub(crate) alive: watch::Receiver<()>,
     /// The dead-letter queue, once resolved.
     pub(crate) dead_letter_queue: OnceCell<Arc<QueueInfo>>,
+}
+
+/// A renewal due: the receipt, and how long to hide the message for.
+pub(crate) struct Renewal {
+    receipt: String,
+    renew: Duration,
+}
+
+/// A settlement taken: the receipt, and the message id a FIFO dead letter needs.
+pub(crate) struct Drawn {
+    receipt: String,
+    message_id: Option<String>,
+}
+
+/// A batch of settlements ready for their calls.
+#[derive(Default)]
+pub(crate) struct SettleCalls {
+    deletes: Vec<String>,
+    hides: Vec<Hide>,
 }
 
 /// A rejected message, ready for its dead-letter queue.
@@ -91,232 +91,59 @@ impl<C: Calls> BatchCall<DeadLetterMessage> for SendDeadLetters<'_, C> {
     }
 }
 
-/// Waits until the settlements waiting in `queue` are worth a batch call: `enough` of
-/// them, or `linger` after the first was seen, at `first_waiting` (kept by the caller, so
-/// that a wait cut short and started again does not start the linger again).
-async fn batch_ready<T>(
-    queue: &SettleQueue<T>,
-    enough: usize,
-    linger: Duration,
-    first_waiting: &mut Option<Instant>,
-) {
-    if !queue.ready(1, Duration::ZERO).await {
-        return;
-    }
-    let first = *first_waiting.get_or_insert_with(Instant::now);
-    queue
-        .ready(enough, linger.saturating_sub(first.elapsed()))
-        .await;
-}
+impl<C: Calls> Keep for SqsKeep<C> {
+    type Data = Held;
+    type Op = Op;
+    type Renewal = Renewal;
+    type Drawn = Drawn;
+    type Prepared = SettleCalls;
 
-/// Resolves once the subscription stops receiving (or is gone).
-async fn drain_requested(draining: &mut watch::Receiver<bool>) {
-    let _ = draining.wait_for(|stop| *stop).await;
-}
-
-impl<C: Calls> Keeper<C> {
-    /// Runs until the subscription is closed (or every settler is gone) and every message
-    /// is finished with, renewing and settling side by side.
-    pub(crate) async fn run(self) {
-        let (mut closing, mut alive) = (self.closing.clone(), self.alive.clone());
-        tokio::select! {
-            () = self.renew_every_tick() => {}
-            () = self.settle_until_closed(&mut closing, &mut alive) => {}
-        }
+    fn queue(&self) -> &str {
+        &self.queue.name
     }
 
-    /// Every third of the visibility timeout, renews the messages it keeps hidden that
-    /// would become visible within half of it, ten per `ChangeMessageVisibilityBatch`, never past 12
-    /// hours from receipt. Never ends.
-    ///
-    /// A renewal that failed is tried again soon, after a pause doubling from 100 ms, not
-    /// at the next tick: a message due now shows in a sixth to a half of the visibility
-    /// timeout, so a tick later it may already have been handed out again. Once the
-    /// pauses would add up to half a tick, the ticks take over (a failure that lasts, a
-    /// permission missing say, costs a few calls a tick, not one every 100 ms).
-    async fn renew_every_tick(&self) {
-        let tick = (self.visibility / 3).max(Duration::from_millis(200));
-        let mut renewals = tokio::time::interval_at(Instant::now() + tick, tick);
-        renewals.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        loop {
-            renewals.tick().await;
-            let (mut pause, mut paused) = (RetryPause::new(), Duration::ZERO);
-            while !self.renew(pause.failures() > 0).await {
-                let wait = pause.failed();
-                paused = paused.saturating_add(wait);
-                if paused >= tick / 2 {
-                    break;
-                }
-                tokio::time::sleep(wait).await;
-            }
-        }
+    fn lease(&self) -> Duration {
+        self.visibility
     }
 
-    /// Carries out the settlements as they come, until `close` asks the keeper to finish
-    /// (or every settler is gone) and every message is finished with. A settlement waits
-    /// up to the flush interval for nine more to share its batch call (not once the
-    /// subscription drains or closes).
-    async fn settle_until_closed(
-        &self,
-        closing_asked: &mut watch::Receiver<bool>,
-        alive: &mut watch::Receiver<()>,
-    ) {
-        let mut draining_asked = self.draining.clone();
-        let (mut closing, mut draining) = (false, false);
-        // When the settlements waiting now were first seen: the flush interval counts from
-        // there, not from each turn of the loop.
-        let mut first_waiting = None;
-        loop {
-            if closing && self.in_flight.is_empty() {
-                return;
-            }
-            let (enough, linger) = if closing || draining {
-                (1, Duration::ZERO)
-            } else {
-                (BATCH_LIMIT, self.flush_interval)
-            };
-            tokio::select! {
-                _ = batch_ready(&self.in_flight.settled, enough, linger, &mut first_waiting) => {
-                    first_waiting = None;
-                    self.flush().await;
-                }
-                () = close_requested(closing_asked, alive), if !closing => {
-                    closing = true;
-                    first_waiting = None;
-                    self.flush().await;
-                }
-                // A dropped sender is a subscriber gone: draining too.
-                () = drain_requested(&mut draining_asked), if !draining => {
-                    draining = true;
-                    first_waiting = None;
-                }
-            }
-        }
+    fn batch(&self) -> usize {
+        BATCH_LIMIT
     }
 
-    /// Carries out the oldest settlements recorded so far, as many as one batch call takes,
-    /// then forgets those messages. The others stay renewed meanwhile, however long the
-    /// calls take, and so do these while their dead letters are sent.
-    async fn flush(&self) {
-        let settled = self.in_flight.take_settled(BATCH_LIMIT);
-        if settled.is_empty() {
-            return;
-        }
-        let tags: Vec<u64> = settled.iter().map(|pending| pending.tag).collect();
-        let mut deletes = Vec::new();
-        let mut hides = Vec::new();
-        let mut rejects = Vec::new();
-        for pending in settled {
-            match pending.op {
-                Op::Delete => deletes.push(pending.receipt),
-                Op::Hide { delay } => hides.push(Hide {
-                    receipt: pending.receipt,
-                    delay,
-                    received_at: pending.received_at,
-                }),
-                Op::Reject(rejected) => {
-                    rejects.push((pending.receipt, pending.message_id, rejected))
-                }
-            }
-        }
-        if !rejects.is_empty() {
-            self.dead_letter(rejects, &mut deletes, &mut hides).await;
-        }
-        self.in_flight.sending(&tags);
-        self.in_flight.renewals_over(&tags).await;
-        let (calls, queue) = (&self.calls, &*self.queue);
-        settle_all(&Delete { calls, queue }, deletes).await;
-        settle_all(&ChangeVisibility { calls, queue }, hides).await;
-        self.in_flight.finish(tags);
+    fn renewal(&self, _: u64, held: &Held, times: LeaseTimes) -> Option<Renewal> {
+        let cap = MAX_VISIBILITY.saturating_sub(RECEIPT_SLACK);
+        let renew = renewal(times, self.visibility, cap)?;
+        Some(Renewal {
+            receipt: held.receipt.clone(),
+            renew,
+        })
     }
 
-    /// Renews the messages close to becoming visible: held, or settled with their call not
-    /// sent yet. One whose call is going out is left out: that call sets its visibility.
-    /// Whether every renewal due was made (or failed for good). A `retry`
-    /// logs its failures at DEBUG: the first try of the tick warned already.
-    ///
-    /// The calls, ten messages each, go out side by side: one that gets no answer must not
-    /// hold the others' messages up until they show.
-    async fn renew(&self, retry: bool) -> bool {
-        let due = self.in_flight.due(
-            self.visibility / 2,
-            self.visibility,
-            MAX_VISIBILITY.saturating_sub(RECEIPT_SLACK),
-        );
-        let calls = due.chunks(BATCH_LIMIT).map(|chunk| async move {
-            let held = self.in_flight.claim_for_renewal(chunk);
-            if held.is_empty() {
-                return true;
-            }
-            let renewed = self.renew_held(&held, retry).await;
-            self.in_flight
-                .renewal_over(held.iter().map(|(tag, _, _)| *tag));
-            renewed
-        });
-        join_all(calls).await.into_iter().all(|renewed| renewed)
-    }
-
-    /// How long a renewal call may go unanswered before it is given up and tried again: a
-    /// twelfth of the visibility timeout (at least 1 s), half of the least a message due
-    /// for renewal has left. The SDK's own limit is the request timeout per attempt, three
-    /// attempts: 30 s by default, by when a message due with 5 s left has long shown.
-    fn renewal_patience(&self) -> Duration {
-        (self.visibility / 12).max(Duration::from_secs(1))
-    }
-
-    /// One `ChangeMessageVisibilityBatch` for `held`, claimed for it. Whether every
-    /// renewal was made, or failed for good (a receipt SQS no longer takes).
-    async fn renew_held(&self, held: &[&(u64, String, Duration)], retry: bool) -> bool {
+    /// One `ChangeMessageVisibilityBatch`; a receipt SQS no longer takes is lost.
+    async fn renew(&self, due: &[&Renewal], _retry: bool) -> Result<Vec<Renewed>, String> {
         // Each renewal as the whole seconds SQS applies, sent and recorded alike.
-        let renewals: Vec<(i32, Duration)> = held
+        let seconds: Vec<(i32, Duration)> = due
             .iter()
-            .map(|(_, _, renew)| whole_seconds_down(*renew))
+            .map(|renewal| whole_seconds_down(renewal.renew))
             .collect();
-        let entries: Vec<(String, i32)> = held
+        let entries: Vec<(String, i32)> = due
             .iter()
-            .zip(&renewals)
-            .map(|((_, receipt, _), (seconds, _))| (receipt.clone(), *seconds))
+            .zip(&seconds)
+            .map(|(renewal, (seconds, _))| (renewal.receipt.clone(), *seconds))
             .collect();
         // SQS hides each from when it takes the call, no sooner than now.
         let sent = Instant::now();
-        let patience = self.renewal_patience();
-        let call = self.calls.change_visibility(&self.queue, &entries);
-        let failed = match tokio::time::timeout(patience, call).await {
-            Ok(Ok(failed)) => {
-                self.queue.calls.succeeded();
-                failed
-            }
-            Ok(Err(error)) => {
-                self.renewal_call_failed(&Report(&error), retry);
-                return false;
-            }
-            Err(_) => {
-                self.renewal_call_failed(&format_args!("no answer within {patience:?}"), retry);
-                return false;
-            }
-        };
-        let mut renewed_all = true;
-        for (index, ((tag, _, _), (_, renew))) in held.iter().zip(&renewals).enumerate() {
+        // The keeper marks the queue's call health by the outcome.
+        let failed = self
+            .calls
+            .change_visibility(&self.queue, &entries)
+            .await
+            .map_err(|error| Report(&error).to_string())?;
+        let renewed = seconds.iter().enumerate().map(|(index, (_, renew))| {
             match failed.iter().find(|(i, _)| *i == index) {
-                Some((_, reason)) if stale_receipt(reason) => {
-                    self.in_flight.receipt_stale(*tag);
-                    tracing::warn!(
-                        queue = self.queue.name,
-                        reason,
-                        "visibility not renewed: SQS no longer takes the message's receipt (it was handed out again while its handler runs, or is gone)"
-                    );
-                }
-                Some((_, reason)) => {
-                    renewed_all = false;
-                    let queue = &self.queue.name;
-                    if retry {
-                        tracing::debug!(queue, reason, "visibility not renewed; trying again");
-                    } else {
-                        tracing::warn!(queue, reason, "visibility not renewed; trying again");
-                    }
-                }
+                Some((_, reason)) if stale_receipt(reason) => Renewed::Lost(reason.clone()),
+                Some((_, reason)) => Renewed::Failed(reason.clone()),
                 None => {
-                    self.in_flight.renewed(*tag, sent + *renew);
                     if *renew < self.visibility {
                         tracing::warn!(
                             queue = self.queue.name,
@@ -324,23 +151,73 @@ impl<C: Calls> Keeper<C> {
                             "a message has been held for as long as SQS allows (12 h from its receipt): it will be handed out again while its handler runs"
                         );
                     }
+                    Renewed::Until(sent + *renew)
                 }
             }
-        }
-        renewed_all
+        });
+        Ok(renewed.collect())
     }
 
-    /// Counts and logs a renewal call that failed as a whole; a `retry` at DEBUG.
-    fn renewal_call_failed(&self, error: &dyn std::fmt::Display, retry: bool) {
-        self.queue.calls.failed();
-        let queue = &self.queue.name;
-        if retry {
-            tracing::debug!(queue, %error, "cannot renew visibility; trying again");
-        } else {
-            tracing::warn!(queue, %error, "cannot renew visibility; trying again");
+    fn draw(held: &mut Held) -> Drawn {
+        Drawn {
+            receipt: held.receipt.clone(),
+            message_id: held.message_id.take(),
         }
     }
 
+    /// Sorts the settlements by call, and sends the rejects' dead letters.
+    async fn prepare(&self, taken: Vec<Taken<Drawn, Op>>) -> SettleCalls {
+        let mut calls = SettleCalls::default();
+        let mut rejects = Vec::new();
+        for Taken {
+            data: Drawn {
+                receipt,
+                message_id,
+            },
+            received_at,
+            op,
+            ..
+        } in taken
+        {
+            match op {
+                Op::Delete => calls.deletes.push(receipt),
+                Op::Hide { delay } => calls.hides.push(Hide {
+                    receipt,
+                    delay,
+                    received_at,
+                }),
+                Op::Reject(rejected) => rejects.push((receipt, message_id, rejected)),
+            }
+        }
+        if !rejects.is_empty() {
+            self.dead_letter(rejects, &mut calls.deletes, &mut calls.hides)
+                .await;
+        }
+        calls
+    }
+
+    async fn settle(&self, calls: SettleCalls) {
+        let (client, queue) = (&self.calls, &*self.queue);
+        settle_all(
+            &Delete {
+                calls: client,
+                queue,
+            },
+            calls.deletes,
+        )
+        .await;
+        settle_all(
+            &ChangeVisibility {
+                calls: client,
+                queue,
+            },
+            calls.hides,
+        )
+        .await;
+    }
+}
+
+impl<C: Calls> SqsKeep<C> {
     /// Sends rejected messages to the dead-letter queue (`SendMessageBatch`); those sent
     /// are then deleted with the acks. Without a redrive policy they are deleted with an
     /// error log. One that cannot be dead-lettered is made visible again, so that it is
@@ -460,21 +337,6 @@ impl<C: Calls> Keeper<C> {
     }
 }
 
-/// Resolves once `close` asks the keeper to finish, or the last settler is gone.
-async fn close_requested(closing: &mut watch::Receiver<bool>, alive: &mut watch::Receiver<()>) {
-    let asked = async {
-        if closing.wait_for(|closing| *closing).await.is_err() {
-            // The subscriber was dropped without closing: wait for the settlers instead.
-            std::future::pending::<()>().await;
-        }
-    };
-    let settlers_gone = async { while alive.changed().await.is_ok() {} };
-    tokio::select! {
-        () = asked => {}
-        () = settlers_gone => {}
-    }
-}
-
 type Refused = (String, Box<Rejected>, Box<SqsError>);
 
 /// A rejected message as its dead-letter queue takes it: payload and headers as received,
@@ -563,11 +425,13 @@ mod tests {
 
     use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 
+    use conveyor::kit::{Alive, Keeper, KeeperSignals};
     use conveyor::{Headers, PartitionKey, REJECT_REASON_HEADER, Settle, Settled, Settlement};
-    use tokio::sync::Semaphore;
+    use tokio::sync::{Semaphore, watch};
 
     use super::*;
     use crate::data_types::AttributeTypes;
+    use crate::inflight::InFlight;
     use crate::queue::DeadLetterTarget;
     use crate::settle::{ATTEMPTS, Settler};
 
@@ -748,23 +612,22 @@ mod tests {
         flush_interval: Duration,
     ) -> Running {
         let in_flight = Arc::new(InFlight::default());
-        let (alive, alive_rx) = watch::channel(());
+        let (alive, alive_rx) = Alive::new();
         let (closing, closing_rx) = watch::channel(false);
         let (draining, draining_rx) = watch::channel(false);
-        let keeper = tokio::spawn(
-            Keeper {
-                calls: script.clone(),
-                queue: Arc::new(queue),
-                in_flight: in_flight.clone(),
-                visibility: VISIBILITY,
-                flush_interval,
-                closing: closing_rx,
-                draining: draining_rx,
-                alive: alive_rx,
-                dead_letter_queue: OnceCell::new(),
-            }
-            .run(),
-        );
+        let health = queue.calls.clone();
+        let keep = SqsKeep {
+            calls: script.clone(),
+            queue: Arc::new(queue),
+            visibility: VISIBILITY,
+            dead_letter_queue: OnceCell::new(),
+        };
+        let keeper = Keeper::new(keep, in_flight.clone(), flush_interval, health);
+        let keeper = tokio::spawn(keeper.run(KeeperSignals {
+            closing: closing_rx,
+            draining: draining_rx,
+            alive: alive_rx,
+        }));
         Running {
             settler: Arc::new(Settler::new(in_flight.clone(), alive)),
             in_flight,
@@ -776,12 +639,12 @@ mod tests {
 
     impl Running {
         fn receive(&self, receipt: &str) -> u64 {
-            self.in_flight.insert(
-                receipt.into(),
-                Some(format!("id-{receipt}")),
-                AttributeTypes::new(),
-                VISIBILITY,
-            )
+            let held = Held {
+                receipt: receipt.into(),
+                message_id: Some(format!("id-{receipt}")),
+                types: AttributeTypes::new(),
+            };
+            self.in_flight.insert(held, VISIBILITY)
         }
 
         fn settle(&self, tag: u64, settlement: Settlement<'_>) {
@@ -891,7 +754,7 @@ mod tests {
         assert_eq!(renewals, at_20);
         // One warning for the tick; its retries log at DEBUG.
         let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
-        assert_eq!(text.matches("cannot renew visibility").count(), 1, "{text}");
+        assert_eq!(text.matches("cannot renew leases").count(), 1, "{text}");
     }
 
     /// A receipt SQS no longer takes for a renewal is not renewed again (it would fail

@@ -1,8 +1,7 @@
 //! Queues: what the transport learns about one when it resolves it.
 
+use conveyor::kit::CallHealth;
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use aws_sdk_sqs::types::QueueAttributeName;
 
@@ -25,29 +24,6 @@ pub(crate) struct QueueInfo {
     pub(crate) max_message_size: usize,
     /// Whether the last call to it failed, for the health of the mounts on it.
     pub(crate) calls: CallHealth,
-}
-
-/// Whether calls to a queue are failing now (and being retried): set by the last receive,
-/// renewal or settlement call. The mounts on the queue show as reconnecting while it is.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct CallHealth(Arc<AtomicBool>);
-
-impl CallHealth {
-    pub(crate) fn failed(&self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-
-    pub(crate) fn succeeded(&self) {
-        if self.0.load(Ordering::Relaxed) {
-            self.0.store(false, Ordering::Relaxed);
-        }
-    }
-}
-
-impl conveyor::ConnectionProbe for CallHealth {
-    fn is_lost(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
-    }
 }
 
 /// A queue's dead-letter queue, as its redrive policy names it.

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_sqs::types::BatchResultErrorEntry;
+use conveyor::kit::Alive;
 use conveyor::{Settle, Settled, Settlement};
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::calls::{Calls, Failed};
@@ -69,11 +69,11 @@ pub(crate) struct Settler {
     in_flight: Arc<InFlight>,
     /// Dropped with the last settler (the pump's and the deliveries'), telling the keeper
     /// that nothing more will be settled.
-    _alive: watch::Sender<()>,
+    _alive: Alive,
 }
 
 impl Settler {
-    pub(crate) fn new(in_flight: Arc<InFlight>, alive: watch::Sender<()>) -> Self {
+    pub(crate) fn new(in_flight: Arc<InFlight>, alive: Alive) -> Self {
         Settler {
             in_flight,
             _alive: alive,
@@ -92,7 +92,7 @@ impl Settle for Settler {
             partition_key,
             ..
         } = settled;
-        let known = self.in_flight.settle(tag, |entry| match settlement {
+        let known = self.in_flight.settle(tag, |held| match settlement {
             Settlement::Ack => Op::Delete,
             // Capped at 12 h from receipt when its call is made (see `Hide`).
             Settlement::RetryAfter(delay) => Op::Hide { delay },
@@ -101,7 +101,7 @@ impl Settle for Settler {
                 attempt,
                 payload,
                 headers,
-                types: entry.types.clone(),
+                types: held.types.clone(),
                 partition_key,
             })),
             Settlement::Retry | Settlement::Release => Op::Hide {
@@ -115,7 +115,9 @@ impl Settle for Settler {
 
     /// The types its attributes came with ([`crate::attribute_types`]).
     fn record(&self, tag: u64) -> Option<Box<dyn std::any::Any + Send>> {
-        Some(Box::new(self.in_flight.types(tag)?))
+        Some(Box::new(
+            self.in_flight.with(tag, |held| held.types.clone())?,
+        ))
     }
 }
 
@@ -348,6 +350,7 @@ mod tests {
     use std::sync::Mutex;
 
     use crate::data_types::AttributeTypes;
+    use crate::inflight::Held;
 
     use super::*;
 
@@ -492,17 +495,17 @@ mod tests {
 
     fn settled(settlement: Settlement<'_>) -> Op {
         let in_flight = Arc::new(InFlight::default());
-        let (alive, _) = watch::channel(());
+        let (alive, _) = Alive::new();
         let settler = Settler::new(in_flight.clone(), alive);
-        let tag = in_flight.insert(
-            "r".into(),
-            None,
-            AttributeTypes::new(),
-            Duration::from_secs(30),
-        );
+        let held = Held {
+            receipt: "r".into(),
+            message_id: None,
+            types: AttributeTypes::new(),
+        };
+        let tag = in_flight.insert(held, Duration::from_secs(30));
         settler.settle(Settled::new(tag, settlement));
         settler.settle(Settled::new(tag, Settlement::Ack)); // a second settle of the same tag is ignored
-        let mut taken = in_flight.take_settled(usize::MAX);
+        let mut taken = in_flight.take_settled(usize::MAX, |_| ());
         assert_eq!(taken.len(), 1);
         taken.remove(0).op
     }

@@ -5,18 +5,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_sqs::types::QueueAttributeName;
-use conveyor::{ConnectionProbe, Delivery, Error, Source, SubscribeSettings, Subscriber};
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
+use conveyor::kit::{Pull, PullOptions, PullSubscriber};
+use conveyor::{Error, Source, SubscribeSettings};
 
 use crate::broker::{Created, SqsBroker, is_url};
 use conveyor::Report;
 
 use crate::error::{SqsError, redacted, shown};
-use crate::inflight::InFlight;
-use crate::keeper::Keeper;
-use crate::pump::{Handover, Next, Pump};
-use crate::queue::{CallHealth, DeadLetter, QueueInfo};
+use crate::keeper::SqsKeep;
+use crate::pump::SqsReceive;
+use crate::queue::{DeadLetter, QueueInfo};
 use crate::settle::{BATCH_LIMIT, Settler};
 use crate::spec::check_name;
 
@@ -169,63 +167,41 @@ impl Source for SqsQueue {
             }
         };
         let broker_settings = self.broker.settings().clone();
-        let calls = queue.calls.clone();
-        let in_flight = Arc::new(InFlight::default());
-        let handover = Arc::new(Handover::default());
-        let (alive, alive_rx) = watch::channel(());
-        let (closing, closing_rx) = watch::channel(false);
-        let (stop, stop_rx) = watch::channel(false);
-        let keeper = tokio::spawn(
-            Keeper {
-                calls: self.broker.clone(),
-                queue: queue.clone(),
-                in_flight: in_flight.clone(),
-                visibility: broker_settings.visibility_timeout,
-                flush_interval: broker_settings.flush_interval,
-                closing: closing_rx,
-                draining: stop_rx.clone(),
-                alive: alive_rx,
-                dead_letter_queue: tokio::sync::OnceCell::new_with(dead_letter_queue),
-            }
-            .run(),
-        );
+        let health = queue.calls.clone();
+        let pull = Pull::new();
+        let keep = SqsKeep {
+            calls: self.broker.clone(),
+            queue: queue.clone(),
+            visibility: broker_settings.visibility_timeout,
+            dead_letter_queue: tokio::sync::OnceCell::new_with(dead_letter_queue),
+        };
         let wanted = settings
             .batch_size
             .map_or(self.receive_batch, |size| size.min(self.receive_batch))
             .clamp(1, BATCH_LIMIT);
-        let pump_bound = broker_settings
-            .wait_time
-            .saturating_add(broker_settings.request_timeout)
-            .saturating_add(PUMP_GRACE);
-        let settler = Arc::new(Settler::new(in_flight.clone(), alive));
-        let pump = tokio::spawn(
-            Pump {
-                client: self.broker.client().clone(),
-                queue,
-                settings: broker_settings,
-                wanted,
-                // What the dispatcher can hold, plus one receive: the pump receives while
-                // the dispatcher still runs the last receive's messages, and stops once
-                // settlements it has not sent yet pile up.
-                // Saturating: the core allows any size (`batch(usize::MAX)`).
-                limit: settings.max_in_flight.max(1).saturating_add(wanted),
-                handover: handover.clone(),
-                in_flight,
-                settler,
-                stop: stop_rx,
-            }
-            .run(),
-        );
-        Ok(SqsSubscriber {
-            queue: self.label,
-            handover,
-            stop,
-            closing,
-            pump: Some(pump),
-            keeper: Some(keeper),
-            pump_bound,
-            calls,
-        })
+        let options = PullOptions {
+            queue: shown(&queue.name).into_owned(),
+            // What the dispatcher can hold, plus one receive: the pump receives while the
+            // dispatcher still runs the last receive's messages, and stops once
+            // settlements it has not sent yet pile up.
+            // Saturating: the core allows any size (`batch(usize::MAX)`).
+            limit: settings.max_in_flight.max(1).saturating_add(wanted),
+            linger: broker_settings.flush_interval,
+            receive_bound: broker_settings
+                .wait_time
+                .saturating_add(broker_settings.request_timeout)
+                .saturating_add(PUMP_GRACE),
+            health,
+        };
+        let receive = SqsReceive {
+            client: self.broker.client().clone(),
+            queue,
+            wanted,
+            in_flight: pull.leases().clone(),
+            settler: Arc::new(Settler::new(pull.leases().clone(), pull.alive())),
+            settings: broker_settings,
+        };
+        Ok(pull.start(receive, keep, options))
     }
 }
 
@@ -233,115 +209,14 @@ impl Source for SqsQueue {
 /// timeout, before it gives up on it.
 const PUMP_GRACE: Duration = Duration::from_secs(1);
 
-/// A subscription to an SQS queue: its pump receives, its keeper keeps what was received
-/// hidden until settled and makes the settlement calls.
+/// A subscription to an SQS queue: the kit's pulling subscriber, whose pump receives
+/// (`ReceiveMessage` long polls) and whose keeper keeps what was received hidden until
+/// settled and makes the settlement calls.
 ///
-/// [`stop_receiving`](Subscriber::stop_receiving) stops the pump from receiving again and
+/// [`stop_receiving`](conveyor::Subscriber::stop_receiving) stops the pump from receiving again and
 /// releases (visibility 0) every message received but not handed over; a receive under
 /// way is not cut short: it completes and its messages are released at once. Closing
 /// waits for that receive, then for the keeper to make every settlement's call. Dropping
 /// it without closing does the same in the background: the pump finishes its receive and
 /// releases what it brought, and the keeper goes on until every delivery is settled.
-pub struct SqsSubscriber {
-    queue: String,
-    handover: Arc<Handover>,
-    stop: watch::Sender<bool>,
-    closing: watch::Sender<bool>,
-    pump: Option<JoinHandle<()>>,
-    keeper: Option<JoinHandle<()>>,
-    /// The longest a receive under way may take.
-    pump_bound: Duration,
-    /// Whether calls to the queue fail now, for the mount's health.
-    calls: CallHealth,
-}
-
-impl SqsSubscriber {
-    async fn next(&self) -> Next {
-        conveyor::kit::wait_for(&self.handover.arrived, || match self.handover.take() {
-            Next::Empty => None,
-            next => Some(next),
-        })
-        .await
-    }
-
-    /// No new receive; every delivery waiting in the hand-over released.
-    fn stop_now(&self) {
-        self.stop.send_replace(true);
-        self.handover.close();
-    }
-}
-
-impl Subscriber for SqsSubscriber {
-    /// The mount shows as reconnecting while calls to the queue (receives, deletes,
-    /// visibility changes) fail and are retried.
-    fn connection(&self) -> Option<Arc<dyn ConnectionProbe>> {
-        Some(Arc::new(self.calls.clone()))
-    }
-
-    /// The next delivery of the last receive. An error that cannot heal (the queue is
-    /// gone, access is denied) comes back as [`Error::Subscribe`] once the deliveries
-    /// received before it are taken; passing errors are retried inside the pump.
-    async fn recv(&mut self) -> Option<Result<Delivery, Error>> {
-        match self.next().await {
-            Next::Delivery(delivery) => Some(Ok(delivery)),
-            Next::Failed(error) => Some(Err(error)),
-            Next::Closed | Next::Empty => None,
-        }
-    }
-
-    /// The deliveries of one receive, up to `max`.
-    async fn recv_batch(
-        &mut self,
-        max: usize,
-        batch: &mut Vec<Delivery>,
-    ) -> Option<Result<(), Error>> {
-        match self.next().await {
-            Next::Delivery(delivery) => batch.push(delivery),
-            Next::Failed(error) => return Some(Err(error)),
-            Next::Closed | Next::Empty => return None,
-        }
-        while batch.len() < max {
-            match self.handover.take_ready() {
-                Some(delivery) => batch.push(delivery),
-                None => break,
-            }
-        }
-        Some(Ok(()))
-    }
-
-    /// Makes no new receive and releases every delivery waiting in the hand-over, at
-    /// once. A receive under way completes; its messages are released as it returns.
-    async fn stop_receiving(&mut self) {
-        self.stop_now();
-    }
-
-    /// Waits for a receive still under way (bounded by the long poll and the request
-    /// timeout) and releases what it brought, then waits for the keeper to make every
-    /// settlement's call.
-    async fn close(mut self) {
-        self.stop_now();
-        if let Some(mut pump) = self.pump.take()
-            && tokio::time::timeout(self.pump_bound, &mut pump)
-                .await
-                .is_err()
-        {
-            tracing::warn!(
-                queue = self.queue,
-                timeout = ?self.pump_bound,
-                "a receive is still under way past its timeout; abandoning it (what it brings stays hidden for the visibility timeout)"
-            );
-            pump.abort();
-            let _ = pump.await;
-        }
-        self.closing.send_replace(true);
-        if let Some(keeper) = self.keeper.take() {
-            let _ = keeper.await;
-        }
-    }
-}
-
-impl Drop for SqsSubscriber {
-    fn drop(&mut self) {
-        self.stop_now();
-    }
-}
+pub type SqsSubscriber = PullSubscriber;

@@ -3,6 +3,11 @@
 //! - Settling: the table of deliveries not settled yet ([`TagTable`]), the queue their
 //!   settlements wait in ([`SettleQueue`]), and the settle task that performs them in
 //!   batches with slow ones beside the rest ([`SettleDriver`], given a [`Perform`]).
+//! - Pulling: a subscription on a broker that is pulled from ([`Pull`]): a pump that
+//!   receives a call ahead of the handlers (given a [`Receive`]), the table of messages
+//!   held under a lease ([`Leases`]), and the keeper that renews those leases and makes
+//!   the settlement calls in batches (given a [`Keep`]); [`PullSubscriber`] is the whole
+//!   subscriber, and [`CallHealth`] tells the mount whether the broker's calls fail.
 //! - Pacing: the pause between retries of a failing broker call or a reconnect, doubling
 //!   ([`RetryPause`]), with jitter where many clients retry at once ([`jittered`]), and
 //!   the instant a delay ends ([`due_after`]).
@@ -13,13 +18,19 @@
 //!   ([`unique_id`]).
 
 mod driver;
+mod keeper;
+mod lease;
 mod pace;
+mod pull;
 mod settle;
 mod sync;
 mod text;
 
 pub use driver::{Perform, SettleDriver, Started};
+pub use keeper::{Keep, Keeper, KeeperSignals, Renewed};
+pub use lease::{LeaseTimes, Leases, Taken};
 pub use pace::{RetryPause, due_after, jittered};
+pub use pull::{Alive, CallHealth, Pull, PullOptions, PullSubscriber, Receive, ReceiveFailed};
 pub use settle::{SettleQueue, TagTable};
 pub use sync::{lock, wait_for};
 pub use text::{bounded, redact_url, unique_id, url_password};
