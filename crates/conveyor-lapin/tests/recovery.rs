@@ -293,12 +293,19 @@ async fn a_connection_recovers_after_an_exchange_with_a_binding_was_deleted() {
     broker.delete_exchange(&exchange).await.unwrap();
 
     let running = consumes_across_a_kill(&broker, &name, &queue).await;
-    // And the broker still declares: its topology channel came back too.
+    // And the broker still declares: its topology channel came back too. The broker's
+    // own connection was cut as well and may still be reconnecting when the subscription
+    // has resumed (a declaration then fails at once, as the connection is not up yet), so
+    // the test waits for a declaration to succeed, up to the deadline.
     let later = unique("recovery-later");
-    broker
-        .declare_queue(&QueueSpec::new(later.as_str()))
-        .await
-        .unwrap();
+    let deadline = tokio::time::Instant::now() + common::DEADLINE;
+    while let Err(error) = broker.declare_queue(&QueueSpec::new(later.as_str())).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the broker never declared again: {error}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     running.shutdown().await.unwrap();
     cleanup(&broker, &[&bound, &queue, &later], &[]).await;
