@@ -502,7 +502,7 @@ mod tests {
         // in all; 3.2 more would pass half the tick); then the 30 s tick succeeds.
         assert_eq!(at, [20_000, 20_100, 20_300, 20_700, 21_500, 23_100, 30_000]);
         running.closing.send_replace(true);
-        running.keeper.await.unwrap_or_default();
+        running.keeper.await.unwrap();
     }
 
     /// A settlement whose message a renewal call covers waits for that call: its own call
@@ -536,7 +536,7 @@ mod tests {
             [Call::Renew(vec!["a"]), Call::Settle(vec![("a", "ack")])]
         );
         running.closing.send_replace(true);
-        running.keeper.await.unwrap_or_default();
+        running.keeper.await.unwrap();
     }
 
     /// Once the last settler is gone the keeper carries out what was settled and ends,

@@ -121,14 +121,10 @@ pub struct PullOptions {
 /// A pulling subscription about to start: its [`Leases`], shared with the transport's
 /// [`Receive`], [`Keep`] and settler.
 ///
-/// ```no_run
-/// # use conveyor::kit::{Pull, PullOptions, Receive, Keep};
-/// # fn start<R: Receive, K: Keep<Data = String, Op = u8>>(receive: impl FnOnce(std::sync::Arc<conveyor::kit::Leases<String, u8>>, conveyor::kit::Alive) -> R, keep: K, options: PullOptions) {
-/// let pull = Pull::new();
-/// let receive = receive(pull.leases().clone(), pull.alive());
-/// let subscriber = pull.start(receive, keep, options);
-/// # }
-/// ```
+/// A transport makes one per subscription, gives [`leases`](Self::leases) to its
+/// receive call (which records each message it brings) and to its settler (which holds
+/// an [`alive`](Self::alive) token), then [`start`](Self::start)s it; conveyor-sqs's
+/// `subscriber.rs` is a worked example.
 pub struct Pull<D, O> {
     leases: Arc<Leases<D, O>>,
     alive: Alive,
