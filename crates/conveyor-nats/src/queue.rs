@@ -1,0 +1,469 @@
+//! `NatsQueue`, a queue to mount on, and its subscription on the kit's pulling
+//! subscriber: the pump fetches from the queue's durable consumer, the keeper renews
+//! leases with `in_progress` and settles with acks, naks (with delay) and terms.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::AckKind;
+use async_nats::jetstream::consumer::PullConsumer;
+use async_nats::{Client, Subject};
+use conveyor::kit::{
+    Alive, Keep, LeaseTimes, Leases, Pull, PullOptions, PullSubscriber, Receive, ReceiveFailed,
+    Renewed, Taken,
+};
+use conveyor::{
+    Bytes, Delivery, Error, Headers, PartitionKey, Report, Settle, Settled, Settlement, Source,
+    SubscribeSettings,
+};
+use futures_util::StreamExt;
+use tokio::time::Instant;
+
+use crate::admin::{self, Policy};
+use crate::broker::{DEFAULT_CONSUMER, NatsBroker, Settings};
+use crate::error::NatsError;
+use crate::headers;
+
+/// A NATS queue to mount a handler on, from [`NatsBroker::queue`].
+///
+/// ```no_run
+/// # async fn run(broker: conveyor_nats::NatsBroker) {
+/// // Fetch at most 16 messages per call (default: what the mount can hold).
+/// let orders = broker.queue("orders").fetch_batch(16);
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct NatsQueue {
+    broker: NatsBroker,
+    name: String,
+    consumer: String,
+    fetch_batch: Option<usize>,
+}
+
+impl fmt::Debug for NatsQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsQueue")
+            .field("name", &self.name)
+            .field("consumer", &self.consumer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NatsQueue {
+    pub(crate) fn new(broker: NatsBroker, name: String) -> Self {
+        NatsQueue {
+            broker,
+            name,
+            consumer: DEFAULT_CONSUMER.to_string(),
+            fetch_batch: None,
+        }
+    }
+
+    /// The durable consumer to read through (default [`DEFAULT_CONSUMER`]): every
+    /// subscription through one consumer shares the queue's messages; two consumers
+    /// each get every message (a fan-out, on a stream whose retention allows it).
+    pub fn consumer(mut self, name: impl Into<String>) -> Self {
+        self.consumer = name.into();
+        self
+    }
+
+    /// The most messages one fetch asks for (default: as many as the mount can hold and
+    /// one fetch more). Zero fails the app's start with [`Error::Config`].
+    pub fn fetch_batch(mut self, messages: usize) -> Self {
+        self.fetch_batch = Some(messages);
+        self
+    }
+}
+
+impl Source for NatsQueue {
+    type Subscriber = PullSubscriber;
+
+    fn queue_name(&self) -> &str {
+        &self.name
+    }
+
+    fn messaging_system(&self) -> &'static str {
+        "nats"
+    }
+
+    /// The NATS 0.1.0 operation binding: the durable consumer is the queue group.
+    fn describe(&self, _queue: &str) -> conveyor::asyncapi::QueueDescription {
+        let operation = serde_json::json!({ "queue": self.consumer, "bindingVersion": "0.1.0" });
+        conveyor::asyncapi::QueueDescription::new(Some(headers::PARTITION_KEY_HEADER))
+            .receive_binding("nats", operation.clone())
+            .send_binding("nats", operation)
+    }
+
+    fn publisher(&self) -> Option<conveyor::SharedPublisher> {
+        Some(conveyor::SharedPublisher::new(self.broker.clone()))
+    }
+
+    /// Makes the queue's stream and consumer if missing, reads its dead-letter policy,
+    /// then starts its pump and keeper.
+    async fn subscribe(self, settings: SubscribeSettings) -> Result<PullSubscriber, Error> {
+        if self.fetch_batch == Some(0) {
+            return Err(Error::config(format!(
+                "fetch_batch(0) on NATS queue `{}`: a fetch takes at least one message",
+                self.name
+            )));
+        }
+        let subscribe_error = |source: Error| Error::Subscribe {
+            queue: self.name.clone(),
+            source: Box::new(source),
+        };
+        let stream = admin::make_plain(&self.broker, &self.name)
+            .await
+            .map_err(subscribe_error)?;
+        let policy = Policy::read(stream.cached_info().config.description.as_deref());
+        let broker_settings = self.broker.settings().clone();
+        let consumer: PullConsumer = stream
+            .get_or_create_consumer(
+                &self.consumer,
+                admin::consumer_config(&self.consumer, broker_settings.ack_wait),
+            )
+            .await
+            .map_err(|e| Error::Subscribe {
+                queue: self.name.clone(),
+                source: Box::new(NatsError::call("declare consumer", &self.name, Report(&e))),
+            })?;
+        let lease = consumer.cached_info().config.ack_wait;
+        let held = settings.max_in_flight.max(1);
+        let wanted = settings
+            .batch_size
+            .map_or(held, |size| size.max(1))
+            .min(self.fetch_batch.unwrap_or(usize::MAX))
+            .max(1);
+        let health = conveyor::kit::CallHealth::default();
+        let pull = Pull::new();
+        let dead_letter_queue = policy.dead_letter_queue.clone();
+        let keep = NatsKeep {
+            client: self.broker.client().clone(),
+            broker: self.broker.clone(),
+            queue: self.name.clone(),
+            lease,
+            dead_letter_queue,
+        };
+        let options = PullOptions {
+            queue: self.name.clone(),
+            // What the dispatcher can hold, plus one fetch.
+            limit: held.saturating_add(wanted),
+            linger: broker_settings.linger,
+            receive_bound: broker_settings
+                .fetch_wait
+                .saturating_add(broker_settings.request_timeout)
+                .saturating_add(Duration::from_secs(1)),
+            health,
+        };
+        let receive = NatsReceive {
+            consumer,
+            name: self.name.as_str().into(),
+            wanted,
+            lease,
+            policy,
+            settings: broker_settings,
+            leases: pull.leases().clone(),
+            settler: Arc::new(Settler {
+                leases: pull.leases().clone(),
+                _alive: pull.alive(),
+            }),
+        };
+        Ok(pull.start(receive, keep, options))
+    }
+}
+
+/// What the subscription keeps of a message it holds: the subject its acks go to.
+pub(crate) struct Held {
+    reply: Subject,
+}
+
+/// What a settlement asks of JetStream.
+pub(crate) enum Op {
+    Ack,
+    /// Deliver again, after the delay if any.
+    Nak(Option<Duration>),
+    /// Send to the dead-letter queue, then acknowledge.
+    Reject(Box<Rejected>),
+}
+
+/// A rejected message, kept until it is in the dead-letter queue.
+pub(crate) struct Rejected {
+    reason: String,
+    payload: Bytes,
+    headers: Headers,
+    key: Option<PartitionKey>,
+}
+
+type NatsLeases = Leases<Held, Op>;
+
+/// Settles a subscription's deliveries: records the settlement, which the keeper sends.
+struct Settler {
+    leases: Arc<NatsLeases>,
+    /// Dropped with the last settler, telling the keeper nothing more will be settled.
+    _alive: Alive,
+}
+
+impl Settle for Settler {
+    fn settle(&self, settled: Settled<'_>) {
+        let Settled {
+            tag,
+            settlement,
+            payload,
+            headers,
+            partition_key,
+            ..
+        } = settled;
+        let op = match settlement {
+            Settlement::Ack => Op::Ack,
+            Settlement::Retry | Settlement::Release => Op::Nak(None),
+            Settlement::RetryAfter(delay) => Op::Nak(Some(delay)),
+            Settlement::Reject { reason } => Op::Reject(Box::new(Rejected {
+                reason: reason.to_string(),
+                payload,
+                headers,
+                key: partition_key,
+            })),
+        };
+        if !self.leases.settle(tag, |_| op) {
+            tracing::debug!(tag, "settled a message this subscription no longer holds");
+        }
+    }
+}
+
+/// The pump's fetch.
+struct NatsReceive {
+    consumer: PullConsumer,
+    name: Arc<str>,
+    wanted: usize,
+    lease: Duration,
+    policy: Policy,
+    settings: Settings,
+    leases: Arc<NatsLeases>,
+    settler: Arc<Settler>,
+}
+
+impl Receive for NatsReceive {
+    /// One fetch: answers as soon as any message is there, or after the fetch wait with
+    /// none. A message delayed past now goes back with the rest of its delay; one
+    /// delivered more often than the queue's max receive count goes to its dead-letter
+    /// queue unhandled.
+    async fn receive(&mut self) -> Result<Vec<Delivery>, ReceiveFailed> {
+        let failed = |reason: String| {
+            let for_good =
+                reason.contains("consumer deleted") || reason.contains("Consumer Deleted");
+            ReceiveFailed {
+                error: Box::new(NatsError::call("fetch", &self.name, reason)),
+                for_good,
+            }
+        };
+        let mut batch = self
+            .consumer
+            .fetch()
+            .max_messages(self.wanted)
+            .expires(self.settings.fetch_wait)
+            .messages()
+            .await
+            .map_err(|e| failed(Report(&e).to_string()))?;
+        let mut deliveries = Vec::new();
+        while let Some(message) = batch.next().await {
+            let message = match message {
+                Ok(message) => message,
+                Err(e) if deliveries.is_empty() => return Err(failed(Report(&*e).to_string())),
+                // What came is kept; the next fetch reports the error if it lasts.
+                Err(_) => break,
+            };
+            let delivered = message
+                .info()
+                .map(|info| u32::try_from(info.delivered).unwrap_or(u32::MAX))
+                .unwrap_or(1);
+            let Some(reply) = message.reply.clone() else {
+                continue;
+            };
+            let incoming = headers::incoming(message.headers.as_ref());
+            let tag = self.leases.insert(Held { reply }, self.lease);
+            if let Some(left) = incoming.early_by {
+                self.leases.settle(tag, |_| Op::Nak(Some(left)));
+                continue;
+            }
+            // A delayed message came early once before this delivery: that one was no
+            // attempt.
+            let early_once = incoming.headers.contains(headers::NOT_BEFORE_HEADER);
+            let attempts = delivered.saturating_sub(u32::from(early_once && delivered > 1));
+            let over = self.policy.max_receive_count;
+            if self.policy.dead_letter_queue.is_some() && over > 0 && attempts > over {
+                let reason =
+                    format!("delivered {attempts} times; the queue's max receive count is {over}");
+                self.leases.settle(tag, |_| {
+                    Op::Reject(Box::new(Rejected {
+                        reason,
+                        payload: message.payload.clone(),
+                        headers: incoming.headers.clone(),
+                        key: incoming.key.clone(),
+                    }))
+                });
+                continue;
+            }
+            deliveries.push(
+                Delivery::new(
+                    message.payload.clone(),
+                    self.name.clone(),
+                    self.settler.clone(),
+                    tag,
+                )
+                .with_headers(incoming.headers)
+                .with_partition_key(incoming.key)
+                .with_receive_count(attempts.max(1))
+                .with_redelivered(delivered > 1)
+                .arrived_now(),
+            );
+        }
+        Ok(deliveries)
+    }
+}
+
+/// The keeper's calls: each an ack-subject publish, flushed per batch.
+struct NatsKeep {
+    client: Client,
+    broker: NatsBroker,
+    queue: String,
+    lease: Duration,
+    dead_letter_queue: Option<String>,
+}
+
+impl NatsKeep {
+    /// Publishes each `(subject, body)` and flushes them out.
+    async fn send(&self, acks: impl IntoIterator<Item = (Subject, Bytes)>) -> Result<(), String> {
+        for (subject, body) in acks {
+            self.client
+                .publish(subject, body)
+                .await
+                .map_err(|e| Report(&e).to_string())?;
+        }
+        self.client
+            .flush()
+            .await
+            .map_err(|e| Report(&e).to_string())
+    }
+
+    /// Sends `rejected` to the dead-letter queue with its reason.
+    async fn dead_letter(&self, queue: &str, rejected: Rejected) -> Result<(), Error> {
+        use conveyor::Publisher;
+        let Rejected {
+            reason,
+            payload,
+            mut headers,
+            key,
+        } = rejected;
+        headers.insert(conveyor::REJECT_REASON_HEADER, Bytes::from(reason));
+        let mut message = conveyor::Message::builder();
+        for (name, value) in headers.iter() {
+            message = message.header(name.to_string(), value.clone());
+        }
+        if let Some(key) = key {
+            message = message.partition_key(key);
+        }
+        self.broker.publish(queue, message.payload(payload)).await
+    }
+}
+
+impl Keep for NatsKeep {
+    type Data = Held;
+    type Op = Op;
+    type Renewal = Subject;
+    type Drawn = Subject;
+    type Prepared = Vec<(Subject, Bytes)>;
+
+    fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    fn batch(&self) -> usize {
+        256
+    }
+
+    fn renewal(&self, _tag: u64, held: &Held, _times: LeaseTimes) -> Option<Subject> {
+        Some(held.reply.clone())
+    }
+
+    /// `in_progress` for each: JetStream restarts the ack wait from when it takes it.
+    /// It answers nothing, so a lease it no longer holds is found out only when its
+    /// settlement comes to nothing (the message went to another consumer).
+    async fn renew(&self, due: &[&Subject], _retry: bool) -> Result<Vec<Renewed>, String> {
+        let sent = Instant::now();
+        let progress = Bytes::from(AckKind::Progress);
+        let acks: Vec<(Subject, Bytes)> = due
+            .iter()
+            .map(|subject| ((*subject).clone(), progress.clone()))
+            .collect();
+        self.send(acks).await?;
+        Ok(due
+            .iter()
+            .map(|_| Renewed::Until(sent + self.lease))
+            .collect())
+    }
+
+    fn draw(held: &mut Held) -> Subject {
+        held.reply.clone()
+    }
+
+    /// Sends the rejects' dead letters while their leases are still renewed: one stored
+    /// is acknowledged; one that could not be stored is delivered again a second later
+    /// (nothing is lost, and the handler's rejection comes again). With no dead-letter
+    /// queue a reject is a term: JetStream drops the message.
+    async fn prepare(&self, taken: Vec<Taken<Subject, Op>>) -> Vec<(Subject, Bytes)> {
+        let mut acks = Vec::with_capacity(taken.len());
+        for Taken {
+            data: subject, op, ..
+        } in taken
+        {
+            let kind = match op {
+                Op::Ack => AckKind::Ack,
+                Op::Nak(delay) => AckKind::Nak(delay),
+                Op::Reject(rejected) => match &self.dead_letter_queue {
+                    None => {
+                        tracing::warn!(
+                            queue = self.queue,
+                            reason = rejected.reason,
+                            "rejected a message on a queue with no dead-letter queue: dropped"
+                        );
+                        AckKind::Term
+                    }
+                    Some(dead_letter_queue) => {
+                        match self.dead_letter(dead_letter_queue, *rejected).await {
+                            Ok(()) => AckKind::Ack,
+                            Err(error) => {
+                                tracing::error!(
+                                    queue = self.queue,
+                                    dead_letter_queue,
+                                    error = %Report(&error),
+                                    "cannot dead-letter a rejected message; it is delivered again"
+                                );
+                                AckKind::Nak(Some(Duration::from_secs(1)))
+                            }
+                        }
+                    }
+                },
+            };
+            acks.push((subject, Bytes::from(kind)));
+        }
+        acks
+    }
+
+    /// Sends the acks; ones that fail to go out leave their messages to come back after
+    /// the ack wait, so nothing is lost.
+    async fn settle(&self, acks: Vec<(Subject, Bytes)>) {
+        let count = acks.len();
+        if let Err(error) = self.send(acks).await {
+            tracing::error!(
+                queue = self.queue,
+                count,
+                error,
+                "cannot send settlements; JetStream delivers these messages again after their ack wait"
+            );
+        }
+    }
+}
