@@ -69,7 +69,7 @@ fn checked(name: &str) -> Result<(), Error> {
 /// The stream of queue `name`, with `policy` in its description.
 fn stream_config(name: &str, policy: &Policy) -> stream::Config {
     stream::Config {
-        name: name.to_string(),
+        name: names::stream(name),
         subjects: vec![name.to_string()],
         retention: RetentionPolicy::WorkQueue,
         description: policy.describe(),
@@ -123,7 +123,10 @@ pub(crate) async fn declare(broker: &NatsBroker, spec: &QueueSpec) -> Result<(),
         .map_err(|e| failed("declare stream", name, Report(&e)))?;
     let ack_wait = spec.visibility().unwrap_or(broker.settings().ack_wait);
     jetstream
-        .create_consumer_on_stream(consumer_config(DEFAULT_CONSUMER, ack_wait), name)
+        .create_consumer_on_stream(
+            consumer_config(DEFAULT_CONSUMER, ack_wait),
+            names::stream(name),
+        )
         .await
         .map_err(|e| failed("declare consumer", name, Report(&e)))?;
     Ok(())
@@ -143,7 +146,7 @@ pub(crate) async fn make_plain(broker: &NatsBroker, name: &str) -> Result<stream
 
 pub(crate) async fn delete(broker: &NatsBroker, name: &str) -> Result<(), Error> {
     checked(name)?;
-    match broker.jetstream().delete_stream(name).await {
+    match broker.jetstream().delete_stream(names::stream(name)).await {
         Ok(_) => Ok(()),
         Err(e) if stream_missing(&e) => Ok(()),
         Err(e) => Err(failed("delete stream", name, Report(&e))),
@@ -159,7 +162,7 @@ pub(crate) async fn depth(broker: &NatsBroker, name: &str) -> Result<QueueDepth,
     checked(name)?;
     let mut stream = broker
         .jetstream()
-        .get_stream(name)
+        .get_stream(names::stream(name))
         .await
         .map_err(|e| failed("stream info", name, Report(&e)))?;
     let stored = stream

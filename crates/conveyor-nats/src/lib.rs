@@ -1,7 +1,7 @@
 //! NATS JetStream transport for [Conveyor](conveyor).
 //!
-//! A queue is a JetStream stream of the same name that takes the subject of that name,
-//! with work-queue retention (a message is gone once acknowledged), read through one
+//! A queue is the subject of its name and the JetStream stream that takes it (named
+//! alike, each `.` as `~`, since a stream's name has no dots), with work-queue retention (a message is gone once acknowledged), read through one
 //! durable pull consumer that every subscription to it shares. The subscription runs on
 //! the core's kit ([`conveyor::kit::Pull`]):
 //!
@@ -27,10 +27,10 @@
 //!   held comes back after its ack wait if its settlement was lost.
 //!
 //! ```no_run
-//! use conveyor::{App, Broker, Publisher};
+//! use conveyor::{App, Json, Publisher};
 //! use conveyor_nats::NatsBroker;
 //!
-//! async fn greet(name: String) {
+//! async fn greet(Json(name): Json<String>) {
 //!     println!("hello, {name}");
 //! }
 //!
@@ -38,7 +38,7 @@
 //! let broker = NatsBroker::connect("nats://127.0.0.1:4222").await?;
 //! broker.publish_json("greetings", "Ada").await?;
 //! let app = App::new("greeter")
-//!     .mount(broker.queue("greetings"), conveyor::Json(greet), |m| m)
+//!     .mount(broker.queue("greetings"), greet, |m| m)
 //!     .start()
 //!     .await?;
 //! app.shutdown().await?;

