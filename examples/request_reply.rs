@@ -1,5 +1,6 @@
 //! Request/reply, on the broker its first argument names: `memory` (the default),
-//! `rabbitmq` (127.0.0.1:5672) or `sqs` (the emulator on 127.0.0.1:4566).
+//! `rabbitmq` (127.0.0.1:5672), `sqs` (the emulator on 127.0.0.1:4566) or `nats`
+//! (JetStream on 127.0.0.1:4222).
 //!
 //! Run with `cargo run --example request_reply -- rabbitmq`. A pricing service answers
 //! by returning a message; a client asks it for three prices at once with
@@ -53,8 +54,9 @@ async fn main() -> Result<(), conveyor::Error> {
             ask(LapinBroker::connect("amqp://guest:guest@127.0.0.1:5672/%2f").await?).await
         }
         "sqs" => ask(conveyor_examples::sqs_emulator().await?).await,
+        "nats" => ask(conveyor_nats::NatsBroker::connect("nats://127.0.0.1:4222").await?).await,
         other => Err(conveyor::Error::config(format!(
-            "unknown broker `{other}`: name memory, rabbitmq or sqs"
+            "unknown broker `{other}`: name memory, rabbitmq, sqs or nats"
         ))),
     }
 }

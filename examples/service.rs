@@ -1,5 +1,6 @@
 //! The README's service, on the broker its first argument names: `memory` (the default),
-//! `rabbitmq` (127.0.0.1:5672) or `sqs` (the emulator on 127.0.0.1:4566).
+//! `rabbitmq` (127.0.0.1:5672), `sqs` (the emulator on 127.0.0.1:4566) or `nats`
+//! (JetStream on 127.0.0.1:4222).
 //!
 //! Run with `cargo run --example service -- rabbitmq`. `serve` is the same code on every
 //! broker; only the line in `main` that makes the broker differs. It declares its queues,
@@ -95,8 +96,9 @@ async fn main() -> Result<(), conveyor::Error> {
             serve_three(LapinBroker::connect("amqp://guest:guest@127.0.0.1:5672/%2f").await?).await
         }
         "sqs" => serve_three(conveyor_examples::sqs_emulator().await?).await,
+        "nats" => serve_three(conveyor_nats::NatsBroker::connect("nats://127.0.0.1:4222").await?).await,
         other => Err(conveyor::Error::config(format!(
-            "unknown broker `{other}`: name memory, rabbitmq or sqs"
+            "unknown broker `{other}`: name memory, rabbitmq, sqs or nats"
         ))),
     }
 }
