@@ -56,12 +56,14 @@ mod headers;
 mod names;
 mod queue;
 mod request;
+mod shards;
 
 pub use async_nats;
 pub use broker::{DEFAULT_CONSUMER, NatsBroker, NatsBrokerBuilder};
 pub use error::NatsError;
 pub use headers::PARTITION_KEY_HEADER;
 pub use queue::NatsQueue;
+pub use shards::Shards;
 
 /// A NATS subscription: the kit's pulling subscriber.
 pub type NatsSubscriber = conveyor::kit::PullSubscriber;

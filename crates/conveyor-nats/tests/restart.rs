@@ -53,11 +53,10 @@ impl Server {
             loop {
                 if let Ok(mut stream) = tokio::net::TcpStream::connect(&address).await {
                     let mut greeting = vec![0; 4096];
-                    if let Ok(read) = stream.read(&mut greeting).await {
-                        if String::from_utf8_lossy(&greeting[..read]).contains("\"jetstream\":true")
-                        {
-                            return;
-                        }
+                    if let Ok(read) = stream.read(&mut greeting).await
+                        && String::from_utf8_lossy(&greeting[..read]).contains("\"jetstream\":true")
+                    {
+                        return;
                     }
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
