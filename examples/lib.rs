@@ -62,4 +62,6 @@ mod guide {
     struct RabbitMq;
     #[doc = include_str!("../docs/sqs.md")]
     struct Sqs;
+    #[doc = include_str!("../docs/nats.md")]
+    struct Nats;
 }
