@@ -1,0 +1,248 @@
+//! The portable broker calls on Redis: declaring a queue (its stream, group and policy),
+//! deleting it, its depth, and taking its dead letters.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use conveyor::{DeadLetter, DeadLetterPolicy, Error, QueueDepth, QueueSpec, Report};
+use redis::streams::StreamRangeReply;
+
+use crate::broker::{GROUP, Keys, RedisBroker, policy};
+use crate::error::failed;
+use crate::fields;
+
+/// What a queue's policy hash keeps.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Policy {
+    pub(crate) dead_letter_queue: Option<String>,
+    pub(crate) max_receive_count: u32,
+    pub(crate) visibility: Option<Duration>,
+}
+
+impl Policy {
+    pub(crate) fn from_fields(fields: &HashMap<String, String>) -> Policy {
+        Policy {
+            dead_letter_queue: fields.get("dead_letter_queue").cloned(),
+            max_receive_count: fields
+                .get("max_receive_count")
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0),
+            visibility: fields
+                .get("visibility_ms")
+                .and_then(|n| n.parse().ok())
+                .map(Duration::from_millis),
+        }
+    }
+
+    fn fields(&self) -> Vec<(&'static str, String)> {
+        let mut fields = Vec::new();
+        if let Some(queue) = &self.dead_letter_queue {
+            fields.push(("dead_letter_queue", queue.clone()));
+            fields.push(("max_receive_count", self.max_receive_count.to_string()));
+        }
+        if let Some(visibility) = self.visibility {
+            fields.push(("visibility_ms", visibility.as_millis().to_string()));
+        }
+        fields
+    }
+}
+
+/// Makes the stream and group if missing (the group reads from the stream's start, so
+/// nothing published before is missed).
+pub(crate) async fn make_group(broker: &RedisBroker, keys: &Keys) -> Result<(), Error> {
+    let made: redis::RedisResult<()> = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(&keys.stream)
+        .arg(GROUP)
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async(&mut broker.commands())
+        .await;
+    match made {
+        Ok(()) => Ok(()),
+        Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
+        Err(e) => Err(failed("XGROUP CREATE", &keys.stream, Report(&e))),
+    }
+}
+
+pub(crate) async fn declare(broker: &RedisBroker, spec: &QueueSpec) -> Result<(), Error> {
+    let name = spec.name();
+    if name.is_empty() {
+        return Err(Error::config("a queue needs a name"));
+    }
+    if spec.delivery_delay().is_some() {
+        return Err(Error::config(format!(
+            "queue `{name}`: Redis delays no queue as a whole; delay each message (`Message::builder().delay`)"
+        )));
+    }
+    let keys = Keys::of(name);
+    make_group(broker, &keys).await?;
+    let policy = Policy {
+        dead_letter_queue: spec
+            .dead_letter()
+            .map(|DeadLetterPolicy { queue, .. }| queue.clone()),
+        max_receive_count: spec
+            .dead_letter()
+            .map_or(0, |policy| policy.max_receive_count),
+        visibility: spec.visibility(),
+    };
+    let mut pipe = redis::pipe();
+    pipe.atomic().cmd("DEL").arg(&keys.policy).ignore();
+    let fields = policy.fields();
+    if !fields.is_empty() {
+        pipe.cmd("HSET").arg(&keys.policy);
+        for (name, value) in fields {
+            pipe.arg(name).arg(value);
+        }
+        pipe.ignore();
+    }
+    pipe.query_async::<()>(&mut broker.commands())
+        .await
+        .map_err(|e| failed("HSET", name, Report(&e)))
+}
+
+pub(crate) async fn delete(broker: &RedisBroker, name: &str) -> Result<(), Error> {
+    let keys = Keys::of(name);
+    let mut commands = broker.commands();
+    let delayed: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&keys.delayed)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut commands)
+        .await
+        .map_err(|e| failed("ZRANGE", name, Report(&e)))?;
+    let mut pipe = redis::pipe();
+    pipe.cmd("DEL")
+        .arg(&keys.stream)
+        .arg(&keys.delayed)
+        .arg(&keys.policy);
+    for id in delayed {
+        pipe.arg(format!("{}{id}", keys.delayed_entry));
+    }
+    pipe.ignore();
+    pipe.query_async::<()>(&mut commands)
+        .await
+        .map_err(|e| failed("DEL", name, Report(&e)))
+}
+
+/// How many pending entries a depth reading looks through for lapsed leases.
+const PENDING_SCAN: usize = 10_000;
+
+pub(crate) async fn depth(broker: &RedisBroker, name: &str) -> Result<QueueDepth, Error> {
+    let keys = Keys::of(name);
+    let visibility = policy(broker, &keys)
+        .await?
+        .visibility
+        .unwrap_or(broker.settings().visibility);
+    let mut commands = broker.commands();
+    let (length, delayed): (u64, u64) = redis::pipe()
+        .cmd("XLEN")
+        .arg(&keys.stream)
+        .cmd("ZCARD")
+        .arg(&keys.delayed)
+        .query_async(&mut commands)
+        .await
+        .map_err(|e| failed("XLEN", name, Report(&e)))?;
+    let summary: redis::RedisResult<redis::Value> = redis::cmd("XPENDING")
+        .arg(&keys.stream)
+        .arg(GROUP)
+        .query_async(&mut commands)
+        .await;
+    let pending = match summary {
+        Ok(redis::Value::Array(values)) => match values.first() {
+            Some(redis::Value::Int(n)) => u64::try_from(*n).unwrap_or(0),
+            _ => 0,
+        },
+        Ok(_) => 0,
+        // No group yet: nothing was delivered.
+        Err(e) if e.code() == Some("NOGROUP") => 0,
+        Err(e) => return Err(failed("XPENDING", name, Report(&e))),
+    };
+    let lapsed: usize = if pending == 0 {
+        0
+    } else {
+        let lapsed: redis::streams::StreamPendingCountReply = redis::cmd("XPENDING")
+            .arg(&keys.stream)
+            .arg(GROUP)
+            .arg("IDLE")
+            .arg(u64::try_from(visibility.as_millis()).unwrap_or(u64::MAX))
+            .arg("-")
+            .arg("+")
+            .arg(PENDING_SCAN)
+            .query_async(&mut commands)
+            .await
+            .map_err(|e| failed("XPENDING", name, Report(&e)))?;
+        lapsed.ids.len()
+    };
+    let lapsed = lapsed as u64;
+    let never_delivered = length.saturating_sub(pending);
+    Ok(QueueDepth::new(never_delivered.saturating_add(lapsed))
+        .in_flight(pending.saturating_sub(lapsed))
+        .delayed(delayed))
+}
+
+/// Takes up to `max` entries out of queue `name`, oldest first.
+pub(crate) async fn take(
+    broker: &RedisBroker,
+    name: &str,
+    max: usize,
+) -> Result<Vec<DeadLetter>, Error> {
+    let mut commands = broker.commands();
+    let mut taken = Vec::new();
+    while taken.len() < max {
+        let wanted = (max - taken.len()).min(256);
+        let range: StreamRangeReply = redis::cmd("XRANGE")
+            .arg(name)
+            .arg("-")
+            .arg("+")
+            .arg("COUNT")
+            .arg(wanted)
+            .query_async(&mut commands)
+            .await
+            .map_err(|e| failed("XRANGE", name, Report(&e)))?;
+        if range.ids.is_empty() {
+            break;
+        }
+        let got = range.ids.len();
+        let mut delete = redis::cmd("XDEL");
+        delete.arg(name);
+        for entry in range.ids {
+            delete.arg(&entry.id);
+            if let Some(incoming) = fields::incoming(&entry.map) {
+                taken.push(DeadLetter::new(
+                    incoming.payload,
+                    incoming.headers,
+                    incoming.key,
+                ));
+            }
+        }
+        delete
+            .query_async::<()>(&mut commands)
+            .await
+            .map_err(|e| failed("XDEL", name, Report(&e)))?;
+        if got < wanted {
+            break;
+        }
+    }
+    Ok(taken)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_policy_round_trips_through_its_hash_fields() {
+        let policy = Policy {
+            dead_letter_queue: Some("orders-dead".into()),
+            max_receive_count: 10,
+            visibility: Some(Duration::from_secs(120)),
+        };
+        let fields: HashMap<String, String> = policy
+            .fields()
+            .into_iter()
+            .map(|(name, value)| (name.to_string(), value))
+            .collect();
+        assert_eq!(Policy::from_fields(&fields), policy);
+    }
+}

@@ -1,0 +1,557 @@
+//! `RedisQueue`, a queue to mount on, and its subscription on the kit's pulling
+//! subscriber: the pump claims lapsed or released entries first, then reads new ones
+//! (`XREADGROUP`); the keeper renews leases (an ownership-checked `XCLAIM`) and settles.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use conveyor::kit::{
+    Alive, Keep, LeaseTimes, Leases, Pull, PullOptions, PullSubscriber, Receive, ReceiveFailed,
+    Renewed, Taken,
+};
+use conveyor::{
+    Bytes, Delivery, Error, Headers, PartitionKey, Report, Settle, Settled, Settlement, Source,
+    SubscribeSettings,
+};
+use redis::aio::ConnectionManager;
+use redis::streams::{StreamClaimReply, StreamId, StreamPendingCountReply, StreamReadReply};
+use tokio::time::Instant;
+
+use crate::admin::{self, Policy};
+use crate::broker::{GROUP, Keys, RedisBroker, epoch_ms, policy};
+use crate::error::call_error;
+use crate::fields;
+use crate::scripts::{MOVE_DUE, RENEW, RETRY_LATER};
+
+/// A released message's idle time: past any lease, so the next receive claims it.
+const RELEASED_IDLE_MS: u64 = 1 << 40;
+
+/// A Redis stream to mount a handler on, from [`RedisBroker::queue`].
+#[derive(Clone)]
+pub struct RedisQueue {
+    broker: RedisBroker,
+    name: String,
+}
+
+impl fmt::Debug for RedisQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisQueue")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisQueue {
+    pub(crate) fn new(broker: RedisBroker, name: String) -> Self {
+        RedisQueue { broker, name }
+    }
+}
+
+impl Source for RedisQueue {
+    type Subscriber = PullSubscriber;
+
+    fn queue_name(&self) -> &str {
+        &self.name
+    }
+
+    fn messaging_system(&self) -> &'static str {
+        "redis"
+    }
+
+    /// AsyncAPI has no Redis bindings: an `x-redis` one names the stream and its group.
+    fn describe(&self, queue: &str) -> conveyor::asyncapi::QueueDescription {
+        let binding = serde_json::json!({ "stream": queue, "group": GROUP });
+        conveyor::asyncapi::QueueDescription::new(Some(fields::PARTITION_KEY_FIELD))
+            .channel_binding("x-redis", binding)
+    }
+
+    fn publisher(&self) -> Option<conveyor::SharedPublisher> {
+        Some(conveyor::SharedPublisher::new(self.broker.clone()))
+    }
+
+    /// Makes the stream and group if missing, reads the queue's policy, and starts the
+    /// pump (on a connection of its own: its reads block) and the keeper.
+    async fn subscribe(self, settings: SubscribeSettings) -> Result<PullSubscriber, Error> {
+        let subscribe_error = |source: Error| Error::Subscribe {
+            queue: self.name.clone(),
+            source: Box::new(source),
+        };
+        if self.name.is_empty() {
+            return Err(Error::config("a queue needs a name"));
+        }
+        let keys = Keys::of(&self.name);
+        admin::make_group(&self.broker, &keys)
+            .await
+            .map_err(subscribe_error)?;
+        let policy = policy(&self.broker, &keys).await.map_err(subscribe_error)?;
+        let broker_settings = self.broker.settings().clone();
+        let lease = policy.visibility.unwrap_or(broker_settings.visibility);
+        let reads = crate::broker::connect(
+            self.broker.client(),
+            broker_settings
+                .fetch_wait
+                .saturating_add(broker_settings.response_timeout),
+        )
+        .await
+        .map_err(|e| subscribe_error(crate::error::failed("connect", &self.name, Report(&e))))?;
+        let consumer = conveyor::kit::unique_id();
+        let held = settings.max_in_flight.max(1);
+        let wanted = settings.batch_size.map_or(held, |size| size.max(1)).max(1);
+        let pull = Pull::new();
+        let keep = RedisKeep {
+            broker: self.broker.clone(),
+            keys: keys.clone(),
+            consumer: consumer.clone(),
+            lease,
+            dead_letter_queue: policy.dead_letter_queue.clone(),
+        };
+        let options = PullOptions {
+            queue: self.name.clone(),
+            limit: held.saturating_add(wanted),
+            linger: broker_settings.linger,
+            receive_bound: broker_settings
+                .fetch_wait
+                .saturating_add(broker_settings.response_timeout)
+                .saturating_add(Duration::from_secs(1)),
+            health: conveyor::kit::CallHealth::default(),
+        };
+        let receive = RedisReceive {
+            reads,
+            keys,
+            name: self.name.as_str().into(),
+            consumer,
+            wanted,
+            lease,
+            fetch_wait: broker_settings.fetch_wait,
+            policy,
+            leases: pull.leases().clone(),
+            settler: Arc::new(Settler {
+                leases: pull.leases().clone(),
+                _alive: pull.alive(),
+            }),
+        };
+        Ok(pull.start(receive, keep, options))
+    }
+}
+
+/// What a subscription keeps of an entry it holds: its id.
+pub(crate) struct Held {
+    id: String,
+    /// Which attempt this delivery is.
+    attempts: u32,
+}
+
+pub(crate) enum Op {
+    Ack,
+    /// Claimable by the next receive at once.
+    Release,
+    /// Back in the delayed set, due after the delay.
+    Later(Duration),
+    Reject(Box<Rejected>),
+}
+
+pub(crate) struct Rejected {
+    reason: String,
+    payload: Bytes,
+    headers: Headers,
+    key: Option<PartitionKey>,
+}
+
+type RedisLeases = Leases<Held, Op>;
+
+struct Settler {
+    leases: Arc<RedisLeases>,
+    _alive: Alive,
+}
+
+impl Settle for Settler {
+    fn settle(&self, settled: Settled<'_>) {
+        let Settled {
+            tag,
+            settlement,
+            payload,
+            headers,
+            partition_key,
+            ..
+        } = settled;
+        let op = match settlement {
+            Settlement::Ack => Op::Ack,
+            Settlement::Retry | Settlement::Release => Op::Release,
+            Settlement::RetryAfter(delay) => Op::Later(delay),
+            Settlement::Reject { reason } => Op::Reject(Box::new(Rejected {
+                reason: reason.to_string(),
+                payload,
+                headers,
+                key: partition_key,
+            })),
+        };
+        if !self.leases.settle(tag, |_| op) {
+            tracing::debug!(tag, "settled a message this subscription no longer holds");
+        }
+    }
+}
+
+struct RedisReceive {
+    reads: ConnectionManager,
+    keys: Keys,
+    name: Arc<str>,
+    consumer: String,
+    wanted: usize,
+    lease: Duration,
+    fetch_wait: Duration,
+    policy: Policy,
+    leases: Arc<RedisLeases>,
+    settler: Arc<Settler>,
+}
+
+impl RedisReceive {
+    fn failed(&self, call: &'static str, error: &redis::RedisError) -> ReceiveFailed {
+        ReceiveFailed {
+            for_good: error.code() == Some("NOGROUP"),
+            error: Box::new(call_error(call, &self.name, Report(error))),
+        }
+    }
+
+    /// Entries whose lease lapsed or that were released, claimed for this consumer, each
+    /// with how often it was delivered before.
+    async fn claim(&mut self) -> Result<Vec<(StreamId, u32)>, ReceiveFailed> {
+        let lease_ms = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
+        let lapsed: StreamPendingCountReply = redis::cmd("XPENDING")
+            .arg(&self.keys.stream)
+            .arg(GROUP)
+            .arg("IDLE")
+            .arg(lease_ms)
+            .arg("-")
+            .arg("+")
+            .arg(self.wanted)
+            .query_async(&mut self.reads)
+            .await
+            .map_err(|e| self.failed("XPENDING", &e))?;
+        if lapsed.ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut claim = redis::cmd("XCLAIM");
+        claim
+            .arg(&self.keys.stream)
+            .arg(GROUP)
+            .arg(&self.consumer)
+            .arg(lease_ms);
+        for pending in &lapsed.ids {
+            claim.arg(&pending.id);
+        }
+        let claimed: StreamClaimReply = claim
+            .query_async(&mut self.reads)
+            .await
+            .map_err(|e| self.failed("XCLAIM", &e))?;
+        Ok(claimed
+            .ids
+            .into_iter()
+            .map(|entry| {
+                let before = lapsed
+                    .ids
+                    .iter()
+                    .find(|pending| pending.id == entry.id)
+                    .map_or(0, |pending| {
+                        u32::try_from(pending.times_delivered).unwrap_or(u32::MAX)
+                    });
+                (entry, before)
+            })
+            .collect())
+    }
+
+    /// New entries, blocking up to `block` for the first.
+    async fn read(&mut self, block: Duration) -> Result<Vec<(StreamId, u32)>, ReceiveFailed> {
+        let read: Option<StreamReadReply> = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(GROUP)
+            .arg(&self.consumer)
+            .arg("COUNT")
+            .arg(self.wanted)
+            .arg("BLOCK")
+            .arg(u64::try_from(block.as_millis()).unwrap_or(u64::MAX).max(1))
+            .arg("STREAMS")
+            .arg(&self.keys.stream)
+            .arg(">")
+            .query_async(&mut self.reads)
+            .await
+            .map_err(|e| self.failed("XREADGROUP", &e))?;
+        Ok(read
+            .into_iter()
+            .flat_map(|reply| reply.keys)
+            .flat_map(|key| key.ids)
+            .map(|entry| (entry, 0))
+            .collect())
+    }
+}
+
+impl Receive for RedisReceive {
+    /// Moves delayed messages that are due into the stream, claims lapsed or released
+    /// entries, and otherwise reads new ones, blocking at most until the fetch wait ends
+    /// or the next delayed message is due.
+    async fn receive(&mut self) -> Result<Vec<Delivery>, ReceiveFailed> {
+        let next_due: i64 = MOVE_DUE
+            .key(&self.keys.stream)
+            .key(&self.keys.delayed)
+            .arg(epoch_ms(Duration::ZERO))
+            .arg(1000)
+            .arg(&self.keys.delayed_entry)
+            .invoke_async(&mut self.reads)
+            .await
+            .map_err(|e| self.failed("EVAL", &e))?;
+        let mut entries = self.claim().await?;
+        if entries.is_empty() {
+            let mut block = self.fetch_wait;
+            if let Ok(due) = u64::try_from(next_due) {
+                let until_due = Duration::from_millis(due.saturating_sub(epoch_ms(Duration::ZERO)));
+                block = block.min(until_due);
+            }
+            entries = self.read(block).await?;
+        }
+        let mut deliveries = Vec::with_capacity(entries.len());
+        let mut gone = Vec::new();
+        for (entry, delivered_before) in entries {
+            let Some(incoming) = fields::incoming(&entry.map) else {
+                // Deleted while pending: nothing to deliver; acknowledge it.
+                gone.push(entry.id);
+                continue;
+            };
+            let attempts = incoming
+                .attempts_before
+                .saturating_add(delivered_before)
+                .saturating_add(1);
+            let held = Held {
+                id: entry.id,
+                attempts,
+            };
+            let tag = self.leases.insert(held, self.lease);
+            let over = self.policy.max_receive_count;
+            if self.policy.dead_letter_queue.is_some() && over > 0 && attempts > over {
+                let reason =
+                    format!("delivered {attempts} times; the queue's max receive count is {over}");
+                self.leases.settle(tag, |_| {
+                    Op::Reject(Box::new(Rejected {
+                        reason,
+                        payload: incoming.payload.clone(),
+                        headers: incoming.headers.clone(),
+                        key: incoming.key.clone(),
+                    }))
+                });
+                continue;
+            }
+            deliveries.push(
+                Delivery::new(
+                    incoming.payload,
+                    self.name.clone(),
+                    self.settler.clone(),
+                    tag,
+                )
+                .with_headers(incoming.headers)
+                .with_partition_key(incoming.key)
+                .with_receive_count(attempts)
+                .with_redelivered(attempts > 1)
+                .arrived_now(),
+            );
+        }
+        if !gone.is_empty() {
+            let _: redis::RedisResult<()> = redis::cmd("XACK")
+                .arg(&self.keys.stream)
+                .arg(GROUP)
+                .arg(&gone)
+                .query_async(&mut self.reads)
+                .await;
+        }
+        Ok(deliveries)
+    }
+}
+
+struct RedisKeep {
+    broker: RedisBroker,
+    keys: Keys,
+    consumer: String,
+    lease: Duration,
+    dead_letter_queue: Option<String>,
+}
+
+/// A batch of settlements ready for their commands.
+#[derive(Default)]
+pub(crate) struct Calls {
+    /// Acknowledged and deleted.
+    done: Vec<String>,
+    released: Vec<String>,
+    /// Entry, when due (ms), attempts made.
+    later: Vec<(String, u64, u32)>,
+}
+
+impl RedisKeep {
+    async fn dead_letter(&self, queue: &str, rejected: Rejected) -> Result<(), Error> {
+        use conveyor::Publisher;
+        let Rejected {
+            reason,
+            payload,
+            mut headers,
+            key,
+        } = rejected;
+        headers.insert(conveyor::REJECT_REASON_HEADER, Bytes::from(reason));
+        let mut message = conveyor::Message::builder();
+        for (name, value) in headers.iter() {
+            message = message.header(name.to_string(), value.clone());
+        }
+        if let Some(key) = key {
+            message = message.partition_key(key);
+        }
+        self.broker.publish(queue, message.payload(payload)).await
+    }
+}
+
+impl Keep for RedisKeep {
+    type Data = Held;
+    type Op = Op;
+    type Renewal = String;
+    type Drawn = (String, u32);
+    type Prepared = Calls;
+
+    fn queue(&self) -> &str {
+        &self.keys.stream
+    }
+
+    fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    fn batch(&self) -> usize {
+        256
+    }
+
+    fn renewal(&self, _tag: u64, held: &Held, _times: LeaseTimes) -> Option<String> {
+        Some(held.id.clone())
+    }
+
+    /// Resets each entry's idle time if this consumer still holds it; one another
+    /// consumer claimed (its lease lapsed) is lost.
+    async fn renew(&self, due: &[&String], _retry: bool) -> Result<Vec<Renewed>, String> {
+        let sent = Instant::now();
+        let mut invocation = RENEW.key(&self.keys.stream);
+        invocation.arg(GROUP).arg(&self.consumer);
+        for id in due {
+            invocation.arg(id.as_str());
+        }
+        let renewed: Vec<i64> = invocation
+            .invoke_async(&mut self.broker.commands())
+            .await
+            .map_err(|e| Report(&e).to_string())?;
+        Ok(due
+            .iter()
+            .enumerate()
+            .map(|(i, _)| match renewed.get(i) {
+                Some(1) => Renewed::Until(sent + self.lease),
+                _ => Renewed::Lost("another consumer claimed it".to_string()),
+            })
+            .collect())
+    }
+
+    fn draw(held: &mut Held) -> (String, u32) {
+        (held.id.clone(), held.attempts)
+    }
+
+    async fn prepare(&self, taken: Vec<Taken<(String, u32), Op>>) -> Calls {
+        let mut calls = Calls::default();
+        for Taken {
+            data: (id, attempts),
+            op,
+            ..
+        } in taken
+        {
+            match op {
+                Op::Ack => calls.done.push(id),
+                Op::Release => calls.released.push(id),
+                Op::Later(delay) => {
+                    calls.later.push((id, epoch_ms(delay), attempts));
+                }
+                Op::Reject(rejected) => match &self.dead_letter_queue {
+                    None => {
+                        tracing::warn!(
+                            queue = self.keys.stream,
+                            reason = rejected.reason,
+                            "rejected a message on a queue with no dead-letter queue: dropped"
+                        );
+                        calls.done.push(id);
+                    }
+                    Some(dead_letter_queue) => {
+                        match self.dead_letter(dead_letter_queue, *rejected).await {
+                            Ok(()) => calls.done.push(id),
+                            Err(error) => {
+                                tracing::error!(
+                                    queue = self.keys.stream,
+                                    dead_letter_queue,
+                                    error = %Report(&error),
+                                    "cannot dead-letter a rejected message; it is delivered again"
+                                );
+                                calls.released.push(id);
+                            }
+                        }
+                    }
+                },
+            }
+        }
+        calls
+    }
+
+    /// Acks (and deletes) in one round trip, releases in another, retries for later one
+    /// script each. What fails comes back after its lease: nothing is lost.
+    async fn settle(&self, calls: Calls) {
+        let mut commands = self.broker.commands();
+        let stream = &self.keys.stream;
+        let mut pipe = redis::pipe();
+        if !calls.done.is_empty() {
+            pipe.cmd("XACK")
+                .arg(stream)
+                .arg(GROUP)
+                .arg(&calls.done)
+                .ignore();
+            pipe.cmd("XDEL").arg(stream).arg(&calls.done).ignore();
+        }
+        if !calls.released.is_empty() {
+            pipe.cmd("XCLAIM")
+                .arg(stream)
+                .arg(GROUP)
+                .arg(&self.consumer)
+                .arg(0)
+                .arg(&calls.released)
+                .arg("IDLE")
+                .arg(RELEASED_IDLE_MS)
+                .arg("JUSTID")
+                .ignore();
+        }
+        let mut failures = Vec::new();
+        if (!calls.done.is_empty() || !calls.released.is_empty())
+            && let Err(e) = pipe.query_async::<()>(&mut commands).await
+        {
+            failures.push(Report(&e).to_string());
+        }
+        for (id, due, attempts) in calls.later {
+            let moved: redis::RedisResult<i64> = RETRY_LATER
+                .key(stream)
+                .key(&self.keys.delayed)
+                .arg(GROUP)
+                .arg(&id)
+                .arg(due)
+                .arg(&self.keys.delayed_entry)
+                .arg(conveyor::kit::unique_id())
+                .arg(attempts)
+                .invoke_async(&mut commands)
+                .await;
+            if let Err(e) = moved {
+                failures.push(Report(&e).to_string());
+            }
+        }
+        if let Some(first) = failures.first() {
+            tracing::error!(
+                queue = self.keys.stream,
+                failed = failures.len(),
+                first,
+                "cannot settle; these messages come back after their lease"
+            );
+        }
+    }
+}
