@@ -1,6 +1,6 @@
 //! Request/reply, on the broker its first argument names: `memory` (the default),
-//! `rabbitmq` (127.0.0.1:5672), `sqs` (the emulator on 127.0.0.1:4566) or `nats`
-//! (JetStream on 127.0.0.1:4222).
+//! `rabbitmq` (127.0.0.1:5672), `sqs` (the emulator on 127.0.0.1:4566), `nats`
+//! (JetStream on 127.0.0.1:4222) or `redis` (Redis Streams on 127.0.0.1:6379).
 //!
 //! Run with `cargo run --example request_reply -- rabbitmq`. A pricing service answers
 //! by returning a message; a client asks it for three prices at once with
@@ -55,8 +55,9 @@ async fn main() -> Result<(), conveyor::Error> {
         }
         "sqs" => ask(conveyor_examples::sqs_emulator().await?).await,
         "nats" => ask(conveyor_nats::NatsBroker::connect("nats://127.0.0.1:4222").await?).await,
+        "redis" => ask(conveyor_redis::RedisBroker::connect("redis://127.0.0.1:6379").await?).await,
         other => Err(conveyor::Error::config(format!(
-            "unknown broker `{other}`: name memory, rabbitmq, sqs or nats"
+            "unknown broker `{other}`: name memory, rabbitmq, sqs, nats or redis"
         ))),
     }
 }

@@ -1,6 +1,6 @@
 //! The README's service, on the broker its first argument names: `memory` (the default),
-//! `rabbitmq` (127.0.0.1:5672), `sqs` (the emulator on 127.0.0.1:4566) or `nats`
-//! (JetStream on 127.0.0.1:4222).
+//! `rabbitmq` (127.0.0.1:5672), `sqs` (the emulator on 127.0.0.1:4566), `nats`
+//! (JetStream on 127.0.0.1:4222) or `redis` (Redis Streams on 127.0.0.1:6379).
 //!
 //! Run with `cargo run --example service -- rabbitmq`. `serve` is the same code on every
 //! broker; only the line in `main` that makes the broker differs. It declares its queues,
@@ -97,8 +97,9 @@ async fn main() -> Result<(), conveyor::Error> {
         }
         "sqs" => serve_three(conveyor_examples::sqs_emulator().await?).await,
         "nats" => serve_three(conveyor_nats::NatsBroker::connect("nats://127.0.0.1:4222").await?).await,
+        "redis" => serve_three(conveyor_redis::RedisBroker::connect("redis://127.0.0.1:6379").await?).await,
         other => Err(conveyor::Error::config(format!(
-            "unknown broker `{other}`: name memory, rabbitmq, sqs or nats"
+            "unknown broker `{other}`: name memory, rabbitmq, sqs, nats or redis"
         ))),
     }
 }

@@ -232,10 +232,10 @@ fn the_observability_example_serves_metrics_a_scraper_reads_and_a_health_probe()
 
 /// The README's service, unchanged but for the line that makes the broker, places its
 /// three orders and records the receipts its handler published, on every broker
-/// (RabbitMQ, the SQS emulator and NATS run for the test suite).
+/// (RabbitMQ, the SQS emulator, NATS and Redis run for the test suite).
 #[test]
 fn the_service_example_runs_the_same_on_every_broker() {
-    for broker in ["memory", "rabbitmq", "sqs", "nats"] {
+    for broker in ["memory", "rabbitmq", "sqs", "nats", "redis"] {
         let stdout = run_with("service", &[broker]);
         let lines = ["alice: order 1", "bob: order 2", "alice: order 3"];
         let receipts = [
@@ -252,7 +252,7 @@ fn the_service_example_runs_the_same_on_every_broker() {
 /// Request/reply runs the same on every broker: three prices asked at once, each answered.
 #[test]
 fn the_request_reply_example_gets_each_answer_on_every_broker() {
-    for broker in ["memory", "rabbitmq", "sqs", "nats"] {
+    for broker in ["memory", "rabbitmq", "sqs", "nats", "redis"] {
         let stdout = run_with("request_reply", &[broker]);
         for line in ["tea costs 314", "coffee costs 616", "cake costs 404"] {
             assert!(stdout.contains(line), "{broker}: {stdout}");
