@@ -64,4 +64,6 @@ mod guide {
     struct Sqs;
     #[doc = include_str!("../docs/nats.md")]
     struct Nats;
+    #[doc = include_str!("../docs/redis.md")]
+    struct Redis;
 }
