@@ -126,10 +126,7 @@ impl NatsBrokerBuilder {
             source: Box::new(NatsError::Connect {
                 url: shown.clone(),
                 // The client's errors may quote the URL it was given.
-                reason: match conveyor::kit::url_password(&self.url) {
-                    Some(password) if !password.is_empty() => reason.replace(password, "***"),
-                    _ => reason,
-                },
+                reason: conveyor::kit::without_password(&reason, &self.url),
             }),
         };
         let client = async_nats::ConnectOptions::new()

@@ -10,13 +10,10 @@ use async_nats::jetstream::AckKind;
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::{Client, Subject};
 use conveyor::kit::{
-    Alive, Keep, LeaseTimes, Leases, Pull, PullOptions, PullSubscriber, Receive, ReceiveFailed,
-    Renewed, Taken,
+    Keep, LeaseSettler, LeaseTimes, Leases, Pull, PullOptions, PullSubscriber, Receive,
+    ReceiveFailed, Rejected, Renewed, Taken,
 };
-use conveyor::{
-    Bytes, Delivery, Error, Headers, PartitionKey, Report, Settle, Settled, Settlement, Source,
-    SubscribeSettings,
-};
+use conveyor::{Bytes, Delivery, Error, Report, Settled, Settlement, Source, SubscribeSettings};
 use futures_util::StreamExt;
 use tokio::time::Instant;
 
@@ -24,6 +21,7 @@ use crate::admin::{self, Policy};
 use crate::broker::{DEFAULT_CONSUMER, NatsBroker, Settings};
 use crate::error::NatsError;
 use crate::headers;
+use conveyor::Publisher;
 
 /// A NATS queue to mount a handler on, from [`NatsBroker::queue`].
 ///
@@ -163,10 +161,7 @@ impl Source for NatsQueue {
             policy,
             settings: broker_settings,
             leases: pull.leases().clone(),
-            settler: Arc::new(Settler {
-                leases: pull.leases().clone(),
-                _alive: pull.alive(),
-            }),
+            settler: Arc::new(LeaseSettler::new(pull.leases().clone(), pull.alive(), op)),
         };
         Ok(pull.start(receive, keep, options))
     }
@@ -186,47 +181,15 @@ pub(crate) enum Op {
     Reject(Box<Rejected>),
 }
 
-/// A rejected message, kept until it is in the dead-letter queue.
-pub(crate) struct Rejected {
-    reason: String,
-    payload: Bytes,
-    headers: Headers,
-    key: Option<PartitionKey>,
-}
-
 type NatsLeases = Leases<Held, Op>;
 
-/// Settles a subscription's deliveries: records the settlement, which the keeper sends.
-struct Settler {
-    leases: Arc<NatsLeases>,
-    /// Dropped with the last settler, telling the keeper nothing more will be settled.
-    _alive: Alive,
-}
-
-impl Settle for Settler {
-    fn settle(&self, settled: Settled<'_>) {
-        let Settled {
-            tag,
-            settlement,
-            payload,
-            headers,
-            partition_key,
-            ..
-        } = settled;
-        let op = match settlement {
-            Settlement::Ack => Op::Ack,
-            Settlement::Retry | Settlement::Release => Op::Nak(None),
-            Settlement::RetryAfter(delay) => Op::Nak(Some(delay)),
-            Settlement::Reject { reason } => Op::Reject(Box::new(Rejected {
-                reason: reason.to_string(),
-                payload,
-                headers,
-                key: partition_key,
-            })),
-        };
-        if !self.leases.settle(tag, |_| op) {
-            tracing::debug!(tag, "settled a message this subscription no longer holds");
-        }
+/// What a settlement asks of JetStream.
+fn op(_: &Held, settled: Settled<'_>) -> Op {
+    match settled.settlement {
+        Settlement::Ack => Op::Ack,
+        Settlement::Retry | Settlement::Release => Op::Nak(None),
+        Settlement::RetryAfter(delay) => Op::Nak(Some(delay)),
+        Settlement::Reject { reason } => Op::Reject(Box::new(Rejected::new(reason, settled))),
     }
 }
 
@@ -239,7 +202,7 @@ struct NatsReceive {
     policy: Policy,
     settings: Settings,
     leases: Arc<NatsLeases>,
-    settler: Arc<Settler>,
+    settler: Arc<LeaseSettler<Held, Op>>,
 }
 
 impl Receive for NatsReceive {
@@ -298,7 +261,7 @@ impl Receive for NatsReceive {
                         reason,
                         payload: message.payload.clone(),
                         headers: incoming.headers.clone(),
-                        key: incoming.key.clone(),
+                        partition_key: incoming.key.clone(),
                     }))
                 });
                 continue;
@@ -343,26 +306,6 @@ impl NatsKeep {
             .flush()
             .await
             .map_err(|e| Report(&e).to_string())
-    }
-
-    /// Sends `rejected` to the dead-letter queue with its reason.
-    async fn dead_letter(&self, queue: &str, rejected: Rejected) -> Result<(), Error> {
-        use conveyor::Publisher;
-        let Rejected {
-            reason,
-            payload,
-            mut headers,
-            key,
-        } = rejected;
-        headers.insert(conveyor::REJECT_REASON_HEADER, Bytes::from(reason));
-        let mut message = conveyor::Message::builder();
-        for (name, value) in headers.iter() {
-            message = message.header(name.to_string(), value.clone());
-        }
-        if let Some(key) = key {
-            message = message.partition_key(key);
-        }
-        self.broker.publish(queue, message.payload(payload)).await
     }
 }
 
@@ -433,7 +376,11 @@ impl Keep for NatsKeep {
                         AckKind::Term
                     }
                     Some(dead_letter_queue) => {
-                        match self.dead_letter(dead_letter_queue, *rejected).await {
+                        match self
+                            .broker
+                            .publish(dead_letter_queue, rejected.into_dead_letter())
+                            .await
+                        {
                             Ok(()) => AckKind::Ack,
                             Err(error) => {
                                 tracing::error!(

@@ -113,10 +113,7 @@ impl RedisBrokerBuilder {
             ));
         }
         let shown = conveyor::kit::redact_url(&self.url);
-        let hide = |reason: String| match conveyor::kit::url_password(&self.url) {
-            Some(password) if !password.is_empty() => reason.replace(password, "***"),
-            _ => reason,
-        };
+        let hide = |reason: String| conveyor::kit::without_password(&reason, &self.url);
         let client = redis::Client::open(self.url.as_str())
             .map_err(|e| Error::config(format!("Redis URL {shown}: {}", hide(e.to_string()))))?;
         let connect_error = |e: redis::RedisError| Error::Transport {

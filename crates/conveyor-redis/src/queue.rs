@@ -7,12 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conveyor::kit::{
-    Alive, Keep, LeaseTimes, Leases, Pull, PullOptions, PullSubscriber, Receive, ReceiveFailed,
-    Renewed, Taken,
+    Keep, LeaseSettler, LeaseTimes, Leases, Pull, PullOptions, PullSubscriber, Receive,
+    ReceiveFailed, Rejected, Renewed, Taken,
 };
 use conveyor::{
-    Bytes, Delivery, Error, Headers, PartitionKey, Report, Settle, Settled, Settlement, Source,
-    SubscribeSettings,
+    Delivery, Error, Publisher, Report, Settled, Settlement, Source, SubscribeSettings,
 };
 use redis::aio::ConnectionManager;
 use redis::streams::{StreamClaimReply, StreamId, StreamPendingCountReply, StreamReadReply};
@@ -126,10 +125,7 @@ impl Source for RedisQueue {
             fetch_wait: broker_settings.fetch_wait,
             policy,
             leases: pull.leases().clone(),
-            settler: Arc::new(Settler {
-                leases: pull.leases().clone(),
-                _alive: pull.alive(),
-            }),
+            settler: Arc::new(LeaseSettler::new(pull.leases().clone(), pull.alive(), op)),
         };
         Ok(pull.start(receive, keep, options))
     }
@@ -151,44 +147,15 @@ pub(crate) enum Op {
     Reject(Box<Rejected>),
 }
 
-pub(crate) struct Rejected {
-    reason: String,
-    payload: Bytes,
-    headers: Headers,
-    key: Option<PartitionKey>,
-}
-
 type RedisLeases = Leases<Held, Op>;
 
-struct Settler {
-    leases: Arc<RedisLeases>,
-    _alive: Alive,
-}
-
-impl Settle for Settler {
-    fn settle(&self, settled: Settled<'_>) {
-        let Settled {
-            tag,
-            settlement,
-            payload,
-            headers,
-            partition_key,
-            ..
-        } = settled;
-        let op = match settlement {
-            Settlement::Ack => Op::Ack,
-            Settlement::Retry | Settlement::Release => Op::Release,
-            Settlement::RetryAfter(delay) => Op::Later(delay),
-            Settlement::Reject { reason } => Op::Reject(Box::new(Rejected {
-                reason: reason.to_string(),
-                payload,
-                headers,
-                key: partition_key,
-            })),
-        };
-        if !self.leases.settle(tag, |_| op) {
-            tracing::debug!(tag, "settled a message this subscription no longer holds");
-        }
+/// What a settlement asks of Redis.
+fn op(_: &Held, settled: Settled<'_>) -> Op {
+    match settled.settlement {
+        Settlement::Ack => Op::Ack,
+        Settlement::Retry | Settlement::Release => Op::Release,
+        Settlement::RetryAfter(delay) => Op::Later(delay),
+        Settlement::Reject { reason } => Op::Reject(Box::new(Rejected::new(reason, settled))),
     }
 }
 
@@ -202,7 +169,7 @@ struct RedisReceive {
     fetch_wait: Duration,
     policy: Policy,
     leases: Arc<RedisLeases>,
-    settler: Arc<Settler>,
+    settler: Arc<LeaseSettler<Held, Op>>,
 }
 
 impl RedisReceive {
@@ -334,7 +301,7 @@ impl Receive for RedisReceive {
                         reason,
                         payload: incoming.payload.clone(),
                         headers: incoming.headers.clone(),
-                        key: incoming.key.clone(),
+                        partition_key: incoming.key.clone(),
                     }))
                 });
                 continue;
@@ -381,27 +348,6 @@ pub(crate) struct Calls {
     released: Vec<String>,
     /// Entry, when due (ms), attempts made.
     later: Vec<(String, u64, u32)>,
-}
-
-impl RedisKeep {
-    async fn dead_letter(&self, queue: &str, rejected: Rejected) -> Result<(), Error> {
-        use conveyor::Publisher;
-        let Rejected {
-            reason,
-            payload,
-            mut headers,
-            key,
-        } = rejected;
-        headers.insert(conveyor::REJECT_REASON_HEADER, Bytes::from(reason));
-        let mut message = conveyor::Message::builder();
-        for (name, value) in headers.iter() {
-            message = message.header(name.to_string(), value.clone());
-        }
-        if let Some(key) = key {
-            message = message.partition_key(key);
-        }
-        self.broker.publish(queue, message.payload(payload)).await
-    }
 }
 
 impl Keep for RedisKeep {
@@ -478,7 +424,11 @@ impl Keep for RedisKeep {
                         calls.done.push(id);
                     }
                     Some(dead_letter_queue) => {
-                        match self.dead_letter(dead_letter_queue, *rejected).await {
+                        match self
+                            .broker
+                            .publish(dead_letter_queue, rejected.into_dead_letter())
+                            .await
+                        {
                             Ok(()) => calls.done.push(id),
                             Err(error) => {
                                 tracing::error!(

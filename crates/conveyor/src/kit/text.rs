@@ -82,6 +82,25 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
+/// `text` with `url`'s password replaced by `***` wherever it appears: for a client's
+/// error, which may quote the URL it was given.
+///
+/// ```
+/// use conveyor::kit::without_password;
+///
+/// let error = "cannot reach redis://app:s3cret@cache:6379";
+/// assert_eq!(
+///     without_password(error, "redis://app:s3cret@cache:6379"),
+///     "cannot reach redis://app:***@cache:6379"
+/// );
+/// ```
+pub fn without_password(text: &str, url: &str) -> String {
+    match url_password(url) {
+        Some(password) if !password.is_empty() => text.replace(password, "***"),
+        _ => text.to_string(),
+    }
+}
+
 /// `url`'s password as written (what [`redact_url`] hides), if it has one: for a
 /// transport that must also hide it where a library quotes it in its own words.
 ///
