@@ -1,15 +1,16 @@
 //! `conveyor`: see and repair the queues of a Conveyor service from the shell, on
-//! RabbitMQ or SQS.
+//! RabbitMQ, SQS or NATS JetStream.
 //!
 //! ```text
 //! conveyor --broker amqp://guest:guest@127.0.0.1:5672 depth orders orders-dead --watch
 //! conveyor --broker sqs://us-east-1 peek orders-dead -n 5
 //! conveyor --broker amqp://127.0.0.1 publish orders --key alice --header x-tenant=acme order.json
-//! conveyor --broker amqp://127.0.0.1 redrive orders-dead --to orders --filter x-tenant=acme
+//! conveyor --broker nats://127.0.0.1:4222 redrive orders-dead --to orders --filter x-tenant=acme
 //! ```
 //!
 //! The broker comes from `--broker` or `CONVEYOR_BROKER`: `amqp://…` or `amqps://…` for
-//! RabbitMQ, `sqs://region[/endpoint]` for SQS with the standard AWS credential chain.
+//! RabbitMQ, `sqs://region[/endpoint]` for SQS with the standard AWS credential chain,
+//! `nats://[user:password@]host:port` (or `nats://token@host:port`) for NATS JetStream.
 //! Every failure is one line on standard error and a non-zero exit code; a password in a
 //! URL is never printed. Standard output closed by its reader (`| head`) ends the command
 //! early, with what it held handed back, and exits 0 without a word.
@@ -35,12 +36,13 @@ use clap::{Parser, Subcommand};
 
 use target::{Inspect, Target};
 
-/// See and repair the queues of a Conveyor service, on RabbitMQ or SQS.
+/// See and repair the queues of a Conveyor service, on RabbitMQ, SQS or NATS JetStream.
 #[derive(Debug, Parser)]
 #[command(name = "conveyor", version)]
 struct Cli {
-    /// The broker: amqp://user:password@host:port/vhost, amqps://…, or
-    /// sqs://region[/endpoint] (credentials from the standard AWS chain).
+    /// The broker: amqp://user:password@host:port/vhost, amqps://…,
+    /// sqs://region[/endpoint] (credentials from the standard AWS chain), or
+    /// nats://[user:password@]host:port (NATS JetStream).
     #[arg(long, env = "CONVEYOR_BROKER", hide_env_values = true, global = true)]
     broker: Option<String>,
 
@@ -52,6 +54,9 @@ struct Cli {
 enum Command {
     /// Prints how many messages each queue holds: ready, in flight and delayed ("-"
     /// where the broker does not say).
+    ///
+    /// On NATS, IN FLIGHT also counts the messages handed back (nak'ed, by a peek say)
+    /// and not yet acknowledged: JetStream counts them as pending acknowledgement.
     Depth {
         /// The queues.
         #[arg(required = true)]
@@ -62,6 +67,11 @@ enum Command {
     },
     /// Shows the messages ready in a queue without consuming them: each is received,
     /// shown, and handed back once all are shown.
+    ///
+    /// On NATS that is a fetch, then a nak: JetStream delivers the messages again at
+    /// once (each peek counts as a delivery), and `depth` counts them in flight from
+    /// then on, until they are acknowledged. Peek and redrive so count the ready and the
+    /// in-flight messages of a NATS queue as what they can receive.
     Peek {
         /// The queue.
         queue: String,
@@ -70,7 +80,11 @@ enum Command {
         count: usize,
     },
     /// Publishes a message read from FILE (or standard input), or one per line with
-    /// --lines; each is confirmed by the broker before the command ends.
+    /// --lines; each is confirmed by the broker before the command ends. The queue must
+    /// exist: a publish declares nothing.
+    ///
+    /// On NATS, where JetStream would make the stream of a subject no stream takes, the
+    /// queue is looked up first, and nothing is sent to one that does not exist.
     Publish {
         /// The queue.
         queue: String,
@@ -237,6 +251,7 @@ async fn connect_and_run(cli: Cli) -> Result<(), Failure> {
             )
             .await
         }
+        Target::Nats(url) => on(Target::nats(&url).await?, cli.command).await,
     }
 }
 

@@ -24,12 +24,12 @@ pub struct Pass<S> {
 /// The pass of a broker's queue.
 pub type PassOf<B> = Pass<<<B as Broker>::Queue as Source>::Subscriber>;
 
-/// How many messages of `queue` are ready now.
-pub async fn ready<B: Broker>(broker: &B, queue: &str) -> Result<u64, Failure> {
+/// How many messages of `queue` a pass can receive now ([`Inspect::receivable`]): those
+/// ready. Fails for a queue that does not exist.
+pub async fn ready<B: Inspect>(broker: &B, queue: &str) -> Result<u64, Failure> {
     broker
-        .queue_depth(queue)
+        .receivable(queue)
         .await
-        .map(|depth| depth.ready)
         .map_err(|error| Failure::call(&format!("reading the depth of `{queue}`"), &error))
 }
 

@@ -8,6 +8,7 @@ use conveyor::Message;
 use conveyor_sqs::SqsError;
 use tokio::io::AsyncReadExt;
 
+use crate::pass::ready;
 use crate::target::Inspect;
 use crate::{Failure, out};
 
@@ -28,6 +29,8 @@ pub struct Input {
 
 /// Publishes `input` to `queue`, each message confirmed by the broker, in calls of at
 /// most [`Inspect::PUBLISH_CALL`] messages, each checked whole before any of it is sent.
+/// The queue is looked up first where a publish would make it
+/// ([`Inspect::PUBLISH_MAKES_QUEUES`]).
 /// A failure says how many were published, and which lines (of the input, counting
 /// empty ones) were not, or may not have been.
 pub async fn run<B: Inspect>(broker: &B, queue: &str, input: Input) -> Result<(), Failure> {
@@ -37,6 +40,10 @@ pub async fn run<B: Inspect>(broker: &B, queue: &str, input: Input) -> Result<()
         && let Some(why) = B::drops_key(queue)
     {
         return Err(Failure::usage(format!("--key: {why}")));
+    }
+    // Where a publish would make a missing queue, a mistyped name fails here instead.
+    if B::PUBLISH_MAKES_QUEUES {
+        ready(broker, queue).await?;
     }
     let bytes = read(input.file.as_ref()).await?;
     // Each body with its line number, from 1.

@@ -1,11 +1,13 @@
 //! Which broker a command talks to, from its URL: `amqp://…` and `amqps://…` for
-//! RabbitMQ, `sqs://region[/endpoint]` for SQS (credentials from the standard AWS chain).
+//! RabbitMQ, `sqs://region[/endpoint]` for SQS (credentials from the standard AWS chain),
+//! `nats://…` for NATS JetStream.
 
 use std::fmt;
 use std::time::Duration;
 
 use conveyor::{Broker, Delivery, Publisher};
 use conveyor_lapin::{LapinBroker, LapinError, LapinQueue, amqp_properties, redact_url};
+use conveyor_nats::{NatsBroker, NatsQueue};
 use conveyor_sqs::{SqsBroker, SqsQueue, attribute_types};
 
 use crate::Failure;
@@ -46,10 +48,28 @@ pub trait Inspect: Broker {
         self.publish(to, redriven(delivery, form))
     }
 
+    /// How many messages of `queue` a pass (`peek`, `redrive`) can receive now: those
+    /// ready, where the broker counts a message handed back as ready again.
+    ///
+    /// # Errors
+    ///
+    /// As [`Broker::queue_depth`]: the queue does not exist, or the broker cannot be
+    /// asked.
+    fn receivable(&self, queue: &str) -> impl Future<Output = Result<u64, conveyor::Error>> + Send {
+        let depth = self.queue_depth(queue);
+        async move { depth.await.map(|depth| depth.ready) }
+    }
+
     /// The most messages `conveyor publish` hands the transport in one call. A transport
     /// checks every message of a call before it sends any, so the fewer calls, the less
     /// is sent before a bad line is found; each call is confirmed before the next.
     const PUBLISH_CALL: usize;
+
+    /// Whether a publish to a queue that does not exist makes it (NATS makes the stream
+    /// of a subject no stream takes). `conveyor publish` then looks the queue up before
+    /// it sends anything, so that a mistyped name fails rather than makes a queue no one
+    /// reads; elsewhere such a publish fails (or, on RabbitMQ, comes back) by itself.
+    const PUBLISH_MAKES_QUEUES: bool = false;
 }
 
 impl Inspect for LapinBroker {
@@ -139,6 +159,36 @@ impl Inspect for SqsBroker {
     }
 }
 
+/// A JetStream queue is a stream read through the durable consumer every subscription to
+/// it shares.
+impl Inspect for NatsBroker {
+    /// Each call checks all its messages, sends them all, then waits for their
+    /// acknowledgements, and says only that one failed: calls of 500 tell which lines
+    /// were acknowledged.
+    const PUBLISH_CALL: usize = 500;
+
+    /// A publish to a subject no stream takes makes the stream.
+    const PUBLISH_MAKES_QUEUES: bool = true;
+
+    /// The queue's stream is there (every command reads the queue's depth before it
+    /// receives, which fails for a missing stream); its durable consumer, the one every
+    /// subscription to the queue shares, is made if no one has subscribed yet, as a
+    /// fetch needs one.
+    fn inspect(&self, name: &str) -> NatsQueue {
+        self.queue(name)
+    }
+
+    /// Those ready and those in flight: JetStream counts a message handed back (a nak,
+    /// as a peek or a redrive's passed-over message) as pending acknowledgement, in
+    /// flight, though it is delivered again at the next fetch. A pass may so wait for
+    /// messages another consumer truly holds: it stops once none comes for a while, and
+    /// says so.
+    async fn receivable(&self, queue: &str) -> Result<u64, conveyor::Error> {
+        let depth = self.queue_depth(queue).await?;
+        Ok(depth.ready.saturating_add(depth.in_flight.unwrap_or(0)))
+    }
+}
+
 /// A broker URL, parsed.
 #[derive(Clone, PartialEq, Eq)]
 pub enum Target {
@@ -149,11 +199,17 @@ pub enum Target {
         region: String,
         endpoint: Option<String>,
     },
+    /// NATS with JetStream at this URL (which may hold a password or a token).
+    Nats(String),
 }
 
 /// How long an SQS receive long-polls: short, so that a command ends soon after a queue
 /// runs dry.
 const SQS_WAIT: Duration = Duration::from_secs(2);
+
+/// How long a NATS fetch waits on an empty queue, for the same reason: closing a pass
+/// waits for the fetch under way.
+const NATS_FETCH_WAIT: Duration = Duration::from_secs(2);
 
 impl Target {
     /// Parses `url`; the error names the URL with its password hidden.
@@ -161,10 +217,13 @@ impl Target {
         if url.starts_with("amqp://") || url.starts_with("amqps://") {
             return Ok(Target::Amqp(url.to_string()));
         }
+        if url.starts_with("nats://") {
+            return Ok(Target::Nats(url.to_string()));
+        }
         let Some(rest) = url.strip_prefix("sqs://") else {
             return Err(Failure::usage(format!(
-                "unknown broker URL `{}`: expected amqp://…, amqps://… or sqs://region[/endpoint]",
-                redact_url(url)
+                "unknown broker URL `{}`: expected amqp://…, amqps://…, sqs://region[/endpoint] or nats://…",
+                redact_nats(url)
             )));
         };
         let (region, endpoint) = match rest.split_once('/') {
@@ -191,6 +250,23 @@ impl Target {
         LapinBroker::connect(url)
             .await
             .map_err(|error| Failure::broker(conveyor::Report(&error).to_string()))
+    }
+
+    /// Connects to NATS.
+    pub async fn nats(url: &str) -> Result<NatsBroker, Failure> {
+        let connected = NatsBroker::builder()
+            .url(url)
+            .fetch_wait(NATS_FETCH_WAIT)
+            .build()
+            .await;
+        // The error names the URL, its password hidden; a token too.
+        connected.map_err(|error| {
+            let text = conveyor::Report(&error).to_string();
+            Failure::broker(match nats_token(url) {
+                Some(token) => text.replace(token, "***"),
+                None => text,
+            })
+        })
     }
 
     /// Makes the SQS client (nothing is sent until the first command).
@@ -224,6 +300,24 @@ fn check_region(region: &str) -> Result<(), Failure> {
     }))
 }
 
+/// The token of a NATS URL (`nats://TOKEN@host`: user information with no `:`), which,
+/// unlike a password, [`redact_url`] shows.
+fn nats_token(url: &str) -> Option<&str> {
+    let rest = url.split_once("://")?.1;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
+    let (user_info, _) = authority.rsplit_once('@')?;
+    (!user_info.is_empty() && !user_info.contains(':')).then_some(user_info)
+}
+
+/// `url` as it is safe to print: a password hidden, and a NATS URL's token.
+fn redact_nats(url: &str) -> String {
+    let shown = redact_url(url);
+    match nats_token(&shown) {
+        Some(token) => shown.replacen(token, "***", 1),
+        None => shown,
+    }
+}
+
 /// An endpoint with its scheme: as given, or `http://` for the local machine (an
 /// emulator) and `https://` for any other host.
 fn endpoint_url(endpoint: &str) -> String {
@@ -236,12 +330,13 @@ fn endpoint_url(endpoint: &str) -> String {
     format!("{scheme}://{endpoint}")
 }
 
-/// Shows the URL as it is safe to print: a password hidden (AMQP's, or one in an SQS
-/// endpoint).
+/// Shows the URL as it is safe to print: a password hidden (AMQP's, NATS's, or one in
+/// an SQS endpoint), and a NATS token.
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Target::Amqp(url) => f.write_str(&redact_url(url)),
+            Target::Nats(url) => f.write_str(&redact_nats(url)),
             Target::Sqs { region, endpoint } => match endpoint {
                 Some(endpoint) => write!(f, "sqs://{region}/{}", redact_url(endpoint)),
                 None => write!(f, "sqs://{region}"),
@@ -268,6 +363,25 @@ mod tests {
             Target::Amqp("amqp://app:s3cret@rabbit:5672/prod".into())
         );
         assert_eq!(target.to_string(), "amqp://app:***@rabbit:5672/prod");
+    }
+
+    #[test]
+    fn nats_urls_are_kept_whole_and_shown_without_their_password_or_token() {
+        let target = Target::parse("nats://app:s3cret@nats.internal:4222").unwrap();
+        assert_eq!(
+            target,
+            Target::Nats("nats://app:s3cret@nats.internal:4222".into())
+        );
+        assert_eq!(target.to_string(), "nats://app:***@nats.internal:4222");
+        let target = Target::parse("nats://s3cret@nats.internal:4222").unwrap();
+        assert_eq!(target.to_string(), "nats://***@nats.internal:4222");
+        assert_eq!(
+            Target::parse("nats://127.0.0.1:4222").unwrap().to_string(),
+            "nats://127.0.0.1:4222"
+        );
+        assert_eq!(nats_token("nats://user:pw@host"), None);
+        assert_eq!(nats_token("nats://host:4222"), None);
+        assert!(NatsBroker::drops_key("orders").is_none());
     }
 
     #[test]
@@ -344,6 +458,8 @@ mod tests {
     #[test]
     fn a_bad_url_is_refused_without_its_password() {
         let error = Target::parse("redis://u:hunter2@host").unwrap_err();
+        assert!(!error.to_string().contains("hunter2"), "{error}");
+        let error = Target::parse("tcp://hunter2@host").unwrap_err();
         assert!(!error.to_string().contains("hunter2"), "{error}");
         assert!(Target::parse("sqs://").is_err());
     }

@@ -1,19 +1,22 @@
-//! The `conveyor` binary, run as a subprocess against the live RabbitMQ and the SQS
-//! emulator (`scripts/services/`): each command on each broker, the dead-letter redrive
-//! with its filter, limit and dry run, and a redrive interrupted mid-way and run again.
+//! The `conveyor` binary, run as a subprocess against the live RabbitMQ, the SQS emulator
+//! and NATS with JetStream (`scripts/services/`): each command on each broker, the
+//! dead-letter redrive with its filter, limit and dry run, and a redrive interrupted
+//! mid-way and run again.
 
 use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use conveyor::{App, Broker, DeadLetter, Message, Outcome, QueueSpec};
+use conveyor::{App, Broker, DeadLetter, Message, Outcome, Publisher, QueueSpec};
 use conveyor_lapin::LapinBroker;
+use conveyor_nats::NatsBroker;
 use conveyor_sqs::SqsBroker;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
 const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 const SQS_URL: &str = "sqs://us-east-1/127.0.0.1:4566";
+const NATS_URL: &str = "nats://127.0.0.1:4222";
 /// How long a command or a condition may take before the test gives up on it: a guard
 /// against a hang, never a measure. Generous: a redrive of 400 messages through the SQS
 /// emulator takes half a minute on an idle 2-core machine, and over a minute under a
@@ -26,6 +29,10 @@ struct Live<B> {
     url: &'static str,
     /// Whether queues are FIFO: on SQS, where only FIFO queues carry a partition key.
     fifo: bool,
+    /// Whether the broker counts a message handed back as in flight, not ready, until it
+    /// is acknowledged (JetStream): the tests then count what a queue holds, ready and in
+    /// flight, as `conveyor peek` and `redrive` do there.
+    handed_back_in_flight: bool,
 }
 
 async fn rabbitmq() -> Live<LapinBroker> {
@@ -36,6 +43,7 @@ async fn rabbitmq() -> Live<LapinBroker> {
         broker,
         url: AMQP_URL,
         fifo: false,
+        handed_back_in_flight: false,
     }
 }
 
@@ -52,6 +60,19 @@ async fn sqs() -> Live<SqsBroker> {
         broker,
         url: SQS_URL,
         fifo: true,
+        handed_back_in_flight: false,
+    }
+}
+
+async fn nats() -> Live<NatsBroker> {
+    let broker = NatsBroker::connect(NATS_URL)
+        .await
+        .expect("NATS with JetStream on 127.0.0.1:4222 (scripts/services/nats.sh)");
+    Live {
+        broker,
+        url: NATS_URL,
+        fifo: false,
+        handed_back_in_flight: true,
     }
 }
 
@@ -155,11 +176,16 @@ impl<B: Broker> Live<B> {
     }
 
     async fn ready(&self, queue: &str) -> u64 {
-        self.broker
+        let depth = self
+            .broker
             .queue_depth(queue)
             .await
-            .expect("the queue's depth")
-            .ready
+            .expect("the queue's depth");
+        if self.handed_back_in_flight {
+            depth.ready + depth.in_flight.unwrap_or(0)
+        } else {
+            depth.ready
+        }
     }
 
     async fn wait_ready(&self, queue: &str, count: u64) {
@@ -965,6 +991,7 @@ mod rabbitmq {
             broker: rabbitmq().await.broker,
             url: "amqp://guest:hunter2-secret@127.0.0.1:5672/%2f",
             fifo: false,
+            handed_back_in_flight: false,
         };
         let ran = live.run(&["depth", "anything"]).await;
         assert_eq!(ran.status.code(), Some(1), "{ran:?}");
@@ -1182,5 +1209,139 @@ mod sqs {
         delivery.settle(Settlement::Ack);
         subscriber.close().await;
         live.delete(&[&dead, &target]).await;
+    }
+}
+
+mod nats {
+    use super::*;
+
+    #[tokio::test]
+    async fn depth_prints_each_queues_counts() {
+        super::depth_prints_each_queues_counts(nats().await).await;
+    }
+
+    #[tokio::test]
+    async fn depth_watch_redraws_the_table_in_place_until_interrupted() {
+        super::depth_watch_redraws_the_table_in_place_until_interrupted(nats().await).await;
+    }
+
+    #[tokio::test]
+    async fn peek_shows_messages_and_leaves_them_in_the_queue() {
+        super::peek_shows_messages_and_leaves_them_in_the_queue(nats().await).await;
+    }
+
+    #[tokio::test]
+    async fn peek_into_a_closed_pipe_hands_everything_back_and_exits_quietly() {
+        super::peek_into_a_closed_pipe_hands_everything_back_and_exits_quietly(nats().await).await;
+    }
+
+    /// A peek is a fetch and a nak: JetStream delivers the messages again at once (a
+    /// second peek shows them all, where messages left held would not come back for the
+    /// ack wait, longer than a pass waits), and counts each peek as a delivery. A peek
+    /// whose reader went away hands them back at once too.
+    #[tokio::test]
+    async fn a_peek_hands_the_messages_back_at_once_and_counts_as_a_delivery() {
+        let live = nats().await;
+        let queue = live.declare("peek-again").await;
+        live.broker
+            .publish_batch(&queue, vec![json(1, "acme"), json(2, "globex")])
+            .await
+            .expect("published");
+        live.wait_ready(&queue, 2).await;
+        for attempt in 1..=2 {
+            let ran = live.run(&["peek", &queue, "-n", "5"]).await;
+            assert!(ran.status.success(), "{ran:?}");
+            assert!(ran.stdout.contains("2 shown of 2 ready"), "{ran:?}");
+            assert_eq!(
+                ran.stdout.matches(&format!("attempt: {attempt}\n")).count(),
+                2,
+                "{ran:?}"
+            );
+        }
+        let mut command = live.command(&["peek", &queue, "-n", "5"]);
+        command.stdout(closed_pipe());
+        let child = command.spawn().expect("peek starts");
+        drop(command);
+        ends_quietly(child, "peek into a closed pipe").await;
+        let ran = live.run(&["peek", &queue, "-n", "5"]).await;
+        assert!(ran.stdout.contains("2 shown of 2 ready"), "{ran:?}");
+        let taken = live.take(&queue, 2).await;
+        assert_eq!(taken.len(), 2);
+        assert_eq!(live.ready(&queue).await, 0);
+        live.delete(&[&queue]).await;
+    }
+
+    #[tokio::test]
+    async fn publish_sends_one_message_or_one_per_line() {
+        super::publish_sends_one_message_or_one_per_line(nats().await).await;
+    }
+
+    /// JetStream would make the stream of a subject no stream takes: `publish` looks the
+    /// queue up first, so a mistyped name is an error that sends nothing and makes no
+    /// queue, as on RabbitMQ and SQS.
+    #[tokio::test]
+    async fn a_publish_to_a_queue_that_does_not_exist_fails_and_makes_none() {
+        let live = nats().await;
+        let queue = unique("nowhere");
+        // The body in a file: the command fails before it reads any input, so a pipe to
+        // its standard input could be closed before the test had written to it.
+        let body = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{queue}.json"));
+        std::fs::write(&body, br#"{"id": 1}"#).expect("the body is written");
+        let body = body.to_str().expect("a UTF-8 path");
+
+        let ran = live.run(&["publish", &queue, body]).await;
+        assert_eq!(ran.status.code(), Some(1), "{ran:?}");
+        assert!(ran.stderr.contains(&format!("`{queue}`")), "{ran:?}");
+        assert_eq!(ran.stderr.trim_end().lines().count(), 1, "{ran:?}");
+        assert!(
+            live.broker.queue_depth(&queue).await.is_err(),
+            "the publish made `{queue}`"
+        );
+        let _ = std::fs::remove_file(body);
+    }
+
+    #[tokio::test]
+    async fn redrive_moves_dead_letters_back_marked_and_keeps_the_rest() {
+        super::redrive_moves_dead_letters_back_marked_and_keeps_the_rest(nats().await).await;
+    }
+
+    #[tokio::test]
+    async fn an_interrupted_redrive_run_again_moves_each_message_exactly_once() {
+        super::an_interrupted_redrive_run_again_moves_each_message_exactly_once(nats().await).await;
+    }
+
+    #[tokio::test]
+    async fn redrive_at_a_rate_pauses_between_moves() {
+        super::redrive_at_a_rate_pauses_between_moves(nats().await).await;
+    }
+
+    #[tokio::test]
+    async fn redrive_refuses_a_rate_that_is_not_a_positive_number() {
+        super::redrive_refuses_a_rate_that_is_not_a_positive_number(nats().await).await;
+    }
+
+    #[tokio::test]
+    async fn failures_are_one_line_and_never_show_a_password() {
+        super::failures_are_one_line_and_never_show_a_password(nats().await).await;
+        // A server that cannot be reached is named with its password or token hidden
+        // (nothing listens on port 1).
+        for url in [
+            "nats://app:hunter2-secret@127.0.0.1:1",
+            "nats://hunter2-secret@127.0.0.1:1",
+        ] {
+            let live = Live {
+                broker: nats().await.broker,
+                url,
+                fifo: false,
+                handed_back_in_flight: true,
+            };
+            let ran = live.run(&["depth", "anything"]).await;
+            assert_eq!(ran.status.code(), Some(1), "{ran:?}");
+            assert!(ran.stderr.contains("127.0.0.1:1"), "{ran:?}");
+            assert!(ran.stderr.contains("***@127.0.0.1:1"), "{ran:?}");
+            assert_eq!(ran.stderr.trim_end().lines().count(), 1, "{ran:?}");
+            assert!(!ran.stderr.contains("hunter2"), "{ran:?}");
+            assert!(!ran.stdout.contains("hunter2"), "{ran:?}");
+        }
     }
 }
