@@ -96,8 +96,12 @@ async fn main() -> Result<(), conveyor::Error> {
             serve_three(LapinBroker::connect("amqp://guest:guest@127.0.0.1:5672/%2f").await?).await
         }
         "sqs" => serve_three(conveyor_examples::sqs_emulator().await?).await,
-        "nats" => serve_three(conveyor_nats::NatsBroker::connect("nats://127.0.0.1:4222").await?).await,
-        "redis" => serve_three(conveyor_redis::RedisBroker::connect("redis://127.0.0.1:6379").await?).await,
+        "nats" => {
+            serve_three(conveyor_nats::NatsBroker::connect("nats://127.0.0.1:4222").await?).await
+        }
+        "redis" => {
+            serve_three(conveyor_redis::RedisBroker::connect("redis://127.0.0.1:6379").await?).await
+        }
         other => Err(conveyor::Error::config(format!(
             "unknown broker `{other}`: name memory, rabbitmq, sqs, nats or redis"
         ))),
