@@ -42,7 +42,7 @@ use target::{Inspect, Target};
 struct Cli {
     /// The broker: amqp://user:password@host:port/vhost, amqps://…,
     /// sqs://region[/endpoint] (credentials from the standard AWS chain), or
-    /// nats://[user:password@]host:port (NATS JetStream).
+    /// nats://host:port or nats://user:password@host:port (NATS JetStream).
     #[arg(long, env = "CONVEYOR_BROKER", hide_env_values = true, global = true)]
     broker: Option<String>,
 

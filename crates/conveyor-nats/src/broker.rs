@@ -58,7 +58,7 @@ pub struct NatsBrokerBuilder {
 impl fmt::Debug for NatsBrokerBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NatsBrokerBuilder")
-            .field("url", &conveyor::kit::redact_url(&self.url))
+            .field("url", &shown_url(&self.url))
             .field("settings", &self.settings)
             .finish()
     }
@@ -120,13 +120,13 @@ impl NatsBrokerBuilder {
                 "ack_wait must be at least a second: the lease is renewed a third of it ahead",
             ));
         }
-        let shown = conveyor::kit::redact_url(&self.url);
+        let shown = shown_url(&self.url);
         let failed = |reason: String| Error::Transport {
             transport: "nats",
             source: Box::new(NatsError::Connect {
                 url: shown.clone(),
                 // The client's errors may quote the URL it was given.
-                reason: conveyor::kit::without_password(&reason, &self.url),
+                reason: without_credentials(&reason, &self.url),
             }),
         };
         let client = async_nats::ConnectOptions::new()
@@ -291,6 +291,38 @@ impl NatsBroker {
     }
 }
 
+/// The credentials of a `nats://` URL: `user:password`, or a token alone.
+fn credentials(url: &str) -> Option<&str> {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split(['/', '?']).next().unwrap_or(rest);
+    authority
+        .rsplit_once('@')
+        .map(|(credentials, _)| credentials)
+}
+
+/// `url` with its credentials (a password or a token) shown as `***`.
+fn shown_url(url: &str) -> String {
+    match credentials(url) {
+        Some(secret) if !secret.is_empty() => url.replacen(secret, "***", 1),
+        _ => url.to_string(),
+    }
+}
+
+/// `text` with `url`'s password or token, wherever it appears, shown as `***`.
+fn without_credentials(text: &str, url: &str) -> String {
+    let secret = match credentials(url) {
+        Some(credentials) => credentials
+            .split_once(':')
+            .map_or(credentials, |(_, password)| password),
+        None => return text.to_string(),
+    };
+    if secret.is_empty() {
+        text.to_string()
+    } else {
+        text.replace(secret, "***")
+    }
+}
+
 /// A message's NATS headers and payload; a message NATS cannot carry is refused.
 fn outgoing(
     destination: &str,
@@ -416,5 +448,30 @@ impl conveyor::Broker for NatsBroker {
             _ => ConnectionState::Reconnecting,
         };
         vec![ConnectionHealth::new("nats", state)]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_password_or_a_token_never_shows() {
+        assert_eq!(
+            shown_url("nats://app:s3cret@host:4222"),
+            "nats://***@host:4222"
+        );
+        assert_eq!(shown_url("nats://t0ken@host:4222"), "nats://***@host:4222");
+        assert_eq!(shown_url("nats://host:4222"), "nats://host:4222");
+        let error = "cannot reach nats://t0ken@host:4222";
+        assert_eq!(
+            without_credentials(error, "nats://t0ken@host:4222"),
+            "cannot reach nats://***@host:4222"
+        );
+        let error = "auth for app:s3cret failed";
+        assert_eq!(
+            without_credentials(error, "nats://app:s3cret@host"),
+            "auth for app:*** failed"
+        );
     }
 }

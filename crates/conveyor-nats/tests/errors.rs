@@ -16,6 +16,15 @@ async fn a_failed_connection_names_the_server_without_its_password() {
     let text = format!("{error} {error:?}");
     assert!(!text.contains("s3cret"), "{text}");
     assert!(text.contains("127.0.0.1:1"), "{text}");
+    // A token alone.
+    let error = NatsBroker::builder()
+        .url("nats://t0ken@127.0.0.1:1")
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .expect_err("nothing listens there");
+    let text = format!("{error} {error:?}");
+    assert!(!text.contains("t0ken"), "{text}");
 }
 
 #[tokio::test]
