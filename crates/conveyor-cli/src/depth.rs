@@ -2,14 +2,16 @@
 
 use std::time::Duration;
 
-use conveyor::{Broker, QueueDepth};
+use conveyor::QueueDepth;
 
 use crate::interrupt::Interrupt;
+use crate::target::Inspect;
 use crate::{Failure, out};
 
-/// Prints the queues' depths; with `every`, again in place until interrupted (or until
-/// standard output is closed).
-pub async fn run<B: Broker>(
+/// Prints the queues' depths ([`Inspect::depth`]: a queue that does not exist fails the
+/// command); with `every`, again in place until interrupted (or until standard output is
+/// closed).
+pub async fn run<B: Inspect>(
     broker: &B,
     queues: &[String],
     every: Option<Duration>,
@@ -42,11 +44,11 @@ pub async fn run<B: Broker>(
     }
 }
 
-async fn read<B: Broker>(broker: &B, queues: &[String]) -> Result<Vec<QueueDepth>, Failure> {
+async fn read<B: Inspect>(broker: &B, queues: &[String]) -> Result<Vec<QueueDepth>, Failure> {
     let mut depths = Vec::with_capacity(queues.len());
     for queue in queues {
         let depth = broker
-            .queue_depth(queue)
+            .depth(queue)
             .await
             .map_err(|error| Failure::call(&format!("reading the depth of `{queue}`"), &error))?;
         depths.push(depth);

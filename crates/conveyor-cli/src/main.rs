@@ -1,16 +1,19 @@
 //! `conveyor`: see and repair the queues of a Conveyor service from the shell, on
-//! RabbitMQ, SQS or NATS JetStream.
+//! RabbitMQ, SQS, NATS JetStream or Redis Streams.
 //!
 //! ```text
 //! conveyor --broker amqp://guest:guest@127.0.0.1:5672 depth orders orders-dead --watch
 //! conveyor --broker sqs://us-east-1 peek orders-dead -n 5
 //! conveyor --broker amqp://127.0.0.1 publish orders --key alice --header x-tenant=acme order.json
 //! conveyor --broker nats://127.0.0.1:4222 redrive orders-dead --to orders --filter x-tenant=acme
+//! conveyor --broker redis://127.0.0.1:6379 peek orders-dead -n 5
 //! ```
 //!
 //! The broker comes from `--broker` or `CONVEYOR_BROKER`: `amqp://…` or `amqps://…` for
 //! RabbitMQ, `sqs://region[/endpoint]` for SQS with the standard AWS credential chain,
-//! `nats://[user:password@]host:port` (or `nats://token@host:port`) for NATS JetStream.
+//! `nats://[user:password@]host:port` (or `nats://token@host:port`) for NATS JetStream,
+//! `redis://[[user]:password@]host:port[/db]` for Redis Streams (`rediss://`, TLS, is
+//! refused: the Redis transport is built without TLS).
 //! Every failure is one line on standard error and a non-zero exit code; a password in a
 //! URL is never printed. Standard output closed by its reader (`| head`) ends the command
 //! early, with what it held handed back, and exits 0 without a word.
@@ -36,13 +39,16 @@ use clap::{Parser, Subcommand};
 
 use target::{Inspect, Target};
 
-/// See and repair the queues of a Conveyor service, on RabbitMQ, SQS or NATS JetStream.
+/// See and repair the queues of a Conveyor service, on RabbitMQ, SQS, NATS JetStream or
+/// Redis Streams.
 #[derive(Debug, Parser)]
 #[command(name = "conveyor", version)]
 struct Cli {
     /// The broker: amqp://user:password@host:port/vhost, amqps://…,
-    /// sqs://region[/endpoint] (credentials from the standard AWS chain), or
-    /// nats://host:port or nats://user:password@host:port (NATS JetStream).
+    /// sqs://region[/endpoint] (credentials from the standard AWS chain),
+    /// nats://host:port or nats://user:password@host:port (NATS JetStream), or
+    /// redis://host:port/db or redis://user:password@host:port/db (Redis Streams; the
+    /// user, or the /db, may be left out; not rediss://, TLS).
     #[arg(long, env = "CONVEYOR_BROKER", hide_env_values = true, global = true)]
     broker: Option<String>,
 
@@ -57,6 +63,10 @@ enum Command {
     ///
     /// On NATS, IN FLIGHT also counts the messages handed back (nak'ed, by a peek say)
     /// and not yet acknowledged: JetStream counts them as pending acknowledgement.
+    ///
+    /// On Redis, READY counts the entries never delivered and those whose lease lapsed
+    /// or that were handed back (claimable at once), IN FLIGHT those leased, DELAYED
+    /// those waiting out a delay; a queue is there if its stream is.
     Depth {
         /// The queues.
         #[arg(required = true)]
@@ -72,6 +82,10 @@ enum Command {
     /// once (each peek counts as a delivery), and `depth` counts them in flight from
     /// then on, until they are acknowledged. Peek and redrive so count the ready and the
     /// in-flight messages of a NATS queue as what they can receive.
+    ///
+    /// On Redis each message is read (or claimed) for this command's consumer in the
+    /// queue's consumer group, then handed back claimable at once: `depth` counts it
+    /// ready again, and each peek counts as a delivery.
     Peek {
         /// The queue.
         queue: String,
@@ -83,8 +97,9 @@ enum Command {
     /// --lines; each is confirmed by the broker before the command ends. The queue must
     /// exist: a publish declares nothing.
     ///
-    /// On NATS, where JetStream would make the stream of a subject no stream takes, the
-    /// queue is looked up first, and nothing is sent to one that does not exist.
+    /// On NATS, where JetStream would make the stream of a subject no stream takes, and
+    /// on Redis, where `XADD` would make the stream, the queue is looked up first, and
+    /// nothing is sent to one that does not exist.
     Publish {
         /// The queue.
         queue: String,
@@ -252,6 +267,7 @@ async fn connect_and_run(cli: Cli) -> Result<(), Failure> {
             .await
         }
         Target::Nats(url) => on(Target::nats(&url).await?, cli.command).await,
+        Target::Redis(url) => on(Target::redis(&url).await?, cli.command).await,
     }
 }
 

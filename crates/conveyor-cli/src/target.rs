@@ -1,13 +1,14 @@
 //! Which broker a command talks to, from its URL: `amqp://…` and `amqps://…` for
 //! RabbitMQ, `sqs://region[/endpoint]` for SQS (credentials from the standard AWS chain),
-//! `nats://…` for NATS JetStream.
+//! `nats://…` for NATS JetStream, `redis://…` for Redis Streams.
 
 use std::fmt;
 use std::time::Duration;
 
-use conveyor::{Broker, Delivery, Publisher};
+use conveyor::{Broker, Delivery, Publisher, QueueDepth};
 use conveyor_lapin::{LapinBroker, LapinError, LapinQueue, amqp_properties, redact_url};
 use conveyor_nats::{NatsBroker, NatsQueue};
+use conveyor_redis::{RedisBroker, RedisQueue};
 use conveyor_sqs::{SqsBroker, SqsQueue, attribute_types};
 
 use crate::Failure;
@@ -48,15 +49,30 @@ pub trait Inspect: Broker {
         self.publish(to, redriven(delivery, form))
     }
 
-    /// How many messages of `queue` a pass (`peek`, `redrive`) can receive now: those
-    /// ready, where the broker counts a message handed back as ready again.
+    /// The depth of `queue`, for `conveyor depth` and what a pass counts: by default
+    /// [`Broker::queue_depth`]. It fails for a queue that does not exist, also on a
+    /// broker whose own reading answers zeros for one (Redis).
     ///
     /// # Errors
     ///
-    /// As [`Broker::queue_depth`]: the queue does not exist, or the broker cannot be
+    /// The queue does not exist, or the broker cannot be asked.
+    fn depth(
+        &self,
+        queue: &str,
+    ) -> impl Future<Output = Result<QueueDepth, conveyor::Error>> + Send {
+        self.queue_depth(queue)
+    }
+
+    /// How many messages of `queue` a pass (`peek`, `redrive`) can receive now: those
+    /// ready ([`depth`](Inspect::depth)), where the broker counts a message handed back
+    /// as ready again.
+    ///
+    /// # Errors
+    ///
+    /// As [`depth`](Inspect::depth): the queue does not exist, or the broker cannot be
     /// asked.
     fn receivable(&self, queue: &str) -> impl Future<Output = Result<u64, conveyor::Error>> + Send {
-        let depth = self.queue_depth(queue);
+        let depth = self.depth(queue);
         async move { depth.await.map(|depth| depth.ready) }
     }
 
@@ -66,9 +82,10 @@ pub trait Inspect: Broker {
     const PUBLISH_CALL: usize;
 
     /// Whether a publish to a queue that does not exist makes it (NATS makes the stream
-    /// of a subject no stream takes). `conveyor publish` then looks the queue up before
-    /// it sends anything, so that a mistyped name fails rather than makes a queue no one
-    /// reads; elsewhere such a publish fails (or, on RabbitMQ, comes back) by itself.
+    /// of a subject no stream takes, Redis's `XADD` the stream of a name it does not
+    /// hold). `conveyor publish` then looks the queue up before it sends anything, so
+    /// that a mistyped name fails rather than makes a queue no one reads; elsewhere such
+    /// a publish fails (or, on RabbitMQ, comes back) by itself.
     const PUBLISH_MAKES_QUEUES: bool = false;
 }
 
@@ -189,6 +206,40 @@ impl Inspect for NatsBroker {
     }
 }
 
+/// A Redis queue is a stream read through the consumer group every subscription to it
+/// shares, each subscription a consumer of its own in the group.
+impl Inspect for RedisBroker {
+    /// Each call is one transaction (`MULTI`/`EXEC`): Redis adds all of its messages or
+    /// none, and a call whose answer is lost does not say which: calls of 500 tell which
+    /// lines Redis has.
+    const PUBLISH_CALL: usize = 500;
+
+    /// `XADD` makes the stream of a name Redis does not hold.
+    const PUBLISH_MAKES_QUEUES: bool = true;
+
+    /// The queue's stream is there (every command reads the queue's depth before it
+    /// receives, which fails for a missing stream); its consumer group is made if no one
+    /// has subscribed yet, as a read needs one, and the pass joins it as a consumer of
+    /// its own.
+    fn inspect(&self, name: &str) -> RedisQueue {
+        self.queue(name)
+    }
+
+    /// Redis answers zeros for a stream it does not hold, as for an empty one: the queue
+    /// is looked up first. Ready are the entries never delivered and those whose lease
+    /// lapsed or that were handed back (claimable at once), so the default
+    /// [`receivable`](Inspect::receivable), the ready count, counts a peeked message.
+    async fn depth(&self, queue: &str) -> Result<QueueDepth, conveyor::Error> {
+        if !self.queue_exists(queue).await? {
+            return Err(conveyor::Error::Transport {
+                transport: "redis",
+                source: format!("no queue `{queue}`: Redis holds no stream of that name").into(),
+            });
+        }
+        self.queue_depth(queue).await
+    }
+}
+
 /// A broker URL, parsed.
 #[derive(Clone, PartialEq, Eq)]
 pub enum Target {
@@ -201,6 +252,8 @@ pub enum Target {
     },
     /// NATS with JetStream at this URL (which may hold a password or a token).
     Nats(String),
+    /// Redis at this `redis://` URL (which may hold a password).
+    Redis(String),
 }
 
 /// How long an SQS receive long-polls: short, so that a command ends soon after a queue
@@ -211,6 +264,9 @@ const SQS_WAIT: Duration = Duration::from_secs(2);
 /// waits for the fetch under way.
 const NATS_FETCH_WAIT: Duration = Duration::from_secs(2);
 
+/// How long a Redis read blocks on an empty queue, for the same reason.
+const REDIS_FETCH_WAIT: Duration = Duration::from_secs(2);
+
 impl Target {
     /// Parses `url`; the error names the URL with its password hidden.
     pub fn parse(url: &str) -> Result<Target, Failure> {
@@ -220,9 +276,18 @@ impl Target {
         if url.starts_with("nats://") {
             return Ok(Target::Nats(url.to_string()));
         }
+        if url.starts_with("redis://") {
+            return Ok(Target::Redis(url.to_string()));
+        }
+        if url.starts_with("rediss://") {
+            return Err(Failure::usage(format!(
+                "`{}`: Redis over TLS (rediss://) is not supported: the Redis transport is built without TLS; use redis://, through a TLS tunnel where the network is not trusted",
+                redact_url(url)
+            )));
+        }
         let Some(rest) = url.strip_prefix("sqs://") else {
             return Err(Failure::usage(format!(
-                "unknown broker URL `{}`: expected amqp://…, amqps://…, sqs://region[/endpoint] or nats://…",
+                "unknown broker URL `{}`: expected amqp://…, amqps://…, sqs://region[/endpoint], nats://… or redis://…",
                 redact_nats(url)
             )));
         };
@@ -266,6 +331,22 @@ impl Target {
                 Some(token) => text.replace(token, "***"),
                 None => text,
             })
+        })
+    }
+
+    /// Connects to Redis. Queues whose declaration sets no visibility timeout are read
+    /// with the transport's default lease, as a service with the defaults reads them.
+    pub async fn redis(url: &str) -> Result<RedisBroker, Failure> {
+        let connected = RedisBroker::builder()
+            .url(url)
+            .fetch_wait(REDIS_FETCH_WAIT)
+            .build()
+            .await;
+        // The error names the URL with its password hidden, which the transport does
+        // already; hidden here too, wherever a cause might quote it.
+        connected.map_err(|error| {
+            let text = conveyor::Report(&error).to_string();
+            Failure::broker(conveyor::kit::without_password(&text, url))
         })
     }
 
@@ -330,12 +411,12 @@ fn endpoint_url(endpoint: &str) -> String {
     format!("{scheme}://{endpoint}")
 }
 
-/// Shows the URL as it is safe to print: a password hidden (AMQP's, NATS's, or one in
-/// an SQS endpoint), and a NATS token.
+/// Shows the URL as it is safe to print: a password hidden (AMQP's, NATS's, Redis's,
+/// or one in an SQS endpoint), and a NATS token.
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Target::Amqp(url) => f.write_str(&redact_url(url)),
+            Target::Amqp(url) | Target::Redis(url) => f.write_str(&redact_url(url)),
             Target::Nats(url) => f.write_str(&redact_nats(url)),
             Target::Sqs { region, endpoint } => match endpoint {
                 Some(endpoint) => write!(f, "sqs://{region}/{}", redact_url(endpoint)),
@@ -382,6 +463,37 @@ mod tests {
         assert_eq!(nats_token("nats://user:pw@host"), None);
         assert_eq!(nats_token("nats://host:4222"), None);
         assert!(NatsBroker::drops_key("orders").is_none());
+    }
+
+    #[test]
+    fn redis_urls_are_kept_whole_and_shown_without_their_password() {
+        let target = Target::parse("redis://app:s3cret@cache.internal:6379/2").unwrap();
+        assert_eq!(
+            target,
+            Target::Redis("redis://app:s3cret@cache.internal:6379/2".into())
+        );
+        assert_eq!(target.to_string(), "redis://app:***@cache.internal:6379/2");
+        // A password with no user name, as Redis before ACLs takes it.
+        let target = Target::parse("redis://:s3cret@cache.internal:6379").unwrap();
+        assert_eq!(target.to_string(), "redis://:***@cache.internal:6379");
+        assert_eq!(
+            Target::parse("redis://127.0.0.1:6379").unwrap().to_string(),
+            "redis://127.0.0.1:6379"
+        );
+        assert!(RedisBroker::drops_key("orders").is_none());
+    }
+
+    #[test]
+    fn rediss_is_refused_as_a_usage_error_that_says_why_without_the_password() {
+        let error = Target::parse("rediss://app:s3cret@cache.internal:6380").unwrap_err();
+        assert_eq!(error.code, 2, "{error}");
+        let text = error.to_string();
+        assert!(
+            text.contains("rediss://app:***@cache.internal:6380"),
+            "{text}"
+        );
+        assert!(text.contains("TLS"), "{text}");
+        assert!(!text.contains("s3cret"), "{text}");
     }
 
     #[test]
@@ -457,7 +569,7 @@ mod tests {
 
     #[test]
     fn a_bad_url_is_refused_without_its_password() {
-        let error = Target::parse("redis://u:hunter2@host").unwrap_err();
+        let error = Target::parse("kafka://u:hunter2@host").unwrap_err();
         assert!(!error.to_string().contains("hunter2"), "{error}");
         let error = Target::parse("tcp://hunter2@host").unwrap_err();
         assert!(!error.to_string().contains("hunter2"), "{error}");

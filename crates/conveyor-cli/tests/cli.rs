@@ -1,5 +1,5 @@
-//! The `conveyor` binary, run as a subprocess against the live RabbitMQ, the SQS emulator
-//! and NATS with JetStream (`scripts/services/`): each command on each broker, the
+//! The `conveyor` binary, run as a subprocess against the live RabbitMQ, the SQS emulator,
+//! NATS with JetStream and Redis (`scripts/services/`): each command on each broker, the
 //! dead-letter redrive with its filter, limit and dry run, and a redrive interrupted
 //! mid-way and run again.
 
@@ -10,6 +10,7 @@ use std::time::Duration;
 use conveyor::{App, Broker, DeadLetter, Message, Outcome, Publisher, QueueSpec};
 use conveyor_lapin::LapinBroker;
 use conveyor_nats::NatsBroker;
+use conveyor_redis::RedisBroker;
 use conveyor_sqs::SqsBroker;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
@@ -17,6 +18,7 @@ use tokio::process::Command;
 const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 const SQS_URL: &str = "sqs://us-east-1/127.0.0.1:4566";
 const NATS_URL: &str = "nats://127.0.0.1:4222";
+const REDIS_URL: &str = "redis://127.0.0.1:6379/0";
 /// How long a command or a condition may take before the test gives up on it: a guard
 /// against a hang, never a measure. Generous: a redrive of 400 messages through the SQS
 /// emulator takes half a minute on an idle 2-core machine, and over a minute under a
@@ -73,6 +75,18 @@ async fn nats() -> Live<NatsBroker> {
         url: NATS_URL,
         fifo: false,
         handed_back_in_flight: true,
+    }
+}
+
+async fn redis() -> Live<RedisBroker> {
+    let broker = RedisBroker::connect(REDIS_URL)
+        .await
+        .expect("Redis on 127.0.0.1:6379 (scripts/services/redis.sh)");
+    Live {
+        broker,
+        url: REDIS_URL,
+        fifo: false,
+        handed_back_in_flight: false,
     }
 }
 
@@ -1343,5 +1357,215 @@ mod nats {
             assert!(!ran.stderr.contains("hunter2"), "{ran:?}");
             assert!(!ran.stdout.contains("hunter2"), "{ran:?}");
         }
+    }
+}
+
+mod redis {
+    use super::*;
+
+    #[tokio::test]
+    async fn depth_prints_each_queues_counts() {
+        super::depth_prints_each_queues_counts(redis().await).await;
+    }
+
+    #[tokio::test]
+    async fn depth_watch_redraws_the_table_in_place_until_interrupted() {
+        super::depth_watch_redraws_the_table_in_place_until_interrupted(redis().await).await;
+    }
+
+    #[tokio::test]
+    async fn peek_shows_messages_and_leaves_them_in_the_queue() {
+        super::peek_shows_messages_and_leaves_them_in_the_queue(redis().await).await;
+    }
+
+    #[tokio::test]
+    async fn peek_into_a_closed_pipe_hands_everything_back_and_exits_quietly() {
+        super::peek_into_a_closed_pipe_hands_everything_back_and_exits_quietly(redis().await).await;
+    }
+
+    /// A peeked entry is handed back claimable at once (its idle time set past any
+    /// lease): `depth` counts it ready again, with nothing in flight, and a second peek
+    /// shows it, where an entry left held would not come back for its lease (30 s),
+    /// longer than a pass waits. Redis counts each peek as a delivery.
+    #[tokio::test]
+    async fn a_peek_hands_the_messages_back_ready_at_once_and_counts_as_a_delivery() {
+        let live = redis().await;
+        let queue = live.declare("peek-again").await;
+        live.broker
+            .publish_batch(&queue, vec![json(1, "acme"), json(2, "globex")])
+            .await
+            .expect("published");
+        live.wait_ready(&queue, 2).await;
+        for attempt in 1..=2 {
+            let ran = live.run(&["peek", &queue, "-n", "5"]).await;
+            assert!(ran.status.success(), "{ran:?}");
+            assert!(ran.stdout.contains("2 shown of 2 ready"), "{ran:?}");
+            assert_eq!(
+                ran.stdout.matches(&format!("attempt: {attempt}\n")).count(),
+                2,
+                "{ran:?}"
+            );
+            let depth = live.broker.queue_depth(&queue).await.expect("a depth");
+            assert_eq!(
+                (depth.ready, depth.in_flight),
+                (2, Some(0)),
+                "after peek {attempt}"
+            );
+        }
+        let ran = live.run(&["depth", &queue]).await;
+        assert!(ran.status.success(), "{ran:?}");
+        let row: Vec<&str> = ran
+            .stdout
+            .lines()
+            .nth(1)
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect();
+        assert_eq!(row, [queue.as_str(), "2", "0", "0"], "{ran:?}");
+        // Both still there, and nothing more. (Not by the depth: `take_dead_letters`
+        // deletes the entries but leaves them pending in the group, which the depth
+        // counts ready until a receive clears them.)
+        let taken = live.take(&queue, 2).await;
+        assert_eq!(taken.len(), 2);
+        let more = live
+            .broker
+            .take_dead_letters(&queue, 10)
+            .await
+            .expect("taken");
+        assert!(more.is_empty(), "{} more", more.len());
+        live.delete(&[&queue]).await;
+    }
+
+    #[tokio::test]
+    async fn publish_sends_one_message_or_one_per_line() {
+        super::publish_sends_one_message_or_one_per_line(redis().await).await;
+    }
+
+    /// `XADD` would make the stream of a name Redis does not hold, and Redis answers a
+    /// depth of zeros for it: every command looks the queue up first, so a mistyped
+    /// name is a one-line error that sends nothing and makes no queue, as on RabbitMQ
+    /// and SQS.
+    #[tokio::test]
+    async fn a_queue_that_does_not_exist_is_an_error_and_is_not_made() {
+        let live = redis().await;
+        let queue = unique("nowhere");
+        let dead = live.declare("nowhere-dead").await;
+        live.broker
+            .publish(&dead, json(1, "acme"))
+            .await
+            .expect("published");
+        live.wait_ready(&dead, 1).await;
+        // The body in a file: the command fails before it reads any input, so a pipe to
+        // its standard input could be closed before the test had written to it.
+        let body = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{queue}.json"));
+        std::fs::write(&body, br#"{"id": 1}"#).expect("the body is written");
+        let body = body.to_str().expect("a UTF-8 path");
+
+        for args in [
+            &["publish", &queue, body][..],
+            &["depth", &queue],
+            &["peek", &queue],
+            &["redrive", &queue, "--to", &dead],
+            &["redrive", &dead, "--to", &queue],
+        ] {
+            let ran = live.run(args).await;
+            assert_eq!(ran.status.code(), Some(1), "{args:?}: {ran:?}");
+            assert!(
+                ran.stderr.contains(&format!("no queue `{queue}`")),
+                "{args:?}: {ran:?}"
+            );
+            assert_eq!(
+                ran.stderr.trim_end().lines().count(),
+                1,
+                "{args:?}: {ran:?}"
+            );
+            assert!(
+                !live.broker.queue_exists(&queue).await.expect("asked"),
+                "{args:?} made `{queue}`"
+            );
+        }
+        // The dead letter stayed where it was.
+        live.wait_ready(&dead, 1).await;
+        live.delete(&[&dead]).await;
+        let _ = std::fs::remove_file(body);
+    }
+
+    #[tokio::test]
+    async fn redrive_moves_dead_letters_back_marked_and_keeps_the_rest() {
+        super::redrive_moves_dead_letters_back_marked_and_keeps_the_rest(redis().await).await;
+    }
+
+    #[tokio::test]
+    async fn an_interrupted_redrive_run_again_moves_each_message_exactly_once() {
+        super::an_interrupted_redrive_run_again_moves_each_message_exactly_once(redis().await)
+            .await;
+    }
+
+    /// What the killed run held comes back once its lease lapses (the default 30 s, as
+    /// the queues declare none), which the test waits for before it runs again.
+    #[tokio::test]
+    async fn a_killed_redrive_run_again_loses_nothing() {
+        super::a_killed_redrive_run_again_loses_nothing(redis().await).await;
+    }
+
+    #[tokio::test]
+    async fn redrive_at_a_rate_pauses_between_moves() {
+        super::redrive_at_a_rate_pauses_between_moves(redis().await).await;
+    }
+
+    #[tokio::test]
+    async fn redrive_refuses_a_rate_that_is_not_a_positive_number() {
+        super::redrive_refuses_a_rate_that_is_not_a_positive_number(redis().await).await;
+    }
+
+    #[tokio::test]
+    async fn failures_are_one_line_and_never_show_a_password() {
+        super::failures_are_one_line_and_never_show_a_password(redis().await).await;
+        // A login the server refuses (no such user on the test server), and a server that
+        // cannot be reached (nothing listens on port 1), are named with the password
+        // hidden: with a user name, and without one, as Redis before ACLs takes it.
+        for (url, shown) in [
+            (
+                "redis://app:hunter2-secret@127.0.0.1:6379/0",
+                "redis://app:***@127.0.0.1:6379/0",
+            ),
+            (
+                "redis://app:hunter2-secret@127.0.0.1:1",
+                "redis://app:***@127.0.0.1:1",
+            ),
+            (
+                "redis://:hunter2-secret@127.0.0.1:1/0",
+                "redis://:***@127.0.0.1:1/0",
+            ),
+        ] {
+            let live = Live {
+                broker: redis().await.broker,
+                url,
+                fifo: false,
+                handed_back_in_flight: false,
+            };
+            let ran = live.run(&["depth", "anything"]).await;
+            assert_eq!(ran.status.code(), Some(1), "{ran:?}");
+            assert!(ran.stderr.contains(shown), "{ran:?}");
+            assert_eq!(ran.stderr.trim_end().lines().count(), 1, "{ran:?}");
+            assert!(!ran.stderr.contains("hunter2"), "{ran:?}");
+            assert!(!ran.stdout.contains("hunter2"), "{ran:?}");
+        }
+        // TLS is refused before anything is sent, as a command-line mistake.
+        let live = Live {
+            broker: redis().await.broker,
+            url: "rediss://app:hunter2-secret@127.0.0.1:6379",
+            fifo: false,
+            handed_back_in_flight: false,
+        };
+        let ran = live.run(&["depth", "anything"]).await;
+        assert_eq!(ran.status.code(), Some(2), "{ran:?}");
+        assert!(ran.stderr.contains("TLS"), "{ran:?}");
+        assert!(
+            ran.stderr.contains("rediss://app:***@127.0.0.1:6379"),
+            "{ran:?}"
+        );
+        assert_eq!(ran.stderr.trim_end().lines().count(), 1, "{ran:?}");
+        assert!(!ran.stderr.contains("hunter2"), "{ran:?}");
     }
 }
