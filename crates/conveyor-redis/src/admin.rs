@@ -204,6 +204,20 @@ pub(crate) async fn take(
             break;
         }
         let got = range.ids.len();
+        let ids: Vec<&str> = range.ids.iter().map(|entry| entry.id.as_str()).collect();
+        // Acknowledged first, so that none stays pending in the group (a peek may have
+        // read it), where depth would count it ready; a queue with no group has none.
+        let acked: redis::RedisResult<()> = redis::cmd("XACK")
+            .arg(name)
+            .arg(GROUP)
+            .arg(&ids)
+            .query_async(&mut commands)
+            .await;
+        if let Err(e) = acked
+            && e.code() != Some("NOGROUP")
+        {
+            return Err(failed("XACK", name, Report(&e)));
+        }
         let mut delete = redis::cmd("XDEL");
         delete.arg(name);
         for entry in range.ids {
