@@ -161,7 +161,8 @@ impl<K: Keep> Keeper<K> {
 
     /// Carries out the settlements as they come, until the close (or every settler gone)
     /// and every message is finished with. A settlement waits up to `linger` for a batch
-    /// to share its call (not once the subscription drains or closes).
+    /// to share its call (not once the subscription drains or closes, nor once those
+    /// waiting would make the room the pump waits for).
     async fn settle_until_closed(
         &self,
         closing_asked: &mut watch::Receiver<bool>,
@@ -169,6 +170,7 @@ impl<K: Keep> Keeper<K> {
         alive: &mut watch::Receiver<()>,
     ) {
         let (mut closing, mut draining) = (false, false);
+        let mut room_wanted = self.leases.room_wanted();
         // When the settlements waiting now were first seen: the linger counts from there,
         // not from each turn of the loop.
         let mut first_waiting = None;
@@ -179,7 +181,7 @@ impl<K: Keep> Keeper<K> {
             let (enough, linger) = if closing || draining {
                 (1, Duration::ZERO)
             } else {
-                (self.keep.batch(), self.linger)
+                (self.enough(*room_wanted.borrow_and_update()), self.linger)
             };
             tokio::select! {
                 () = batch_ready(self.leases.settled(), enough, linger, &mut first_waiting) => {
@@ -196,8 +198,23 @@ impl<K: Keep> Keeper<K> {
                     draining = true;
                     first_waiting = None;
                 }
+                // The next turn lingers, or not, as the pump now needs.
+                () = room_wanted_changed(&mut room_wanted) => {}
             }
         }
+    }
+
+    /// How many settlements waiting are worth a call without lingering: a batch, or fewer
+    /// when the pump waits for room (under `room_wanted`) and that many would make it.
+    fn enough(&self, room_wanted: Option<usize>) -> usize {
+        let batch = self.keep.batch().max(1);
+        let Some(limit) = room_wanted else {
+            return batch;
+        };
+        // Nothing is being sent now (the keeper sends one flush at a time), so every
+        // message held stays counted until a flush: freeing `held - limit + 1` makes room.
+        let to_free = self.leases.len().saturating_sub(limit).saturating_add(1);
+        to_free.min(batch)
     }
 
     /// Carries out the oldest settlements recorded so far, a batch, then forgets those
@@ -331,6 +348,14 @@ async fn batch_ready<T>(
         .await;
 }
 
+/// Resolves once the pump starts or stops waiting for room (never, once the leases are
+/// gone).
+async fn room_wanted_changed(room_wanted: &mut watch::Receiver<Option<usize>>) {
+    if room_wanted.changed().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
 /// Resolves once the subscription stops receiving (or is gone).
 async fn drain_requested(draining: &mut watch::Receiver<bool>) {
     let _ = draining.wait_for(|stop| *stop).await;
@@ -445,6 +470,10 @@ mod tests {
     }
 
     fn start(script: &Script) -> Running {
+        start_lingering(script, Duration::from_millis(5))
+    }
+
+    fn start_lingering(script: &Script, linger: Duration) -> Running {
         let leases = Arc::new(Leases::default());
         let (alive, alive_watch) = Alive::new();
         let (closing, closing_watch) = watch::channel(false);
@@ -452,7 +481,7 @@ mod tests {
         let keeper = Keeper::new(
             script.clone(),
             leases.clone(),
-            Duration::from_millis(5),
+            linger,
             CallHealth::default(),
         );
         let keeper = tokio::spawn(keeper.run(KeeperSignals {
@@ -558,5 +587,44 @@ mod tests {
             .collect();
         assert_eq!(calls, [Call::Settle(vec![("a", "release")])]);
         assert!(running.leases.is_empty());
+    }
+
+    /// A settlement lingers for others to share its call, but not once the settlements
+    /// waiting would make the room the pump waits for: the next receive waits on them.
+    #[tokio::test(start_paused = true)]
+    async fn settlements_go_out_at_once_when_they_would_make_the_room_the_pump_waits_for() {
+        let script = Script::default();
+        let began = Instant::now();
+        let running = start_lingering(&script, Duration::from_secs(10));
+        let tags = ["a", "b", "c", "d"].map(|name| running.leases.insert(name, LEASE));
+        assert!(running.leases.settle(tags[0], |_| "ack"));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(calls(&script, began).is_empty(), "lingering for a batch");
+
+        // Four held, the pump waits to hold fewer than three: two must go.
+        let leases = running.leases.clone();
+        let pump = tokio::spawn(async move { leases.room_for(3).await });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(calls(&script, began).is_empty(), "one sent makes no room");
+        assert!(running.leases.settle(tags[1], |_| "ack"));
+        tokio::time::timeout(Duration::from_millis(1), pump)
+            .await
+            .expect("room once the two acks are sent")
+            .unwrap();
+        let both = Call::Settle(vec![("a", "ack"), ("b", "ack")]);
+        assert_eq!(calls(&script, began), [(Duration::from_secs(2), both)]);
+
+        // No pump waits any more: the next settlement lingers again.
+        assert!(running.leases.settle(tags[2], |_| "ack"));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(calls(&script, began).len(), 1, "lingering again");
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        assert_eq!(
+            calls(&script, began).last(),
+            Some(&(Duration::from_secs(12), Call::Settle(vec![("c", "ack")])))
+        );
+        assert!(running.leases.settle(tags[3], |_| "ack"));
+        running.closing.send_replace(true);
+        running.keeper.await.unwrap();
     }
 }

@@ -10,11 +10,15 @@
 //! is going out is no longer renewed ([`Leases::sending`]), and that call waits for a
 //! renewal under way that covers it ([`Leases::renewals_over`]). So the visibility a
 //! settlement sets has the last word; a renewal never lands after it.
+//!
+//! While the pump waits for room, the keeper does not linger once the settlements waiting
+//! would make that room: held back to share a call, they would hold the next receive back
+//! with them ([`Leases::room_wanted`]).
 
 use std::sync::Mutex;
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use super::settle::{SettleQueue, TagTable};
@@ -108,6 +112,8 @@ pub struct Leases<D, O> {
     room: Notify,
     /// Wakes the keeper's settlements when a renewal's call has returned.
     renewal_ended: Notify,
+    /// The limit the pump waits to be under, while it waits.
+    room_wanted: watch::Sender<Option<usize>>,
 }
 
 impl<D, O> Default for Leases<D, O> {
@@ -117,6 +123,7 @@ impl<D, O> Default for Leases<D, O> {
             settled: SettleQueue::new(),
             room: Notify::new(),
             renewal_ended: Notify::new(),
+            room_wanted: watch::Sender::new(None),
         }
     }
 }
@@ -233,9 +240,23 @@ impl<D, O> Leases<D, O> {
         self.len() == 0
     }
 
-    /// Resolves once fewer than `limit` messages are held.
+    /// Resolves once fewer than `limit` messages are held. While it waits,
+    /// [`room_wanted`](Self::room_wanted) says so.
     pub async fn room_for(&self, limit: usize) {
+        if self.len() < limit {
+            return;
+        }
+        // Cleared however the wait ends, cancelled included.
+        let _wanting = RoomWanted::announce(&self.room_wanted, limit);
         wait_for(&self.room, || (self.len() < limit).then_some(())).await;
+    }
+
+    /// The limit the pump waits in [`room_for`](Self::room_for) to be under, while it
+    /// waits, as it changes. The keeper does not linger once the settlements waiting would
+    /// make that room: held back to share a call, they would hold the next receive back
+    /// too (with one message held at a time, every receive).
+    pub fn room_wanted(&self) -> watch::Receiver<Option<usize>> {
+        self.room_wanted.subscribe()
     }
 
     /// The leases the keeper renews that lapse within `margin`, each as `renewal` makes
@@ -311,6 +332,22 @@ impl<D, O> Leases<D, O> {
         {
             entry.times.expires_at = until;
         }
+    }
+}
+
+/// Marks the pump as waiting for room under a limit for as long as it lives.
+struct RoomWanted<'a>(&'a watch::Sender<Option<usize>>);
+
+impl<'a> RoomWanted<'a> {
+    fn announce(wanted: &'a watch::Sender<Option<usize>>, limit: usize) -> Self {
+        wanted.send_replace(Some(limit));
+        RoomWanted(wanted)
+    }
+}
+
+impl Drop for RoomWanted<'_> {
+    fn drop(&mut self) {
+        self.0.send_replace(None);
     }
 }
 
@@ -407,6 +444,7 @@ mod tests {
             (1, 0),
             "still counted while its call is made"
         );
+        let wanted = leases.room_wanted();
         let room = leases.room_for(1);
         tokio::pin!(room);
         assert!(
@@ -415,10 +453,12 @@ mod tests {
                 .is_err(),
             "no room while it is held"
         );
+        assert_eq!(*wanted.borrow(), Some(1), "the keeper hears the pump waits");
         leases.finish([tag]);
         tokio::time::timeout(Duration::from_secs(1), room)
             .await
             .expect("room once it is finished with");
+        assert_eq!(*wanted.borrow(), None, "not waiting any more");
         assert!(leases.is_empty());
         assert!(!leases.settle(tag, |_| "delete"), "unknown once finished");
     }
