@@ -91,9 +91,10 @@ pub struct Delivery {
     /// `memcpy` at every move, about a dozen per delivery (330 instructions).
     lane: Option<u32>,
     settler: Option<(Arc<dyn Settle>, u64)>,
-    /// When it was taken in ahead of its handler, for the head-of-line wait metric:
-    /// nanoseconds since `arrival::epoch()`, half the size of an `Instant`. Unset for
-    /// a delivery whose handler starts as the dispatcher takes it: it waits for nothing.
+    /// When it was taken in ahead of its handler, by its transport (a read-ahead buffer)
+    /// or by any-worker's dispatcher, for the head-of-line wait metric: nanoseconds since
+    /// `arrival::epoch()`, half the size of an `Instant`. Unset otherwise (lanes note it
+    /// beside the delivery, `telemetry::Arrival`).
     #[cfg(feature = "metrics")]
     arrived: Option<std::num::NonZeroU64>,
 }
@@ -155,8 +156,11 @@ impl Delivery {
     }
 
     /// Notes that the delivery arrived now, unless its transport noted it earlier: for
-    /// the dispatch modes that hold a delivery before its handler starts (lanes,
-    /// any-worker).
+    /// any-worker, which holds a delivery before its handler starts. (Lanes note when
+    /// they took one in beside it, `telemetry::Arrival`: an `Instant` read once, where
+    /// this costs a subtraction from the epoch at each end; on any-worker's board an
+    /// `Instant` beside each delivery made its items too large to move without `memcpy`,
+    /// which cost more than it saved.)
     pub(crate) fn note_arrival(&mut self) {
         #[cfg(feature = "metrics")]
         if self.arrived.is_none() {
@@ -164,14 +168,11 @@ impl Delivery {
         }
     }
 
-    /// When the delivery arrived, if it was taken in ahead of its handler (with the
-    /// `metrics` feature).
+    /// When the delivery arrived, if it was taken in ahead of its handler.
+    #[cfg(feature = "metrics")]
     #[inline]
     pub(crate) fn arrived(&self) -> Option<std::time::Instant> {
-        #[cfg(feature = "metrics")]
-        return self.arrived.and_then(arrival::instant);
-        #[cfg(not(feature = "metrics"))]
-        None
+        self.arrived.and_then(arrival::instant)
     }
 
     /// Sets the headers.

@@ -60,6 +60,52 @@ mod enabled {
         lanes: std::sync::Arc<[(Gauge, Gauge)]>,
     }
 
+    /// One lane's series of a lanes mount, kept by the lane's task: `conveyor.lane.in_flight`
+    /// and `conveyor.lane.waiting`.
+    pub(crate) struct LaneMetrics(Option<(Gauge, Gauge)>);
+
+    impl LaneMetrics {
+        /// The lane starts a delivery: one fewer waits, one runs.
+        #[inline]
+        pub(crate) fn started(&self) {
+            if let Some((running, waiting)) = &self.0 {
+                waiting.decrement(1.0);
+                running.set(1.0);
+            }
+        }
+
+        /// The lane has finished its delivery.
+        #[inline]
+        pub(crate) fn finished(&self) {
+            if let Some((running, _)) = &self.0 {
+                running.set(0.0);
+            }
+        }
+    }
+
+    /// When lanes' dispatcher took a delivery in, for the head-of-line wait: kept beside
+    /// the delivery as it waits in its lane, an `Instant` read once, where noting it in
+    /// the delivery (which has no room for an `Instant`) costs a subtraction from an
+    /// epoch at each end. A transport's own note of the arrival (`Delivery::arrived_now`)
+    /// comes first.
+    #[derive(Clone, Copy, Debug)]
+    pub(crate) struct Arrival(Option<Instant>);
+
+    impl Arrival {
+        /// Taken in now.
+        #[inline]
+        pub(crate) fn now() -> Self {
+            Arrival(Some(Instant::now()))
+        }
+
+        /// Not noted beside the delivery: a wait is recorded only if the delivery
+        /// itself notes when it arrived.
+        #[inline]
+        pub(crate) fn none() -> Self {
+            Arrival(None)
+        }
+    }
+
     impl std::fmt::Debug for MountMetrics {
         fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             f.write_str("MountMetrics")
@@ -113,35 +159,34 @@ mod enabled {
         /// if it was taken in ahead of its handler, and returns the run's start (one
         /// clock read for both).
         #[inline]
-        pub(crate) fn first_run_started(&self, arrived: Option<Instant>) -> Option<Instant> {
+        pub(crate) fn first_run_started(
+            &self,
+            delivery: &crate::delivery::Delivery,
+            arrival: Arrival,
+        ) -> Option<Instant> {
             let now = Instant::now();
-            if let Some(arrived) = arrived {
+            // The transport's note first: it took the delivery in earliest.
+            if let Some(arrived) = delivery.arrived().or(arrival.0) {
                 self.wait
                     .record(now.saturating_duration_since(arrived).as_secs_f64());
             }
             Some(now)
         }
 
+        /// The series of lane `lane`, for the lane's own task to keep: it then reaches
+        /// its gauges without a look-up per delivery.
+        pub(crate) fn lane(&self, lane: usize) -> LaneMetrics {
+            LaneMetrics(self.lanes.get(lane).cloned())
+        }
+
         pub(crate) fn reconnecting(&self) {
             self.reconnects.increment(1);
         }
 
+        #[inline]
         pub(crate) fn lane_queued(&self, lane: usize) {
             if let Some((_, waiting)) = self.lanes.get(lane) {
                 waiting.increment(1.0);
-            }
-        }
-
-        pub(crate) fn lane_started(&self, lane: usize) {
-            if let Some((running, waiting)) = self.lanes.get(lane) {
-                waiting.decrement(1.0);
-                running.set(1.0);
-            }
-        }
-
-        pub(crate) fn lane_finished(&self, lane: usize) {
-            if let Some((running, _)) = self.lanes.get(lane) {
-                running.set(0.0);
             }
         }
 
@@ -215,6 +260,29 @@ mod disabled {
     #[derive(Clone, Debug)]
     pub(crate) struct MountMetrics;
 
+    /// Without the `metrics` feature: nothing.
+    pub(crate) struct LaneMetrics;
+
+    impl LaneMetrics {
+        pub(crate) fn started(&self) {}
+
+        pub(crate) fn finished(&self) {}
+    }
+
+    /// Without the `metrics` feature: nothing, and no clock read.
+    #[derive(Clone, Copy, Debug)]
+    pub(crate) struct Arrival;
+
+    impl Arrival {
+        pub(crate) fn now() -> Self {
+            Arrival
+        }
+
+        pub(crate) fn none() -> Self {
+            Arrival
+        }
+    }
+
     impl MountMetrics {
         pub(crate) fn new(
             _system: &'static str,
@@ -225,17 +293,21 @@ mod disabled {
             MountMetrics
         }
 
-        pub(crate) fn first_run_started(&self, _arrived: Option<Instant>) -> Option<Instant> {
+        pub(crate) fn first_run_started(
+            &self,
+            _delivery: &crate::delivery::Delivery,
+            _arrival: Arrival,
+        ) -> Option<Instant> {
             None
         }
 
         pub(crate) fn reconnecting(&self) {}
 
+        pub(crate) fn lane(&self, _lane: usize) -> LaneMetrics {
+            LaneMetrics
+        }
+
         pub(crate) fn lane_queued(&self, _lane: usize) {}
-
-        pub(crate) fn lane_started(&self, _lane: usize) {}
-
-        pub(crate) fn lane_finished(&self, _lane: usize) {}
 
         pub(crate) fn lanes_stopped(&self) {}
 
@@ -260,9 +332,9 @@ mod disabled {
 }
 
 #[cfg(not(feature = "metrics"))]
-pub(crate) use disabled::MountMetrics;
+pub(crate) use disabled::{Arrival, LaneMetrics, MountMetrics};
 #[cfg(feature = "metrics")]
-pub(crate) use enabled::MountMetrics;
+pub(crate) use enabled::{Arrival, LaneMetrics, MountMetrics};
 
 /// Whether Conveyor was built with the `metrics` feature: a transport can skip the work
 /// of measuring when nothing would record it.

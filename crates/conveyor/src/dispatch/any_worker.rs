@@ -35,6 +35,7 @@ use crate::error::Error;
 use crate::handler::CallOne;
 use crate::kit;
 use crate::lanes_view::LaneStats;
+use crate::telemetry::Arrival;
 use crate::transport::Subscriber;
 
 /// The read-ahead of `any_worker()` when the mount sets none: four deliveries per worker,
@@ -365,7 +366,14 @@ async fn work<H: CallOne>(handler: Arc<H>, worker: Worker, run: Run) {
         }
         turn.item.set_lane(index);
         stats.started(index, true);
-        handle_one(&*handler, turn.item, &run, Retries::InPlace).await;
+        handle_one(
+            &*handler,
+            turn.item,
+            &run,
+            Retries::InPlace,
+            Arrival::none(),
+        )
+        .await;
         stats.finished(index);
         drop(board.done(turn.key));
     }

@@ -30,6 +30,7 @@ use crate::error::Error;
 use crate::handler::CallOne;
 use crate::lanes_view::LaneStats;
 use crate::mount::LANE_BUFFER;
+use crate::telemetry::{Arrival, LaneMetrics};
 use crate::transport::Subscriber;
 
 /// The lane, out of `lanes`, that a partition key maps to.
@@ -61,10 +62,10 @@ pub(crate) fn key_hash(key: &str) -> u64 {
     })
 }
 
-/// What the dispatcher hands a lane: a delivery and its key's [`key_hash`] (`None` for a
+/// What the dispatcher hands a lane: a delivery, its key's [`key_hash`] (`None` for a
 /// keyless one), which the lane keeps while it runs the delivery, to tell at shutdown what
-/// waits behind it.
-type Handed = (Delivery, Option<u64>);
+/// waits behind it, and when the dispatcher took it in (for the wait metric).
+type Handed = (Delivery, Option<u64>, Arrival);
 
 pub(super) async fn drive<H: CallOne, S: Subscriber>(
     handler: Arc<H>,
@@ -87,6 +88,7 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
             queue,
             drain: drained,
             stats: stats.clone(),
+            metrics: run.metrics.lane(number),
         };
         tasks.spawn(run_lane(handler.clone(), lane, run.clone()));
     }
@@ -104,7 +106,7 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
             Received::Delivery(delivery) => delivery,
             other => break other.into(),
         };
-        delivery.note_arrival();
+        let arrival = Arrival::now();
         let (lane, hash) = match delivery.partition_key() {
             Some(key) => {
                 let hash = key_hash(key);
@@ -123,7 +125,7 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
         delivery.set_lane(lane);
         // A lane with room takes the delivery at once, without the shutdown's future
         // being made (see `receive`).
-        let handed = match lanes[lane].try_send((delivery, hash)) {
+        let handed = match lanes[lane].try_send((delivery, hash, arrival)) {
             Ok(()) => continue,
             Err(TrySendError::Full(handed)) => handed,
             Err(TrySendError::Closed(_)) => break hand_over_lost(&mut tasks, &run).await,
@@ -214,6 +216,8 @@ struct Lane {
     /// lane, if any: it came after everything in `queue`.
     drain: oneshot::Receiver<Option<Handed>>,
     stats: Arc<LaneStats>,
+    /// The lane's own metric series.
+    metrics: LaneMetrics,
 }
 
 /// One lane: runs its deliveries in order, each to its end, retries included, before the
@@ -226,12 +230,13 @@ async fn run_lane<H: CallOne>(handler: Arc<H>, lane: Lane, run: Run) {
         mut queue,
         mut drain,
         stats,
+        metrics,
     } = lane;
     loop {
         // No wait on the shutdown here: the mount's loop sees it and drops the lanes'
         // senders, which ends this wait (polling the shutdown beside the queue cost about
         // 300 instructions per delivery). A shutdown is looked at once a delivery is taken.
-        let Some((delivery, key)) = queue.recv().await else {
+        let Some((delivery, key, arrival)) = queue.recv().await else {
             break;
         };
         // Shutdown came as it was taken: nothing of this lane's keys runs, so it goes back
@@ -241,8 +246,14 @@ async fn run_lane<H: CallOne>(handler: Arc<H>, lane: Lane, run: Run) {
             break;
         }
         stats.started(number, false);
-        run.metrics.lane_started(number);
-        let mut handling = pin!(handle_one(&*handler, delivery, &run, Retries::InPlace));
+        metrics.started();
+        let mut handling = pin!(handle_one(
+            &*handler,
+            delivery,
+            &run,
+            Retries::InPlace,
+            arrival
+        ));
         // A handler that finishes at its first poll never meets the drain; one that waits
         // is polled again beside it, with the task's waker, and waiting on the drain costs
         // no lock (a oneshot, unlike the shutdown's watch).
@@ -258,7 +269,7 @@ async fn run_lane<H: CallOne>(handler: Arc<H>, lane: Lane, run: Run) {
                 }
             },
         };
-        run.metrics.lane_finished(number);
+        metrics.finished();
         stats.finished(number);
         if let Some(behind) = behind {
             // The delivery before them is settled: they go back now, in order.
@@ -282,7 +293,7 @@ fn hold_behind(
 ) -> Vec<Delivery> {
     let mut behind = Vec::new();
     let waiting = std::iter::from_fn(|| queue.try_recv().ok()).chain(in_hand);
-    for (delivery, key) in waiting {
+    for (delivery, key, _) in waiting {
         if running.is_some() && key == running {
             behind.push(delivery);
         } else {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use super::{End, Received, Retries, Run, StopOnDrain, finish, handle_one, receive};
 use crate::error::Error;
 use crate::handler::CallOne;
+use crate::telemetry::Arrival;
 use crate::transport::Subscriber;
 
 /// Nothing runs side by side and the queue's order holds, retries included: a delivery to
@@ -23,7 +24,13 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
             Received::Delivery(delivery) => {
                 // Pinned where it is made: handing it over by value would copy the
                 // whole future (handler's included) once more per delivery.
-                let handled = pin!(handle_one(&*handler, delivery, &run, Retries::InPlace));
+                let handled = pin!(handle_one(
+                    &*handler,
+                    delivery,
+                    &run,
+                    Retries::InPlace,
+                    Arrival::none()
+                ));
                 stop.run(handled, &mut subscriber).await;
             }
             other => break other.into(),

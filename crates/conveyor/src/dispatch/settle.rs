@@ -17,6 +17,7 @@ use crate::error::{BoxError, Report};
 use crate::handler::{CallOne, Refusal};
 use crate::outcome::{Outcome, Settlement};
 use crate::policy::OnError;
+use crate::telemetry::Arrival;
 
 /// The reason recorded when a handler itself returns [`Outcome::Reject`](crate::Outcome).
 const REJECTED_BY_HANDLER: &str = "rejected by the handler";
@@ -37,16 +38,18 @@ pub(crate) enum Retries {
 /// error log. A handler error or panic, in the handler or while building its arguments,
 /// goes to the mount's failure policy; a panic never escapes, so the mount keeps running.
 /// A handler still running when the app's shutdown timeout passes is dropped, and its
-/// delivery released to the broker.
+/// delivery released to the broker. `arrival` is when a dispatcher that held the
+/// delivery before its handler (lanes, any-worker) took it in, for the wait metric.
 pub(crate) async fn handle_one<H: CallOne>(
     handler: &H,
     delivery: Delivery,
     run: &Run,
     retries: Retries,
+    arrival: Arrival,
 ) {
     let span = delivery_span(&delivery, run);
     run.metrics.consumed(1);
-    let started = run.metrics.first_run_started(delivery.arrived());
+    let started = run.metrics.first_run_started(&delivery, arrival);
     let handled = async {
         // The handler is polled first: one that finishes at once never polls the other.
         tokio::select! {

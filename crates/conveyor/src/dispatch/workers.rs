@@ -20,6 +20,7 @@ use tokio::task::JoinSet;
 use super::{End, Received, Retries, Run, finish, handle_one, receive, task_error};
 use crate::error::Error;
 use crate::handler::CallOne;
+use crate::telemetry::Arrival;
 use crate::transport::Subscriber;
 
 /// What the workers share: the subscriber they take turns at, and how receiving ended.
@@ -148,6 +149,13 @@ async fn work<H: CallOne, S: Subscriber>(handler: Arc<H>, shared: Arc<Shared<S>>
                 other => return shared.end(other.into()),
             }
         };
-        handle_one(&*handler, delivery, &run, Retries::ToBroker).await;
+        handle_one(
+            &*handler,
+            delivery,
+            &run,
+            Retries::ToBroker,
+            Arrival::none(),
+        )
+        .await;
     }
 }
