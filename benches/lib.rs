@@ -126,11 +126,13 @@ pub fn env_or(name: &str, default: u64) -> u64 {
 /// (behind a `Targets` filter, as a service would set one), and every metric by a
 /// Prometheus recorder (never scraped).
 ///
-/// Inlined, so that the subscriber's code is compiled into the bench binary, as it was
-/// when each bench made its own (it costs about 8 instructions more per delivery when
-/// compiled in this library).
+/// Not inlined: the subscriber's code (the `Layered` subscriber and the registry's slab,
+/// instantiated where it becomes a `dyn Subscriber`) is compiled in this library, so it
+/// is the same code whatever changes in Conveyor. Inlined into the bench binary, it was
+/// about 8 instructions per delivery cheaper, but moved with the binary's codegen units:
+/// a change to Conveyor's dispatch code once left `sharded_slab::Shard::init_with` out of
+/// line, 34 instructions more per span in every mode.
 #[cfg(feature = "observe")]
-#[inline]
 pub fn observe() -> Result<(), Box<dyn std::error::Error>> {
     use tracing_subscriber::layer::SubscriberExt;
     let subscriber = tracing_subscriber::registry().with(

@@ -11,7 +11,9 @@
 #        MODES, a list of the modes to measure)
 #        OBSERVE=1 scripts/bench-core.sh [N]   spans and metrics on (`--observe`), then
 #        the floor: the same calls into `tracing` and `metrics` with no Conveyor
-#        (`benches/observe_floor.rs`), per iteration
+#        (`benches/observe_floor.rs`), per iteration: a sequential delivery's (`both`, and
+#        its `span` and `metrics` halves), and those of the modes that make more
+#        (`lanes`, `any-worker`, `end-to-end`)
 # Needs valgrind. Prefix with `nice -n 10` on a shared machine.
 set -euo pipefail
 
@@ -81,7 +83,7 @@ if [[ ${OBSERVE:-0} == 1 ]]; then
     echo
     echo "floor: the same calls into tracing and metrics, no Conveyor (benches/observe_floor.rs)"
     printf '%-11s %16s %16s %14s\n' calls "Ir(N)" "Ir(2N)" "instr/iteration"
-    for calls in span metrics both; do
+    for calls in span metrics both lanes any-worker end-to-end; do
         one=$(callgrind_window "$out/floor.$calls.$n" "$floor" --calls "$calls" --warmup "$warmup" --iterations "$n")
         two=$(callgrind_window "$out/floor.$calls.$((2 * n))" "$floor" --calls "$calls" --warmup "$warmup" --iterations $((2 * n)))
         printf '%-11s %16d %16d %14d\n' "$calls" "$one" "$two" $(((two - one) / n))
