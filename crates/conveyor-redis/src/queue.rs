@@ -26,6 +26,9 @@ use crate::scripts::{MOVE_DUE, RENEW, RETRY_LATER};
 /// A released message's idle time: past any lease, so the next receive claims it.
 const RELEASED_IDLE_MS: u64 = 1 << 40;
 
+/// The most delayed messages one receive moves into the stream.
+const MOVE_DUE_BATCH: usize = 1000;
+
 /// A Redis stream to mount a handler on, from [`RedisBroker::queue`].
 #[derive(Clone)]
 pub struct RedisQueue {
@@ -180,24 +183,69 @@ impl RedisReceive {
         }
     }
 
-    /// Entries whose lease lapsed or that were released, claimed for this consumer, each
-    /// with how often it was delivered before.
-    async fn claim(&mut self) -> Result<Vec<(StreamId, u32)>, ReceiveFailed> {
+    /// Moves delayed messages that are due into the stream, and looks up lapsed or
+    /// released entries and new ones (without blocking), in one round trip: a consumer
+    /// with work waiting makes one call per receive, as a hand-written loop would.
+    async fn look(&mut self) -> Result<Looked, ReceiveFailed> {
         let lease_ms = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
-        let lapsed: StreamPendingCountReply = redis::cmd("XPENDING")
+        let mut move_due = MOVE_DUE.prepare_invoke();
+        move_due
+            .key(&self.keys.stream)
+            .key(&self.keys.delayed)
+            .arg(epoch_ms(Duration::ZERO))
+            .arg(MOVE_DUE_BATCH)
+            .arg(&self.keys.delayed_entry);
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors().invoke_script(&move_due);
+        pipe.cmd("XPENDING")
             .arg(&self.keys.stream)
             .arg(GROUP)
             .arg("IDLE")
             .arg(lease_ms)
             .arg("-")
             .arg("+")
-            .arg(self.wanted)
+            .arg(self.wanted);
+        self.read_command(None, &mut pipe);
+        type Replies = (
+            redis::RedisResult<i64>,
+            redis::RedisResult<StreamPendingCountReply>,
+            redis::RedisResult<Option<StreamReadReply>>,
+        );
+        let (moved, lapsed, fresh): Replies = pipe
             .query_async(&mut self.reads)
             .await
-            .map_err(|e| self.failed("XPENDING", &e))?;
+            .map_err(|e| self.failed("EVALSHA, XPENDING and XREADGROUP", &e))?;
+        let next_due = match moved {
+            Ok(next_due) => Some(next_due),
+            // Not cached on the server (it restarted, or its scripts were flushed): this
+            // loads it, for this receive and those after.
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                Some(
+                    move_due
+                        .invoke_async(&mut self.reads)
+                        .await
+                        .map_err(|e| self.failed("EVAL", &e))?,
+                )
+            }
+            Err(e) => return Err(self.failed("EVAL", &e)),
+        };
+        Ok(Looked {
+            next_due: next_due.and_then(|due| u64::try_from(due).ok()),
+            lapsed: lapsed.map_err(|e| self.failed("XPENDING", &e))?,
+            fresh: entries(fresh.map_err(|e| self.failed("XREADGROUP", &e))?),
+        })
+    }
+
+    /// The entries of `lapsed` (their lease lapsed, or released), claimed for this
+    /// consumer, each with how often it was delivered before.
+    async fn claim(
+        &mut self,
+        lapsed: StreamPendingCountReply,
+    ) -> Result<Vec<(StreamId, u32)>, ReceiveFailed> {
         if lapsed.ids.is_empty() {
             return Ok(Vec::new());
         }
+        let lease_ms = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
         let mut claim = redis::cmd("XCLAIM");
         claim
             .arg(&self.keys.stream)
@@ -227,49 +275,69 @@ impl RedisReceive {
             .collect())
     }
 
-    /// New entries, blocking up to `block` for the first.
-    async fn read(&mut self, block: Duration) -> Result<Vec<(StreamId, u32)>, ReceiveFailed> {
-        let read: Option<StreamReadReply> = redis::cmd("XREADGROUP")
+    /// Adds to `pipe` the read of new entries: at once, or blocking up to `block` for
+    /// the first.
+    fn read_command(&self, block: Option<Duration>, pipe: &mut redis::Pipeline) {
+        let read = pipe
+            .cmd("XREADGROUP")
             .arg("GROUP")
             .arg(GROUP)
             .arg(&self.consumer)
             .arg("COUNT")
-            .arg(self.wanted)
-            .arg("BLOCK")
-            .arg(u64::try_from(block.as_millis()).unwrap_or(u64::MAX).max(1))
-            .arg("STREAMS")
-            .arg(&self.keys.stream)
-            .arg(">")
+            .arg(self.wanted);
+        if let Some(block) = block {
+            read.arg("BLOCK")
+                .arg(u64::try_from(block.as_millis()).unwrap_or(u64::MAX).max(1));
+        }
+        read.arg("STREAMS").arg(&self.keys.stream).arg(">");
+    }
+
+    /// New entries, blocking up to `block` for the first.
+    async fn read(&mut self, block: Duration) -> Result<Vec<(StreamId, u32)>, ReceiveFailed> {
+        let mut pipe = redis::pipe();
+        self.read_command(Some(block), &mut pipe);
+        let (read,): (Option<StreamReadReply>,) = pipe
             .query_async(&mut self.reads)
             .await
             .map_err(|e| self.failed("XREADGROUP", &e))?;
-        Ok(read
-            .into_iter()
-            .flat_map(|reply| reply.keys)
-            .flat_map(|key| key.ids)
-            .map(|entry| (entry, 0))
-            .collect())
+        Ok(entries(read))
     }
+}
+
+/// What a receive found before it would block.
+struct Looked {
+    /// When the next delayed message is due (ms since the epoch), if one waits.
+    next_due: Option<u64>,
+    /// Entries whose lease lapsed, or released, to claim.
+    lapsed: StreamPendingCountReply,
+    /// New entries read, never delivered before.
+    fresh: Vec<(StreamId, u32)>,
+}
+
+/// The entries of a read, none delivered before.
+fn entries(read: Option<StreamReadReply>) -> Vec<(StreamId, u32)> {
+    read.into_iter()
+        .flat_map(|reply| reply.keys)
+        .flat_map(|key| key.ids)
+        .map(|entry| (entry, 0))
+        .collect()
 }
 
 impl Receive for RedisReceive {
     /// Moves delayed messages that are due into the stream, claims lapsed or released
-    /// entries, and otherwise reads new ones, blocking at most until the fetch wait ends
-    /// or the next delayed message is due.
+    /// entries, reads new ones, and when there are none, blocks for them at most until
+    /// the fetch wait ends or the next delayed message is due.
     async fn receive(&mut self) -> Result<Vec<Delivery>, ReceiveFailed> {
-        let next_due: i64 = MOVE_DUE
-            .key(&self.keys.stream)
-            .key(&self.keys.delayed)
-            .arg(epoch_ms(Duration::ZERO))
-            .arg(1000)
-            .arg(&self.keys.delayed_entry)
-            .invoke_async(&mut self.reads)
-            .await
-            .map_err(|e| self.failed("EVAL", &e))?;
-        let mut entries = self.claim().await?;
+        let Looked {
+            next_due,
+            lapsed,
+            fresh,
+        } = self.look().await?;
+        let mut entries = self.claim(lapsed).await?;
+        entries.extend(fresh);
         if entries.is_empty() {
             let mut block = self.fetch_wait;
-            if let Ok(due) = u64::try_from(next_due) {
+            if let Some(due) = next_due {
                 let until_due = Duration::from_millis(due.saturating_sub(epoch_ms(Duration::ZERO)));
                 block = block.min(until_due);
             }

@@ -1,5 +1,5 @@
 //! What a dead consumer held is claimed by a live one once its lease lapses, and a
-//! delayed message comes no sooner than its delay.
+//! delayed message comes no sooner than its delay, even once the server forgot the scripts.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -134,5 +134,57 @@ async fn a_delayed_message_waits_in_the_delayed_set_and_comes_no_sooner_than_its
         "came after {:?}",
         arrived.duration_since(published)
     );
+    broker.delete_queue(&queue).await.expect("deleted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receiving_goes_on_after_the_server_forgets_its_scripts() {
+    let broker = broker(Duration::from_secs(30)).await;
+    let queue = unique("flushed");
+    broker
+        .declare_queue(&QueueSpec::new(queue.as_str()))
+        .await
+        .expect("declared");
+    let seen: Seen = Arc::default();
+    let app = App::new("flushed")
+        .with_state(seen.clone())
+        .mount(broker.queue(queue.as_str()), record, |m| m)
+        .start()
+        .await
+        .expect("started");
+    broker
+        .publish(&queue, Message::json(&1u64).expect("json"))
+        .await
+        .expect("published");
+    until("the first message", || {
+        seen.lock().map(|s| s.len()).unwrap_or(0) == 1
+    })
+    .await;
+    // As after a restart: each receive's pipelined script call now fails with NOSCRIPT.
+    let client = redis::Client::open("redis://127.0.0.1:6379").expect("url");
+    let mut admin = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connected");
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut admin)
+        .await
+        .expect("flushed");
+    broker
+        .publish(
+            &queue,
+            Message::builder()
+                .delay(Duration::from_millis(200))
+                .json(&2u64)
+                .expect("json"),
+        )
+        .await
+        .expect("published");
+    until("the delayed message, moved in by the reloaded script", || {
+        seen.lock().map(|s| s.len()).unwrap_or(0) == 2
+    })
+    .await;
+    app.shutdown().await.expect("shut down");
     broker.delete_queue(&queue).await.expect("deleted");
 }
