@@ -1091,7 +1091,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_settlement_not_yet_sent_still_counts_as_in_flight() {
+    async fn a_stalled_delete_frees_the_pumps_room_for_its_batch_only() {
         let script = Script::new(false);
         let running = start(&script, QueueInfo::for_tests("q"));
         let tags: Vec<u64> = (0..3).map(|i| running.receive(&format!("r{i}"))).collect();
@@ -1100,9 +1100,19 @@ mod tests {
         }
         started(&script, 1).await; // the delete, held by the closed gate
         assert_eq!(
-            running.in_flight.len(),
-            3,
-            "a stalled delete keeps its messages counted, so the pump has no room"
+            (running.in_flight.len(), running.in_flight.holding()),
+            (3, 0),
+            "its batch is held until the call returns, out of the pump's way meanwhile"
+        );
+        let after: Vec<u64> = (3..5).map(|i| running.receive(&format!("r{i}"))).collect();
+        for tag in &after {
+            running.settle(*tag, Settlement::Ack);
+        }
+        tokio::task::yield_now().await;
+        assert_eq!(
+            running.in_flight.holding(),
+            2,
+            "settlements behind the stalled call keep their room: what waits is bounded"
         );
         script.gate.add_permits(Semaphore::MAX_PERMITS);
         let in_flight = running.in_flight.clone();
@@ -1110,8 +1120,11 @@ mod tests {
         assert!(in_flight.is_empty());
         assert_eq!(
             script.calls(),
-            vec![Call::Delete(vec!["r0".into(), "r1".into(), "r2".into()])],
-            "one batch call"
+            vec![
+                Call::Delete(vec!["r0".into(), "r1".into(), "r2".into()]),
+                Call::Delete(vec!["r3".into(), "r4".into()]),
+            ],
+            "one batch call each"
         );
     }
 

@@ -5,6 +5,8 @@
 //! failing never holds the renewals up. A settled message is renewed too until its call
 //! goes out, a batch at a time (the work a settlement needs first, a dead letter's send,
 //! runs while it is still renewed), so such a call leaves at most its own batch unrenewed.
+//! A batch the keeper took no longer takes the pump's room: the pump receives while the
+//! batch's call is out, as a hand-written loop pipelines its ack with its next read.
 //! They stay ordered where it matters (see [`Leases`]): the visibility a settlement sets
 //! is always the last word; a renewal never lands after it.
 
@@ -211,9 +213,13 @@ impl<K: Keep> Keeper<K> {
         let Some(limit) = room_wanted else {
             return batch;
         };
-        // Nothing is being sent now (the keeper sends one flush at a time), so every
-        // message held stays counted until a flush: freeing `held - limit + 1` makes room.
-        let to_free = self.leases.len().saturating_sub(limit).saturating_add(1);
+        // A message takes room until the keeper takes its settlement: taking
+        // `holding - limit + 1` makes room.
+        let to_free = self
+            .leases
+            .holding()
+            .saturating_sub(limit)
+            .saturating_add(1);
         to_free.min(batch)
     }
 

@@ -2,9 +2,12 @@
 //! unless it is renewed (SQS's visibility timeout, JetStream's ack wait, a Redis pending
 //! entry's idle time), and, once settled, the settlement still to be carried out.
 //!
-//! A lease stays in the table until its settlement's call is made, so a settlement not
-//! sent yet still counts against the pump's room: a keeper that cannot reach the broker
-//! stops the pump from receiving more, and what waits for it is bounded.
+//! A lease stays in the table until its settlement's call is made. It holds a place in
+//! the pump's room until the keeper takes its settlement: the keeper takes a bounded
+//! number of batches at once, so a keeper that cannot reach the broker stops the pump
+//! from receiving more, and what waits for it is bounded; a keeper that can makes its
+//! call while the pump receives the next messages, as a hand-written loop pipelines its
+//! ack with its next read.
 //!
 //! Renewals and settlements are ordered where it matters: a lease whose settlement's call
 //! is going out is no longer renewed ([`Leases::sending`]), and that call waits for a
@@ -16,6 +19,7 @@
 //! with them ([`Leases::room_wanted`]).
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
@@ -114,6 +118,9 @@ pub struct Leases<D, O> {
     renewal_ended: Notify,
     /// The limit the pump waits to be under, while it waits.
     room_wanted: watch::Sender<Option<usize>>,
+    /// How many entries the keeper has taken (their calls prepared or under way); changed
+    /// under the lock of `entries`.
+    taken: AtomicUsize,
 }
 
 impl<D, O> Default for Leases<D, O> {
@@ -124,6 +131,7 @@ impl<D, O> Default for Leases<D, O> {
             room: Notify::new(),
             renewal_ended: Notify::new(),
             room_wanted: watch::Sender::new(None),
+            taken: AtomicUsize::new(0),
         }
     }
 }
@@ -171,8 +179,9 @@ impl<D, O> Leases<D, O> {
     }
 
     /// Takes up to `max` settlements waiting for the keeper, oldest first, each with what
-    /// `draw` takes from its message's data. Their leases stay (and count) until
-    /// [`finish`](Self::finish), and are renewed until [`sending`](Self::sending).
+    /// `draw` takes from its message's data. Their leases stay until
+    /// [`finish`](Self::finish), and are renewed until [`sending`](Self::sending); they
+    /// leave the pump's room now ([`holding`](Self::holding)).
     pub fn take_settled<T>(
         &self,
         max: usize,
@@ -180,24 +189,33 @@ impl<D, O> Leases<D, O> {
     ) -> Vec<Taken<T, O>> {
         let mut tags = Vec::new();
         self.settled.take(max, &mut tags);
-        let mut entries = self.lock();
-        tags.into_iter()
-            .filter_map(|tag| {
-                let entry = entries.get_mut(tag)?;
-                match std::mem::replace(&mut entry.state, State::Taken) {
-                    State::Settled(op) => Some(Taken {
-                        tag,
-                        data: draw(&mut entry.data),
-                        received_at: entry.times.received_at,
-                        op,
-                    }),
-                    other => {
-                        entry.state = other;
-                        None
+        let taken: Vec<Taken<T, O>> = {
+            let mut entries = self.lock();
+            let taken: Vec<Taken<T, O>> = tags
+                .into_iter()
+                .filter_map(|tag| {
+                    let entry = entries.get_mut(tag)?;
+                    match std::mem::replace(&mut entry.state, State::Taken) {
+                        State::Settled(op) => Some(Taken {
+                            tag,
+                            data: draw(&mut entry.data),
+                            received_at: entry.times.received_at,
+                            op,
+                        }),
+                        other => {
+                            entry.state = other;
+                            None
+                        }
                     }
-                }
-            })
-            .collect()
+                })
+                .collect();
+            self.taken.fetch_add(taken.len(), Ordering::Relaxed);
+            taken
+        };
+        if !taken.is_empty() {
+            self.room.notify_waiters();
+        }
+        taken
     }
 
     /// The keeper is about to make the settlement calls of `tags` (taken): they are no
@@ -219,14 +237,19 @@ impl<D, O> Leases<D, O> {
         self.lock().get(tag).map(|entry| look(&entry.data))
     }
 
-    /// Forgets messages whose settlement was carried out (or given up on), making room.
+    /// Forgets messages whose settlement was carried out (or given up on).
     pub fn finish(&self, tags: impl IntoIterator<Item = u64>) {
         {
             let mut entries = self.lock();
             for tag in tags {
-                entries.remove(tag);
+                if let Some(entry) = entries.remove(tag)
+                    && matches!(entry.state, State::Taken | State::Settling)
+                {
+                    self.taken.fetch_sub(1, Ordering::Relaxed);
+                }
             }
         }
+        // One finished before the keeper took it made room too.
         self.room.notify_waiters();
     }
 
@@ -235,20 +258,29 @@ impl<D, O> Leases<D, O> {
         self.lock().len()
     }
 
+    /// Messages that take room from the pump: not settled, or settled with the keeper
+    /// yet to take the settlement.
+    pub fn holding(&self) -> usize {
+        let entries = self.lock();
+        entries
+            .len()
+            .saturating_sub(self.taken.load(Ordering::Relaxed))
+    }
+
     /// Whether no message is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Resolves once fewer than `limit` messages are held. While it waits,
-    /// [`room_wanted`](Self::room_wanted) says so.
+    /// Resolves once fewer than `limit` messages take room ([`holding`](Self::holding)).
+    /// While it waits, [`room_wanted`](Self::room_wanted) says so.
     pub async fn room_for(&self, limit: usize) {
-        if self.len() < limit {
+        if self.holding() < limit {
             return;
         }
         // Cleared however the wait ends, cancelled included.
         let _wanting = RoomWanted::announce(&self.room_wanted, limit);
-        wait_for(&self.room, || (self.len() < limit).then_some(())).await;
+        wait_for(&self.room, || (self.holding() < limit).then_some(())).await;
     }
 
     /// The limit the pump waits in [`room_for`](Self::room_for) to be under, while it
@@ -430,20 +462,13 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_settled_message_counts_until_its_call_is_made_and_room_opens_then() {
+    async fn a_settled_message_takes_room_until_the_keeper_takes_it_and_is_held_until_its_call_is_made()
+     {
         let leases = Leases::default();
         let tag = leases.insert(("r", Some("m")), Duration::from_secs(30));
         assert!(leases.settle(tag, |_| "delete"));
         assert!(!leases.settle(tag, |_| "release"), "settled once only");
         assert_eq!((leases.len(), leases.settled().len()), (1, 1));
-        let taken = leases.take_settled(usize::MAX, |(receipt, id)| (*receipt, id.take()));
-        assert_eq!(taken.len(), 1);
-        assert_eq!((taken[0].data, taken[0].op), (("r", Some("m")), "delete"));
-        assert_eq!(
-            (leases.len(), leases.settled().len()),
-            (1, 0),
-            "still counted while its call is made"
-        );
         let wanted = leases.room_wanted();
         let room = leases.room_for(1);
         tokio::pin!(room);
@@ -451,14 +476,22 @@ mod tests {
             tokio::time::timeout(Duration::from_secs(60), &mut room)
                 .await
                 .is_err(),
-            "no room while it is held"
+            "no room while the keeper has not taken its settlement"
         );
         assert_eq!(*wanted.borrow(), Some(1), "the keeper hears the pump waits");
-        leases.finish([tag]);
+        let taken = leases.take_settled(usize::MAX, |(receipt, id)| (*receipt, id.take()));
+        assert_eq!(taken.len(), 1);
+        assert_eq!((taken[0].data, taken[0].op), (("r", Some("m")), "delete"));
         tokio::time::timeout(Duration::from_secs(1), room)
             .await
-            .expect("room once it is finished with");
+            .expect("room once the keeper took it");
         assert_eq!(*wanted.borrow(), None, "not waiting any more");
+        assert_eq!(
+            (leases.len(), leases.holding(), leases.settled().len()),
+            (1, 0, 0),
+            "still held while its call is made, out of the pump's way"
+        );
+        leases.finish([tag]);
         assert!(leases.is_empty());
         assert!(!leases.settle(tag, |_| "delete"), "unknown once finished");
     }
