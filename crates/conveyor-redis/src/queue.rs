@@ -1,6 +1,8 @@
 //! `RedisQueue`, a queue to mount on, and its subscription on the kit's pulling
-//! subscriber: the pump claims lapsed or released entries first, then reads new ones
-//! (`XREADGROUP`); the keeper renews leases (an ownership-checked `XCLAIM`) and settles.
+//! subscriber: the pump reads new entries (`XREADGROUP`) and, every so often or when it
+//! finds none, sweeps (moves delayed messages that are due into the stream, claims lapsed
+//! or released entries); the keeper renews leases (an ownership-checked `XCLAIM`) and
+//! settles.
 
 use std::fmt;
 use std::sync::Arc;
@@ -28,6 +30,14 @@ const RELEASED_IDLE_MS: u64 = 1 << 40;
 
 /// The most delayed messages one receive moves into the stream.
 const MOVE_DUE_BATCH: usize = 1000;
+
+/// How often a busy consumer sweeps: moves the delayed messages that are due into the
+/// stream and claims lapsed or released entries. Between sweeps a receive is one
+/// `XREADGROUP`, as a hand-written loop's; a retry is due at the earliest then, a lapsed
+/// entry (leases are seconds long) hardly later than it lapsed. A consumer that finds
+/// nothing new sweeps before it blocks, and one that knows a delayed message is due sweeps
+/// then.
+const SWEEP_EVERY: Duration = Duration::from_millis(100);
 
 /// A Redis stream to mount a handler on, from [`RedisBroker::queue`].
 #[derive(Clone)]
@@ -120,6 +130,7 @@ impl Source for RedisQueue {
         };
         let receive = RedisReceive {
             reads,
+            commands: self.broker.commands(),
             keys,
             name: self.name.as_str().into(),
             consumer,
@@ -129,6 +140,8 @@ impl Source for RedisQueue {
             policy,
             leases: pull.leases().clone(),
             settler: Arc::new(LeaseSettler::new(pull.leases().clone(), pull.alive(), op)),
+            swept_at: None,
+            next_due: None,
         };
         Ok(pull.start(receive, keep, options))
     }
@@ -164,6 +177,8 @@ fn op(_: &Held, settled: Settled<'_>) -> Op {
 
 struct RedisReceive {
     reads: ConnectionManager,
+    /// The broker's connection, for the calls that do not block.
+    commands: ConnectionManager,
     keys: Keys,
     name: Arc<str>,
     consumer: String,
@@ -173,9 +188,25 @@ struct RedisReceive {
     policy: Policy,
     leases: Arc<RedisLeases>,
     settler: Arc<LeaseSettler<Held, Op>>,
+    /// When this consumer last swept, if it has.
+    swept_at: Option<Instant>,
+    /// When the next delayed message is due (ms since the epoch), as the last sweep found.
+    next_due: Option<u64>,
 }
 
 impl RedisReceive {
+    /// Whether this receive sweeps before it reads: the first, one `SWEEP_EVERY` after the
+    /// last, or once a delayed message is due.
+    fn sweep_due(&self) -> bool {
+        let Some(swept_at) = self.swept_at else {
+            return true;
+        };
+        swept_at.elapsed() >= SWEEP_EVERY
+            || self
+                .next_due
+                .is_some_and(|due| due <= epoch_ms(Duration::ZERO))
+    }
+
     fn failed(&self, call: &'static str, error: &redis::RedisError) -> ReceiveFailed {
         ReceiveFailed {
             for_good: error.code() == Some("NOGROUP"),
@@ -183,9 +214,8 @@ impl RedisReceive {
         }
     }
 
-    /// Moves delayed messages that are due into the stream, and looks up lapsed or
-    /// released entries and new ones (without blocking), in one round trip: a consumer
-    /// with work waiting makes one call per receive, as a hand-written loop would.
+    /// Sweeps: moves delayed messages that are due into the stream, and looks up lapsed
+    /// or released entries and new ones (without blocking), in one round trip.
     async fn look(&mut self) -> Result<Looked, ReceiveFailed> {
         let lease_ms = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
         let mut move_due = MOVE_DUE.prepare_invoke();
@@ -292,12 +322,22 @@ impl RedisReceive {
         read.arg("STREAMS").arg(&self.keys.stream).arg(">");
     }
 
-    /// New entries, blocking up to `block` for the first.
-    async fn read(&mut self, block: Duration) -> Result<Vec<(StreamId, u32)>, ReceiveFailed> {
+    /// New entries: those there now, or blocking up to `block` for the first.
+    async fn read(
+        &mut self,
+        block: Option<Duration>,
+    ) -> Result<Vec<(StreamId, u32)>, ReceiveFailed> {
         let mut pipe = redis::pipe();
-        self.read_command(Some(block), &mut pipe);
+        self.read_command(block, &mut pipe);
+        // A read that does not block shares the connection the settlements go on: an ack
+        // and the next read then travel together, as a hand-written loop pipelines them.
+        let connection = if block.is_some() {
+            &mut self.reads
+        } else {
+            &mut self.commands
+        };
         let (read,): (Option<StreamReadReply>,) = pipe
-            .query_async(&mut self.reads)
+            .query_async(connection)
             .await
             .map_err(|e| self.failed("XREADGROUP", &e))?;
         Ok(entries(read))
@@ -324,24 +364,34 @@ fn entries(read: Option<StreamReadReply>) -> Vec<(StreamId, u32)> {
 }
 
 impl Receive for RedisReceive {
-    /// Moves delayed messages that are due into the stream, claims lapsed or released
-    /// entries, reads new ones, and when there are none, blocks for them at most until
-    /// the fetch wait ends or the next delayed message is due.
+    /// Reads new entries; when a sweep is due or there are none, moves delayed messages
+    /// that are due into the stream, claims lapsed or released entries and reads again;
+    /// and when there are still none, blocks for them at most until the fetch wait ends or
+    /// the next delayed message is due.
     async fn receive(&mut self) -> Result<Vec<Delivery>, ReceiveFailed> {
-        let Looked {
-            next_due,
-            lapsed,
-            fresh,
-        } = self.look().await?;
-        let mut entries = self.claim(lapsed).await?;
-        entries.extend(fresh);
+        let mut entries = if self.sweep_due() {
+            Vec::new()
+        } else {
+            self.read(None).await?
+        };
+        if entries.is_empty() {
+            let Looked {
+                next_due,
+                lapsed,
+                fresh,
+            } = self.look().await?;
+            self.swept_at = Some(Instant::now());
+            self.next_due = next_due;
+            entries = self.claim(lapsed).await?;
+            entries.extend(fresh);
+        }
         if entries.is_empty() {
             let mut block = self.fetch_wait;
-            if let Some(due) = next_due {
+            if let Some(due) = self.next_due {
                 let until_due = Duration::from_millis(due.saturating_sub(epoch_ms(Duration::ZERO)));
                 block = block.min(until_due);
             }
-            entries = self.read(block).await?;
+            entries = self.read(Some(block)).await?;
         }
         let mut deliveries = Vec::with_capacity(entries.len());
         let mut gone = Vec::new();

@@ -181,9 +181,10 @@ async fn receiving_goes_on_after_the_server_forgets_its_scripts() {
         )
         .await
         .expect("published");
-    until("the delayed message, moved in by the reloaded script", || {
-        seen.lock().map(|s| s.len()).unwrap_or(0) == 2
-    })
+    until(
+        "the delayed message, moved in by the reloaded script",
+        || seen.lock().map(|s| s.len()).unwrap_or(0) == 2,
+    )
     .await;
     app.shutdown().await.expect("shut down");
     broker.delete_queue(&queue).await.expect("deleted");
