@@ -56,6 +56,7 @@ mod copy;
 mod dialer;
 mod error;
 mod headers;
+mod nodes;
 mod publisher;
 mod queue;
 mod redeclare;

@@ -47,6 +47,8 @@ pub struct LapinBrokerBuilder {
     first_connect_timeout: Duration,
     reconnect_handshake_timeout: Duration,
     tls: TlsSettings,
+    /// Other nodes of the same cluster, `host:port`.
+    fallback_nodes: Vec<String>,
 }
 
 /// How long [`LapinBrokerBuilder::connect`] waits for a first connection by default.
@@ -70,6 +72,7 @@ impl std::fmt::Debug for LapinBrokerBuilder {
                 &self.reconnect_handshake_timeout,
             )
             .field("tls", &self.tls)
+            .field("fallback_nodes", &self.fallback_nodes)
             .finish()
     }
 }
@@ -143,6 +146,41 @@ impl LapinBrokerBuilder {
     ) -> Self {
         self.tls
             .set_identity(certificate_chain.into(), private_key.into());
+        self
+    }
+
+    /// Other nodes of the same RabbitMQ cluster to connect to when the URL's node does
+    /// not answer, as `host:port` addresses (`"rabbit-2.internal:5672"`); they are
+    /// reached with the URL's scheme, credentials, vhost, query and TLS settings, so
+    /// they hold no secrets of their own. Replaces any nodes given before.
+    ///
+    /// Each of the broker's connections dials the nodes in turn: the URL's node first,
+    /// then these in the order given, wrapping round. An attempt that fails (refused,
+    /// unreachable, timed out, the connection closed during the handshake) moves on to
+    /// the next node, and so does a reconnect after a connection was lost: it starts with
+    /// the node after the one that was lost, and goes on round the nodes until one
+    /// answers. The attempts keep the usual pacing (backoff from 100 ms, doubling up
+    /// to 30 s, reset once connected). Queues that are to survive a node's loss should
+    /// be quorum queues (`x-queue-type = quorum`).
+    ///
+    /// `connect` fails with [`LapinError::Invalid`] if an address is not `host:port`.
+    ///
+    /// ```no_run
+    /// use conveyor_lapin::LapinBroker;
+    ///
+    /// # async fn f() -> Result<(), conveyor_lapin::LapinError> {
+    /// let broker = LapinBroker::builder("amqp://app:s3cret@rabbit-1.internal:5672/%2f")
+    ///     .fallback_nodes(["rabbit-2.internal:5672", "rabbit-3.internal:5672"])
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn fallback_nodes<I>(mut self, nodes: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        self.fallback_nodes = nodes.into_iter().map(Into::into).collect();
         self
     }
 
@@ -237,6 +275,16 @@ impl LapinBrokerBuilder {
             url: redacted.clone(),
             reason,
         })?;
+        let fallbacks = self
+            .fallback_nodes
+            .iter()
+            .map(|node| crate::nodes::parse_node(node))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|reason| LapinError::Invalid {
+                what: "fallback node",
+                reason,
+            })?;
+        let rotation = Rotation::new(&uri, &fallbacks);
         let mut properties = ConnectionProperties::default()
             .enable_auto_recover()
             // Bounded and without delay: the dialer paces the attempts and keeps trying
@@ -272,11 +320,15 @@ impl LapinBrokerBuilder {
         let connecting = Connection::connector(
             uri,
             runtime,
-            async move |uri, runtime| {
+            async move |_uri, runtime| {
                 let dialer = &handle.0;
                 loop {
                     let budget = dialer.next_attempt().await?;
-                    let attempt = uri.connect_with_config_async(tls.as_ref(), &runtime);
+                    let (node, address) = rotation.attempt();
+                    if rotation.len() > 1 {
+                        tracing::debug!(node = %address, "dialing a RabbitMQ node");
+                    }
+                    let attempt = node.connect_with_config_async(tls.as_ref(), &runtime);
                     match tokio::time::timeout(budget, attempt).await {
                         Ok(Ok(stream)) => {
                             let socket = match &stream {
@@ -285,6 +337,10 @@ impl LapinBrokerBuilder {
                                 _ => None,
                             };
                             if dialer.opened(socket) {
+                                rotation.handed_over();
+                                if rotation.len() > 1 {
+                                    tracing::info!(node = %address, "connecting to RabbitMQ node");
+                                }
                                 return Ok(stream);
                             }
                         }
@@ -292,9 +348,13 @@ impl LapinBrokerBuilder {
                         // certificate, say) would fail again: the first connect ends there.
                         Ok(Err(error)) => {
                             let fatal = amqps && is_tls_failure(&error);
+                            rotation.failed();
                             dialer.failed(error, fatal);
                         }
-                        Err(_) => dialer.timed_out(),
+                        Err(_) => {
+                            rotation.failed();
+                            dialer.timed_out();
+                        }
                     }
                 }
             },
@@ -395,6 +455,7 @@ impl LapinBroker {
             first_connect_timeout: DEFAULT_FIRST_CONNECT_TIMEOUT,
             reconnect_handshake_timeout: DEFAULT_RECONNECT_HANDSHAKE_TIMEOUT,
             tls: TlsSettings::default(),
+            fallback_nodes: Vec::new(),
         }
     }
 }

@@ -42,6 +42,7 @@ use tokio::sync::Mutex;
 use crate::dialer::{self, Dialer, Failure, LAPIN_RETRIES, Stage};
 use crate::error::{LapinError, is_not_found, short};
 use crate::headers;
+use crate::nodes::Rotation;
 use crate::publisher::LapinPublisher;
 use crate::queue::LapinQueue;
 use crate::redeclare::{Declared, Record};
