@@ -177,12 +177,14 @@ case "${1:-}" in
     start)
         install_if_missing
         started=$SECONDS
-        # Node 1 first, then the others join it; the three boot in parallel otherwise
-        # would race for who forms the cluster.
-        start_node 0
-        for i in 1 2; do start_node "$i" & done
+        # The three boot together: a clustered node that restarts waits for the peers
+        # it last saw running, so starting them one after the other could wait for a
+        # node not started yet. A fresh node boots on its own and is joined below.
+        for i in 0 1 2; do start_node "$i" & done
         wait
-        for i in 1 2; do running "$i" || { echo "rabbitmq-cluster: ${NODES[$i]} did not start" >&2; exit 1; }; done
+        for i in 0 1 2; do
+            running "$i" || { echo "rabbitmq-cluster: ${NODES[$i]} did not start" >&2; exit 1; }
+        done
         join 1
         join 2
         echo "rabbitmq-cluster: ready in $((SECONDS - started)) s: AMQP on 127.0.0.1:${AMQP_PORTS[*]}"
