@@ -237,6 +237,11 @@ async fn stopping_the_consumers_node_fails_over_and_loses_no_confirmed_message()
         "failover: node {stopped} stopped in {stop_took:?}; first delivery {resumed:?} after \
          the stop began; consumer now on node {now_on:?}"
     );
+    // The broker dials 1, 2, 3 in turn, and node 1 answered its first connect. The
+    // reconnect goes to node 2 first, but a connection to node 2 made just after the
+    // stop has been seen to be dropped again about 3 s later (cause not looked into
+    // yet), and the next reconnect then goes to node 3: any node but the stopped one.
+    assert_eq!(stopped, 1, "the consumer connected to the URL's node");
     assert!(now_on.is_some_and(|n| n != stopped), "{now_on:?}");
 
     running.shutdown().await.unwrap();
