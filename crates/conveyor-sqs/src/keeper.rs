@@ -418,16 +418,17 @@ fn cut(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
 
 #[cfg(test)]
 mod tests {
-    //! The keeper against scripted SQS calls: the order of its calls, and what a stalled
-    //! call holds back.
+    //! What SQS's side of the keeper adds to the kit's (whose own tests prove how the
+    //! keeper renews and settles): the calls each settlement becomes, what SQS's answers
+    //! to a renewal mean, the 12-hour limit, and dead letters.
+    use std::collections::VecDeque;
     use std::sync::Mutex;
-    use std::sync::atomic::Ordering;
 
     use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 
     use conveyor::kit::{Alive, Keeper, KeeperSignals};
     use conveyor::{Headers, PartitionKey, REJECT_REASON_HEADER, Settle, Settled, Settlement};
-    use tokio::sync::{Semaphore, watch};
+    use tokio::sync::watch;
 
     use super::*;
     use crate::data_types::AttributeTypes;
@@ -444,13 +445,10 @@ mod tests {
         Send(String, Vec<(String, Option<String>, Option<String>)>),
     }
 
-    /// Records calls, each with the time it returned; each call first waits for a permit
-    /// of `gate`, so a test can hold one under way, then takes `latency`.
-    #[derive(Clone)]
+    /// Records calls, each with the time it returned, `latency` after it was made.
+    #[derive(Clone, Default)]
     struct Script {
         calls: Arc<Mutex<Vec<(Instant, Call)>>>,
-        started: Arc<Semaphore>,
-        gate: Arc<Semaphore>,
         latency: Duration,
         dead_letter_queue: Option<Arc<QueueInfo>>,
         fail_sends: bool,
@@ -458,44 +456,13 @@ mod tests {
         send_calls_fail: bool,
         /// How long a send takes, beyond `latency`.
         send_latency: Duration,
-        /// Deletes never return.
-        deletes_hang: bool,
-        /// What the next renewals answer (`None`: the call fails as a whole), then
-        /// success.
-        renewal_answers: Arc<Mutex<std::collections::VecDeque<Option<Failed>>>>,
-        /// How many of the next renewal calls get no answer, ever.
-        renewals_unanswered: Arc<std::sync::atomic::AtomicU32>,
+        /// The entries the next renewal calls fail, then none.
+        renewal_answers: Arc<Mutex<VecDeque<Failed>>>,
     }
 
     impl Script {
-        fn new(open: bool) -> Script {
-            Script {
-                calls: Arc::default(),
-                started: Arc::new(Semaphore::new(0)),
-                gate: Arc::new(Semaphore::new(if open {
-                    Semaphore::MAX_PERMITS
-                } else {
-                    0
-                })),
-                latency: Duration::ZERO,
-                dead_letter_queue: None,
-                fail_sends: false,
-                send_calls_fail: false,
-                send_latency: Duration::ZERO,
-                deletes_hang: false,
-                renewal_answers: Arc::default(),
-                renewals_unanswered: Arc::default(),
-            }
-        }
-
         async fn call(&self, call: Call) {
-            self.started.add_permits(1);
-            if let Ok(permit) = self.gate.acquire().await {
-                permit.forget();
-            }
-            if !self.latency.is_zero() {
-                tokio::time::sleep(self.latency).await;
-            }
+            tokio::time::sleep(self.latency).await;
             self.calls.lock().unwrap().push((Instant::now(), call));
         }
 
@@ -517,20 +484,13 @@ mod tests {
             _: &QueueInfo,
             entries: &[(String, i32)],
         ) -> Result<Vec<(usize, String)>, SqsError> {
-            let unanswered = &self.renewals_unanswered;
-            if unanswered
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok()
-            {
-                self.started.add_permits(1);
-                std::future::pending::<()>().await;
-            }
             self.call(Call::Visibility(entries.to_vec())).await;
-            match self.renewal_answers.lock().unwrap().pop_front() {
-                Some(Some(failed)) => Ok(failed),
-                Some(None) => Err(SqsError::Config("no answer".into())),
-                None => Ok(Vec::new()),
-            }
+            Ok(self
+                .renewal_answers
+                .lock()
+                .unwrap()
+                .pop_front()
+                .unwrap_or_default())
         }
 
         async fn delete(
@@ -538,9 +498,6 @@ mod tests {
             _: &QueueInfo,
             receipts: &[String],
         ) -> Result<Vec<(usize, String)>, SqsError> {
-            if self.deletes_hang {
-                std::future::pending::<()>().await;
-            }
             self.call(Call::Delete(receipts.to_vec())).await;
             Ok(Vec::new())
         }
@@ -596,33 +553,30 @@ mod tests {
         in_flight: Arc<InFlight>,
         settler: Arc<Settler>,
         closing: watch::Sender<bool>,
-        draining: watch::Sender<bool>,
+        /// Kept: a dropped sender would mean the subscription drains.
+        _draining: watch::Sender<bool>,
         keeper: tokio::task::JoinHandle<()>,
     }
 
     const VISIBILITY: Duration = Duration::from_secs(30);
 
-    fn start(script: &Script, queue: QueueInfo) -> Running {
-        start_flushing_after(script, queue, Duration::from_millis(5))
+    fn sqs_keep(script: &Script, queue: QueueInfo) -> SqsKeep<Script> {
+        SqsKeep {
+            calls: script.clone(),
+            queue: Arc::new(queue),
+            visibility: VISIBILITY,
+            dead_letter_queue: OnceCell::new(),
+        }
     }
 
-    fn start_flushing_after(
-        script: &Script,
-        queue: QueueInfo,
-        flush_interval: Duration,
-    ) -> Running {
+    fn start(script: &Script, queue: QueueInfo) -> Running {
         let in_flight = Arc::new(InFlight::default());
         let (alive, alive_rx) = Alive::new();
         let (closing, closing_rx) = watch::channel(false);
         let (draining, draining_rx) = watch::channel(false);
         let health = queue.calls.clone();
-        let keep = SqsKeep {
-            calls: script.clone(),
-            queue: Arc::new(queue),
-            visibility: VISIBILITY,
-            dead_letter_queue: OnceCell::new(),
-        };
-        let keeper = Keeper::new(keep, in_flight.clone(), flush_interval, health);
+        let keep = sqs_keep(script, queue);
+        let keeper = Keeper::new(keep, in_flight.clone(), Duration::from_millis(5), health);
         let keeper = tokio::spawn(keeper.run(KeeperSignals {
             closing: closing_rx,
             draining: draining_rx,
@@ -632,7 +586,7 @@ mod tests {
             settler: Arc::new(Settler::new(in_flight.clone(), alive)),
             in_flight,
             closing,
-            draining,
+            _draining: draining,
             keeper,
         }
     }
@@ -658,36 +612,6 @@ mod tests {
         }
     }
 
-    /// Waits (on tokio's paused clock) until the scripted calls have started `n` times.
-    async fn started(script: &Script, n: u32) {
-        script.started.acquire_many(n).await.unwrap().forget();
-    }
-
-    /// Once the subscription stops receiving, a release's call is made at once, not
-    /// after the flush interval: what the pump read ahead is visible again to other
-    /// consumers while the handlers still running finish.
-    #[tokio::test(start_paused = true)]
-    async fn once_draining_a_release_is_made_at_once_not_after_the_flush_interval() {
-        let script = Script::new(true);
-        let began = Instant::now();
-        let running =
-            start_flushing_after(&script, QueueInfo::for_tests("q"), Duration::from_secs(5));
-        let (read_ahead, running_one) = (running.receive("a"), running.receive("b"));
-        running.draining.send_replace(true);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        running.settle(read_ahead, Settlement::Release);
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        assert_eq!(
-            script.timed_calls(),
-            [(
-                began + Duration::from_millis(100),
-                Call::Visibility(vec![("a".into(), 0)])
-            )]
-        );
-        running.settle(running_one, Settlement::Ack);
-        running.close().await;
-    }
-
     /// When the renewals of `script` were made, counted from `start`.
     fn renewals_at(script: &Script, start: Instant) -> Vec<Duration> {
         script
@@ -698,74 +622,89 @@ mod tests {
             .collect()
     }
 
-    /// A renewal that fails is tried again after 100 ms, then 200 ms, not a tick (10 s)
-    /// later: the message, due with 10 s left, would have been handed out again by then.
+    /// Acks are deleted; retries and releases made visible now; a retry-after hidden for
+    /// its delay in whole seconds, rounded up so that it never comes back sooner; a
+    /// reject, without a dead-letter queue, deleted.
     #[tokio::test(start_paused = true)]
-    async fn a_failed_renewal_is_tried_again_long_before_the_message_shows() {
-        let script = Script::new(true);
-        script
-            .renewal_answers
-            .lock()
-            .unwrap()
-            .extend([None, Some(vec![(0, "InternalError: busy".into())])]);
-        let began = Instant::now();
+    async fn each_settlement_goes_out_in_its_sqs_call() {
+        let script = Script::default();
         let running = start(&script, QueueInfo::for_tests("q"));
-        let tag = running.receive("a");
-        tokio::time::sleep(Duration::from_secs(25)).await;
-        running.settle(tag, Settlement::Ack);
+        let tags = ["acked", "retried", "released", "retried after", "rejected"]
+            .map(|receipt| running.receive(receipt));
+        running.settle(tags[0], Settlement::Ack);
+        running.settle(tags[1], Settlement::Retry);
+        running.settle(tags[2], Settlement::Release);
+        running.settle(tags[3], Settlement::RetryAfter(Duration::from_millis(1500)));
+        running.settle(tags[4], Settlement::Reject { reason: "bad" });
         running.close().await;
         assert_eq!(
-            renewals_at(&script, began),
-            [
-                Duration::from_secs(20),
-                Duration::from_millis(20_100),
-                Duration::from_millis(20_300)
+            script.calls(),
+            vec![
+                Call::Delete(vec!["acked".into(), "rejected".into()]),
+                Call::Visibility(vec![
+                    ("retried".into(), 0),
+                    ("released".into(), 0),
+                    ("retried after".into(), 2)
+                ]),
             ]
         );
     }
 
-    /// A renewal that keeps failing (a permission missing, say) is tried a few times a
-    /// tick, the pauses adding up to half of one, not every 100 ms to no end.
+    /// SQS hides a message from when it takes a renewal: the lapse a renewal answers
+    /// counts from when its call was sent, not from when a slow answer came back.
     #[tokio::test(start_paused = true)]
-    async fn a_renewal_that_keeps_failing_is_tried_a_few_times_a_tick() {
-        let (logs, _logging) = Logs::capture();
-        let script = Script::new(true);
+    async fn a_renewal_counts_its_visibility_from_when_its_call_was_sent() {
+        let script = Script {
+            latency: Duration::from_secs(2),
+            ..Script::default()
+        };
+        let keep = sqs_keep(&script, QueueInfo::for_tests("q"));
+        let renewal = Renewal {
+            receipt: "a".into(),
+            renew: VISIBILITY,
+        };
+        let sent = Instant::now();
+        let renewed = keep.renew(&[&renewal], false).await.unwrap();
+        assert_eq!(sent.elapsed(), script.latency, "a slow call");
+        assert_eq!(renewed, [Renewed::Until(sent + VISIBILITY)]);
+    }
+
+    /// A receipt SQS no longer takes is a lease lost (renewing it again would fail
+    /// again); an entry that failed for any other reason is tried again.
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_refused_for_a_stale_receipt_is_lost_and_for_another_reason_failed() {
+        let script = Script::default();
+        let stale = "ReceiptHandleIsInvalid: The input receipt handle is invalid.";
+        let busy = "InternalError: busy";
         script
             .renewal_answers
             .lock()
             .unwrap()
-            .extend((0..20).map(|_| None));
-        let began = Instant::now();
-        let running = start(&script, QueueInfo::for_tests("q"));
-        let tag = running.receive("a");
-        tokio::time::sleep(Duration::from_secs(29)).await;
-        running.settle(tag, Settlement::Ack);
-        running.close().await;
-        // Ticks at 20 s: the call and pauses of 0.1, 0.2, 0.4, 0.8, 1.6 s (3.1 s in all;
-        // 3.2 more would pass half of the 10 s tick).
-        let at_20: Vec<u64> = [0, 100, 300, 700, 1_500, 3_100]
-            .iter()
-            .map(|ms| 20_000 + ms)
-            .collect();
-        let renewals: Vec<u64> = renewals_at(&script, began)
-            .iter()
-            .map(|at| u64::try_from(at.as_millis()).unwrap())
-            .collect();
-        assert_eq!(renewals, at_20);
-        // One warning for the tick; its retries log at DEBUG.
-        let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
-        assert_eq!(text.matches("cannot renew leases").count(), 1, "{text}");
+            .push_back(vec![(0, stale.into()), (1, busy.into())]);
+        let keep = sqs_keep(&script, QueueInfo::for_tests("q"));
+        let renewals = ["stale", "busy"].map(|receipt| Renewal {
+            receipt: receipt.into(),
+            renew: VISIBILITY,
+        });
+        let renewed = keep
+            .renew(&[&renewals[0], &renewals[1]], false)
+            .await
+            .unwrap();
+        assert_eq!(
+            renewed,
+            [Renewed::Lost(stale.into()), Renewed::Failed(busy.into())]
+        );
     }
 
     /// A receipt SQS no longer takes for a renewal is not renewed again (it would fail
     /// again, at every tick until the handler ends).
     #[tokio::test(start_paused = true)]
     async fn a_message_whose_receipt_sqs_no_longer_takes_is_not_renewed_again() {
-        let script = Script::new(true);
-        script.renewal_answers.lock().unwrap().push_back(Some(vec![(
+        let script = Script::default();
+        script.renewal_answers.lock().unwrap().push_back(vec![(
             0,
             "ReceiptHandleIsInvalid: The input receipt handle is invalid.".into(),
-        )]));
+        )]);
         let began = Instant::now();
         let running = start(&script, QueueInfo::for_tests("q"));
         let tag = running.receive("a");
@@ -773,160 +712,6 @@ mod tests {
         running.settle(tag, Settlement::Ack);
         running.close().await;
         assert_eq!(renewals_at(&script, began), [Duration::from_secs(20)]);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_retry_settled_while_its_renewal_is_under_way_is_sent_after_it() {
-        let script = Script::new(false);
-        let running = start(&script, QueueInfo::for_tests("q"));
-        let tag = running.receive("a");
-        // At 20 s the message is within half a visibility of showing: the renewal starts
-        // and is held under way by the closed gate.
-        started(&script, 1).await;
-        running.settle(tag, Settlement::Retry);
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        assert_eq!(
-            script.started.available_permits(),
-            0,
-            "the retry's call waits for the renewal under way"
-        );
-        script.gate.add_permits(Semaphore::MAX_PERMITS);
-        running.close().await;
-        assert_eq!(
-            script.calls(),
-            vec![
-                Call::Visibility(vec![("a".into(), 30)]),
-                Call::Visibility(vec![("a".into(), 0)]),
-            ],
-            "the retry's visibility 0 is the last word"
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn renewals_go_on_while_a_settlement_call_hangs() {
-        let mut script = Script::new(true);
-        script.deletes_hang = true;
-        let running = start(&script, QueueInfo::for_tests("q"));
-        let acked = running.receive("acked");
-        running.receive("held");
-        let acked_later = running.receive("acked later");
-        running.settle(acked, Settlement::Ack);
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        // Settled while the first ack's delete hangs: its own delete waits behind it.
-        running.settle(acked_later, Settlement::Ack);
-        tokio::time::sleep(3 * VISIBILITY).await;
-        // Renewed at 20 s, 40 s, 60 s and 80 s, each before it would have shown, while the
-        // first ack's delete has not returned; the later ack with them, until its delete.
-        let renewals = script
-            .calls()
-            .into_iter()
-            .filter(|call| {
-                *call == Call::Visibility(vec![("held".into(), 30), ("acked later".into(), 30)])
-            })
-            .count();
-        assert_eq!(renewals, 4, "{:?}", script.calls());
-        assert_eq!(
-            running.in_flight.len(),
-            3,
-            "the first ack's call never ended"
-        );
-    }
-
-    /// A renewal call that gets no answer (a connection gone quiet) is given up after a
-    /// twelfth of the visibility timeout and made again: the message, due with 10 s left,
-    /// is renewed before it shows, not after the SDK's 30 s of attempts.
-    #[tokio::test(start_paused = true)]
-    async fn a_renewal_call_that_gets_no_answer_is_made_again_before_the_message_shows() {
-        let (logs, _logging) = Logs::capture();
-        let script = Script::new(true);
-        script.renewals_unanswered.store(1, Ordering::SeqCst);
-        let began = Instant::now();
-        let running = start(&script, QueueInfo::for_tests("q"));
-        let tag = running.receive("a");
-        tokio::time::sleep(Duration::from_secs(25)).await;
-        running.settle(tag, Settlement::Ack);
-        running.close().await;
-        // Unanswered at 20 s, given up at 22.5 s, made again 100 ms later.
-        assert_eq!(renewals_at(&script, began), [Duration::from_millis(22_600)]);
-        let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
-        assert!(text.contains("no answer within 2.5s"), "{text}");
-    }
-
-    /// The renewal calls of a tick go out side by side: one that gets no answer holds
-    /// up none of the other messages' renewals.
-    #[tokio::test(start_paused = true)]
-    async fn a_renewal_call_that_gets_no_answer_holds_up_no_other() {
-        let script = Script::new(true);
-        script.renewals_unanswered.store(1, Ordering::SeqCst);
-        let began = Instant::now();
-        let running = start(&script, QueueInfo::for_tests("q"));
-        let tags: Vec<u64> = (0..11).map(|n| running.receive(&format!("m{n}"))).collect();
-        tokio::time::sleep(Duration::from_secs(25)).await;
-        for tag in tags {
-            running.settle(tag, Settlement::Ack);
-        }
-        running.close().await;
-        let renewals: Vec<(Duration, usize)> = script
-            .timed_calls()
-            .into_iter()
-            .filter_map(|(at, call)| match call {
-                Call::Visibility(entries) => Some((at - began, entries.len())),
-                _ => None,
-            })
-            .collect();
-        // The first ten's call unanswered; the eleventh renewed at once, the first ten
-        // again once their call was given up.
-        assert_eq!(
-            renewals,
-            [
-                (Duration::from_secs(20), 1),
-                (Duration::from_millis(22_600), 10)
-            ]
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_slow_renewal_counts_its_visibility_from_when_it_was_sent() {
-        let mut script = Script::new(true);
-        // Slow, but within the 2.5 s a renewal call is given.
-        script.latency = Duration::from_secs(2);
-        let running = start(&script, QueueInfo::for_tests("q"));
-        let received = Instant::now();
-        running.receive("held");
-        tokio::time::sleep(4 * VISIBILITY).await;
-        // SQS hides the message for 30 s from each renewal's arrival, so each must be sent
-        // within 30 s of the one before (each call is recorded when it returns, 10 s on).
-        let mut hidden_until = received + VISIBILITY;
-        let mut renewals = 0;
-        for (returned, call) in script.timed_calls() {
-            assert!(matches!(call, Call::Visibility(_)), "{call:?}");
-            let sent = returned - script.latency;
-            assert!(
-                sent < hidden_until,
-                "renewal {renewals} sent {:?} after the message showed",
-                sent - hidden_until
-            );
-            hidden_until = sent + VISIBILITY;
-            renewals += 1;
-        }
-        assert!(renewals >= 4, "{renewals} renewals");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_flush_takes_one_batch_so_the_settlements_after_it_stay_renewed() {
-        let mut script = Script::new(true);
-        script.deletes_hang = true;
-        let running = start(&script, QueueInfo::for_tests("q"));
-        let tags: Vec<u64> = (0..15)
-            .map(|i| running.receive(&format!("r{i:02}")))
-            .collect();
-        for tag in &tags {
-            running.settle(*tag, Settlement::Ack);
-        }
-        tokio::time::sleep(VISIBILITY).await;
-        // The first ten are in the delete that hangs; the other five are renewed at 20 s.
-        let renewed: Vec<(String, i32)> = (10..15).map(|i| (format!("r{i:02}"), 30)).collect();
-        assert_eq!(script.calls(), vec![Call::Visibility(renewed)]);
     }
 
     /// What a test logged, for assertions.
@@ -993,7 +778,7 @@ mod tests {
     async fn a_message_held_for_twelve_hours_is_renewed_up_to_the_limit_once_and_a_warning_says_so()
     {
         let (logs, _logging) = Logs::capture();
-        let script = Script::new(true);
+        let script = Script::default();
         let running = start(&script, QueueInfo::for_tests("q"));
         let received = Instant::now();
         let held = running.receive("held");
@@ -1034,8 +819,10 @@ mod tests {
     /// made, not when it was settled, so it still stops short of SQS's limit.
     #[tokio::test(start_paused = true)]
     async fn a_retry_after_waiting_behind_a_slow_call_still_stops_short_of_twelve_hours() {
-        let mut script = Script::new(true);
-        script.latency = Duration::from_secs(20);
+        let script = Script {
+            latency: Duration::from_secs(20),
+            ..Script::default()
+        };
         let running = start(&script, QueueInfo::for_tests("q"));
         let received = Instant::now();
         let acked = running.receive("acked");
@@ -1069,156 +856,8 @@ mod tests {
         );
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_message_settled_before_its_renewal_is_not_renewed() {
-        let script = Script::new(true);
-        let running = start(&script, QueueInfo::for_tests("q"));
-        let held = running.receive("held");
-        let retried = running.receive("later");
-        running.settle(retried, Settlement::RetryAfter(Duration::from_millis(1500)));
-        started(&script, 1).await; // the retry-after's call
-        started(&script, 1).await; // the renewal, at 20 s
-        running.settle(held, Settlement::Ack);
-        running.close().await;
-        assert_eq!(
-            script.calls(),
-            vec![
-                Call::Visibility(vec![("later".into(), 2)]),
-                Call::Visibility(vec![("held".into(), 30)]),
-                Call::Delete(vec!["held".into()]),
-            ]
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_stalled_delete_frees_the_pumps_room_for_its_batch_only() {
-        let script = Script::new(false);
-        let running = start(&script, QueueInfo::for_tests("q"));
-        let tags: Vec<u64> = (0..3).map(|i| running.receive(&format!("r{i}"))).collect();
-        for tag in &tags {
-            running.settle(*tag, Settlement::Ack);
-        }
-        started(&script, 1).await; // the delete, held by the closed gate
-        assert_eq!(
-            (running.in_flight.len(), running.in_flight.holding()),
-            (3, 0),
-            "its batch is held until the call returns, out of the pump's way meanwhile"
-        );
-        let after: Vec<u64> = (3..5).map(|i| running.receive(&format!("r{i}"))).collect();
-        for tag in &after {
-            running.settle(*tag, Settlement::Ack);
-        }
-        tokio::task::yield_now().await;
-        assert_eq!(
-            running.in_flight.holding(),
-            2,
-            "settlements behind the stalled call keep their room: what waits is bounded"
-        );
-        script.gate.add_permits(Semaphore::MAX_PERMITS);
-        let in_flight = running.in_flight.clone();
-        running.close().await;
-        assert!(in_flight.is_empty());
-        assert_eq!(
-            script.calls(),
-            vec![
-                Call::Delete(vec!["r0".into(), "r1".into(), "r2".into()]),
-                Call::Delete(vec!["r3".into(), "r4".into()]),
-            ],
-            "one batch call each"
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn ten_settlements_share_one_call_and_more_go_in_the_next() {
-        let script = Script::new(true);
-        let running = start(&script, QueueInfo::for_tests("q"));
-        let tags: Vec<u64> = (0..12).map(|i| running.receive(&format!("r{i}"))).collect();
-        for tag in tags {
-            running.settle(tag, Settlement::Ack);
-        }
-        running.close().await;
-        let calls = script.calls();
-        let sizes: Vec<usize> = calls
-            .iter()
-            .map(|c| match c {
-                Call::Delete(receipts) => receipts.len(),
-                other => panic!("{other:?}"),
-            })
-            .collect();
-        assert_eq!(sizes.iter().sum::<usize>(), 12);
-        assert!(sizes.iter().all(|n| *n <= BATCH_LIMIT), "{sizes:?}");
-    }
-
-    /// An ack waits for others no longer than the flush interval from when it came, though
-    /// a renewal tick (every 10 s here) comes in between.
-    #[tokio::test(start_paused = true)]
-    async fn a_renewal_tick_does_not_restart_an_acks_wait_for_others() {
-        let script = Script::new(true);
-        let running =
-            start_flushing_after(&script, QueueInfo::for_tests("q"), Duration::from_secs(4));
-        let tag = running.receive("a");
-        let started = Instant::now();
-        tokio::time::sleep_until(started + Duration::from_secs(8)).await;
-        running.settle(tag, Settlement::Ack);
-        // Due at 12 s; the tick at 10 s would have put it off to 14 s.
-        tokio::time::sleep_until(started + Duration::from_millis(12_100)).await;
-        assert_eq!(script.calls(), vec![Call::Delete(vec!["a".into()])]);
-        running.close().await;
-    }
-
-    /// A message held all along (a long handler, the hand-over, a lane retrying in place)
-    /// while 100 acks a second stream through, each call taking 20 ms: a settlement
-    /// arrives during every flush, and still the renewals keep their turn, so the held
-    /// message never becomes visible.
-    #[tokio::test(start_paused = true)]
-    async fn renewals_keep_their_turn_under_a_steady_stream_of_acks() {
-        let mut script = Script::new(true);
-        script.latency = Duration::from_millis(20);
-        let running = start(&script, QueueInfo::for_tests("q"));
-        let begin = Instant::now();
-        let held = running.receive("held");
-        let mut acks = 0;
-        while begin.elapsed() < 2 * VISIBILITY {
-            let tag = running.receive(&format!("r{acks}"));
-            running.settle(tag, Settlement::Ack);
-            acks += 1;
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let end = Instant::now();
-        // Each renewal must land before the message shows again, and hides it from then.
-        let mut hidden_until = begin + VISIBILITY;
-        for (at, call) in script.timed_calls() {
-            if let Call::Visibility(entries) = call
-                && let Some((_, seconds)) = entries.iter().find(|(receipt, _)| receipt == "held")
-            {
-                assert!(
-                    at < hidden_until,
-                    "renewed {:?} after it became visible",
-                    at - hidden_until
-                );
-                hidden_until = at + Duration::from_secs(u64::try_from(*seconds).unwrap());
-            }
-        }
-        assert!(
-            hidden_until > end,
-            "the held message became visible {:?} into the run (visibility {VISIBILITY:?})",
-            hidden_until - begin
-        );
-        running.settle(held, Settlement::Ack);
-        running.close().await;
-        let deleted: usize = script
-            .calls()
-            .iter()
-            .map(|call| match call {
-                Call::Delete(receipts) => receipts.len(),
-                _ => 0,
-            })
-            .sum();
-        assert_eq!(deleted, acks + 1, "every ack deleted");
-    }
-
     fn with_dead_letter_queue(name: &str, fifo: bool) -> (Script, QueueInfo) {
-        let mut script = Script::new(true);
+        let mut script = Script::default();
         let dead = if fifo {
             format!("{name}-dead.fifo")
         } else {
@@ -1350,7 +989,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_reject_without_a_dead_letter_queue_is_deleted() {
-        let script = Script::new(true);
+        let script = Script::default();
         let running = start(&script, QueueInfo::for_tests("q"));
         let tag = running.receive("r");
         reject(&running, tag, "x", None, "bad input");
