@@ -605,6 +605,32 @@ async fn a_renewal_tick_does_not_restart_a_settlements_linger() {
     running.close().await;
 }
 
+/// A settlement's linger counts from when it came, though the keeper's settling loop
+/// turns meanwhile: the pump starting, then stopping, to wait for room (which the one
+/// settlement waiting would not make) does not start the linger again.
+#[tokio::test(start_paused = true)]
+async fn the_pump_waiting_for_room_a_while_does_not_restart_a_settlements_linger() {
+    let script = Script::default();
+    let began = Instant::now();
+    let running = start_lingering(&script, Duration::from_secs(4));
+    let tags = ["a", "b", "c", "d"].map(|name| running.leases.insert(name, LEASE));
+    assert!(running.leases.settle(tags[0], |_| "ack"));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Four held, the pump waits from 1 s to 2 s to hold fewer than two.
+    let room = tokio::time::timeout(Duration::from_secs(1), running.leases.room_for(2)).await;
+    assert!(room.is_err(), "one settlement makes no room");
+    // Due at 4 s; the linger started again at 2 s would put it off to 6 s.
+    tokio::time::sleep_until(began + Duration::from_millis(4_100)).await;
+    assert_eq!(
+        calls(&script, began),
+        [(Duration::from_secs(4), Call::Settle(vec![("a", "ack")]))]
+    );
+    for tag in &tags[1..] {
+        assert!(running.leases.settle(*tag, |_| "ack"));
+    }
+    running.close().await;
+}
+
 /// A message held all along (a long handler, the hand-over, a lane retrying in place)
 /// while 100 acks a second stream through, each call taking 20 ms: a settlement arrives
 /// during every flush, and still the renewals keep their turn, so the held message's
