@@ -19,9 +19,8 @@
 //! which Conveyor's receive checks for before each read (a script call and an
 //! `XPENDING`); that is part of what the comparison measures.
 //!
-//! Every measured run, the raw loop included, runs in a task spawned on the runtime's
-//! worker threads, as the framework's dispatch does, never on the thread that blocks on
-//! the runtime, which would handicap the baseline.
+//! The orders, Conveyor's run and the rounds are the harness it shares with the `nats`
+//! bench (`pairs.rs`).
 //!
 //! Run: `scripts/services/redis.sh && cargo bench -p conveyor-benches --bench redis`
 //! (`REDIS_BENCH_MESSAGES` and `REDIS_BENCH_ROUNDS` change the size;
@@ -29,65 +28,25 @@
 //! `raw-sequential`, `sequential`, `raw-lanes` and `lanes`; `REDIS_BENCH_LINGER_US` sets
 //! the broker's settle linger, to see what it costs).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use conveyor::asyncapi::QueueDescription;
-use conveyor::{
-    App, Broker, Dispatch, Error, Json, Message, Publisher, QueueSpec, SharedPublisher, Source,
-    State, SubscribeSettings,
-};
+use conveyor::{Broker, Error, SharedPublisher, Source, SubscribeSettings};
 use conveyor_redis::{GROUP, RedisBroker, RedisQueue, RedisSubscriber};
 use redis::AsyncConnectionConfig;
 use redis::aio::MultiplexedConnection;
 use redis::streams::StreamReadReply;
-use tokio::sync::Notify;
+
+#[path = "pairs.rs"]
+mod pairs;
+use pairs::{LANES, Order, conveyor_run, fill};
 
 const URL: &str = "redis://127.0.0.1:6379";
 /// RedisBroker's defaults, which the raw loop's reads take too: how long a read blocks
 /// on an empty stream, and what its connection waits for an answer beyond that.
 const FETCH_WAIT: Duration = Duration::from_secs(5);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
-/// The lanes mode: `workers(4).by_key()`.
-const LANES: usize = 4;
-
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Order {
-    id: u64,
-    item: String,
-    quantity: u32,
-    /// Fills each message to about 512 bytes of JSON.
-    note: String,
-}
-
-/// Declares `queue` (its stream and group) and publishes `n` orders to it, each batch
-/// added by Redis, before any run starts its clock.
-async fn fill(broker: &RedisBroker, queue: &str, n: u64) {
-    broker
-        .declare_queue(&QueueSpec::new(queue))
-        .await
-        .expect("declare");
-    let mut id = 0;
-    while id < n {
-        let chunk = (id..(id + 1000).min(n))
-            .map(|i| {
-                Message::builder()
-                    .partition_key(format!("customer-{}", i % 64))
-                    .json(&Order {
-                        id: i,
-                        item: "tea".into(),
-                        quantity: 3,
-                        note: "n".repeat(460),
-                    })
-                    .expect("json")
-            })
-            .collect();
-        broker.publish_batch(queue, chunk).await.expect("publish");
-        id = (id + 1000).min(n);
-    }
-}
-
 /// Adds `XACK` and `XDEL` of `ids` to `pipe`, as conveyor-redis settles acks.
 fn settle(pipe: &mut redis::Pipeline, queue: &str, ids: &[String]) {
     if ids.is_empty() {
@@ -165,50 +124,6 @@ async fn raw_loop(queue: &str, n: u64, count: usize) -> Duration {
     }
 }
 
-#[derive(Clone)]
-struct Counter {
-    done: Arc<AtomicU64>,
-    target: u64,
-    all: Arc<Notify>,
-}
-
-async fn handle(Json(order): Json<Order>, State(counter): State<Counter>) {
-    std::hint::black_box(order);
-    if counter.done.fetch_add(1, Ordering::Relaxed) + 1 == counter.target {
-        counter.all.notify_one();
-    }
-}
-
-fn dispatch(lanes: bool) -> Dispatch {
-    if lanes {
-        Dispatch::Lanes(LANES)
-    } else {
-        Dispatch::Sequential
-    }
-}
-
-/// Conveyor on `source` until its handler has seen `n` messages. The clock runs from
-/// `App::start` (which opens the subscription: group made if missing, policy read, read
-/// connection opened) to the handler's `n`th call; the shutdown after it is not counted.
-async fn conveyor_run(source: impl Source, n: u64, lanes: bool) -> Duration {
-    let counter = Counter {
-        done: Arc::default(),
-        target: n,
-        all: Arc::default(),
-    };
-    let start = Instant::now();
-    let running = App::new("bench")
-        .with_state(counter.clone())
-        .mount(source, handle, move |m| m.with_dispatch(dispatch(lanes)))
-        .start()
-        .await
-        .expect("start");
-    counter.all.notified().await;
-    let elapsed = start.elapsed();
-    running.shutdown().await.expect("shutdown");
-    elapsed
-}
-
 /// A Redis queue that records the settings Conveyor subscribes it with, and is
 /// otherwise the queue itself.
 struct Watched {
@@ -273,22 +188,10 @@ async fn conveyor_read_count(broker: &RedisBroker, lanes: bool) -> usize {
         .max(1)
 }
 
-fn rate(n: u64, d: Duration) -> f64 {
-    n as f64 / d.as_secs_f64()
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let n = conveyor_benches::env_or("REDIS_BENCH_MESSAGES", 20_000);
     let rounds = conveyor_benches::env_or("REDIS_BENCH_ROUNDS", 3);
-    let modes = std::env::var("REDIS_BENCH_MODES")
-        .unwrap_or_else(|_| "raw-sequential,sequential,raw-lanes,lanes".to_string());
-    let wanted = |mode: &str| modes.split(',').any(|m| m.trim() == mode);
     let mut builder = RedisBroker::builder().url(URL);
     // A diagnostic: how long Conveyor's settlements wait to share a round trip (the
     // broker's default, none, unless set).
@@ -304,53 +207,24 @@ async fn main() {
         "XREADGROUP COUNT (Conveyor's, the raw loop's too): sequential {sequential_count}, \
          workers({LANES}).by_key() {lanes_count}"
     );
-    let all = ["raw-sequential", "sequential", "raw-lanes", "lanes"];
-    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); all.len()];
-    for round in 0..rounds {
-        for (index, mode) in all.into_iter().enumerate() {
-            if !wanted(mode) {
-                continue;
-            }
-            let queue = format!("conveyor-bench.{}.{round}.{mode}", std::process::id());
-            fill(&broker, &queue, n).await;
-            let run = {
-                let (broker, queue) = (broker.clone(), queue.clone());
-                async move {
-                    match mode {
-                        "raw-sequential" => raw_loop(&queue, n, sequential_count).await,
-                        "sequential" => conveyor_run(broker.queue(&queue), n, false).await,
-                        "raw-lanes" => raw_loop(&queue, n, lanes_count).await,
-                        _ => conveyor_run(broker.queue(&queue), n, true).await,
-                    }
-                }
-            };
-            let elapsed = tokio::spawn(run).await.expect("the run");
-            let r = rate(n, elapsed);
-            println!("round {round} {mode:>14}: {n} messages in {elapsed:?} = {r:.0} msg/s");
-            rates[index].push(r);
-            let _ = broker.delete_queue(&queue).await;
-        }
-    }
-    let medians: Vec<Option<f64>> = rates
-        .into_iter()
-        .map(|v| (!v.is_empty()).then(|| median(v)))
-        .collect();
-    for (pair, (raw, ours)) in [("sequential", (0, 1)), ("workers(4).by_key()", (2, 3))] {
-        let count = if raw == 0 {
-            sequential_count
-        } else {
+    let medians = pairs::rounds(&broker, "REDIS", n, rounds, move |broker, queue, mode| {
+        let count = if mode.lanes {
             lanes_count
+        } else {
+            sequential_count
         };
-        if let Some(raw) = medians[raw] {
-            println!("median raw redis-rs loop, count {count:>3}: {raw:.0} msg/s");
-            if let Some(ours) = medians[ours] {
-                println!(
-                    "median conveyor {pair:<20}: {ours:.0} msg/s ({:.2}x raw)",
-                    ours / raw
-                );
+        async move {
+            if mode.raw {
+                raw_loop(&queue, n, count).await
+            } else {
+                conveyor_run(broker.queue(&queue), n, mode.lanes).await
             }
-        } else if let Some(ours) = medians[ours] {
-            println!("median conveyor {pair:<20}: {ours:.0} msg/s");
         }
-    }
+    })
+    .await;
+    pairs::report(
+        medians,
+        "raw redis-rs loop, count",
+        [sequential_count, lanes_count],
+    );
 }
