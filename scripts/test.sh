@@ -16,7 +16,7 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== the core's transport contract imports nothing app-level"
 python3 scripts/module-graph.py crates/conveyor/src \
-    --leaf transport,message,headers,delivery,outcome,admin,error,encode
+    --leaf transport,message,headers,delivery,outcome,admin,error,encode,clock
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 # The workspace build turns the core's optional features on (tests and examples ask for

@@ -2,6 +2,7 @@
 
 use std::any::Any;
 use std::fmt;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -81,50 +82,29 @@ pub struct Delivery {
     payload: Bytes,
     headers: Headers,
     partition_key: Option<PartitionKey>,
-    receive_count: Option<u32>,
+    /// `None` where the broker keeps no count (a count of 0 is taken as none). A
+    /// `NonZeroU32`, like `lane`, to keep a delivery small: see the size check below.
+    receive_count: Option<NonZeroU32>,
     redelivered: bool,
     /// Retries the dispatcher made while holding the delivery (retries inside a lane).
     retries: u32,
     queue: Arc<str>,
-    /// A `u32` and not a `usize`, like `arrived` below, to keep a delivery within 128
-    /// bytes, the most the compiler moves inline: a larger one is copied by a call to
-    /// `memcpy` at every move, about a dozen per delivery (330 instructions).
-    lane: Option<u32>,
+    /// The lane plus one.
+    lane: Option<NonZeroU32>,
     settler: Option<(Arc<dyn Settle>, u64)>,
     /// When it was taken in ahead of its handler, by its transport (a read-ahead buffer)
-    /// or by any-worker's dispatcher, for the head-of-line wait metric: nanoseconds since
-    /// `arrival::epoch()`, half the size of an `Instant`. Unset otherwise (lanes note it
-    /// beside the delivery, `telemetry::Arrival`).
+    /// or by any-worker's dispatcher, for the head-of-line wait metric. Unset otherwise
+    /// (lanes note it beside the delivery, `telemetry::Arrival`).
     #[cfg(feature = "metrics")]
-    arrived: Option<std::num::NonZeroU64>,
+    arrived: Option<crate::clock::Tick>,
 }
 
-// See `Delivery::lane`.
-const _: () = assert!(std::mem::size_of::<Delivery>() <= 128);
-
-/// The clock of `Delivery::arrived`.
-#[cfg(feature = "metrics")]
-mod arrival {
-    use std::num::NonZeroU64;
-    use std::sync::OnceLock;
-    use std::time::{Duration, Instant};
-
-    /// The instant arrivals are counted from: the first one the process asked for.
-    fn epoch() -> Instant {
-        static EPOCH: OnceLock<Instant> = OnceLock::new();
-        *EPOCH.get_or_init(Instant::now)
-    }
-
-    /// Now, in nanoseconds since the epoch (at least 1; saturating some 584 years on).
-    pub(super) fn now() -> NonZeroU64 {
-        let nanos = u64::try_from(epoch().elapsed().as_nanos()).unwrap_or(u64::MAX);
-        NonZeroU64::new(nanos).unwrap_or(NonZeroU64::MIN)
-    }
-
-    pub(super) fn instant(nanos: NonZeroU64) -> Option<Instant> {
-        epoch().checked_add(Duration::from_nanos(nanos.get()))
-    }
-}
+// The compiler moves at most 128 bytes inline; a larger value is copied by a call to
+// `memcpy` at every move, about a dozen per delivery (330 instructions). A delivery
+// waiting on any-worker's board travels with its key (16 bytes) and must stay within it
+// too, or taking it off the board costs two such calls. Hence the `NonZeroU32`s above
+// and an 8-byte arrival clock.
+const _: () = assert!(std::mem::size_of::<Delivery>() <= 120);
 
 impl Delivery {
     /// A delivery of `payload` from `queue`, settled by `settler` under `tag`.
@@ -157,22 +137,19 @@ impl Delivery {
 
     /// Notes that the delivery arrived now, unless its transport noted it earlier: for
     /// any-worker, which holds a delivery before its handler starts. (Lanes note when
-    /// they took one in beside it, `telemetry::Arrival`: an `Instant` read once, where
-    /// this costs a subtraction from the epoch at each end; on any-worker's board an
-    /// `Instant` beside each delivery made its items too large to move without `memcpy`,
-    /// which cost more than it saved.)
+    /// they took one in beside it, `telemetry::Arrival`.)
     pub(crate) fn note_arrival(&mut self) {
         #[cfg(feature = "metrics")]
         if self.arrived.is_none() {
-            self.arrived = Some(arrival::now());
+            self.arrived = Some(crate::clock::Tick::now());
         }
     }
 
     /// When the delivery arrived, if it was taken in ahead of its handler.
     #[cfg(feature = "metrics")]
     #[inline]
-    pub(crate) fn arrived(&self) -> Option<std::time::Instant> {
-        self.arrived.and_then(arrival::instant)
+    pub(crate) fn arrived(&self) -> Option<crate::clock::Tick> {
+        self.arrived
     }
 
     /// Sets the headers.
@@ -188,9 +165,10 @@ impl Delivery {
     }
 
     /// Sets how many times the broker has handed this message out, this time included
-    /// (1 on first delivery). Also marks the delivery redelivered when above 1.
+    /// (1 on first delivery; 0 is taken as no count). Also marks the delivery redelivered
+    /// when above 1.
     pub fn with_receive_count(mut self, count: u32) -> Self {
-        self.receive_count = Some(count);
+        self.receive_count = NonZeroU32::new(count);
         self.redelivered |= count > 1;
         self
     }
@@ -226,7 +204,7 @@ impl Delivery {
     /// How many times the broker has handed this message out, this one included, where
     /// the broker keeps count.
     pub fn receive_count(&self) -> Option<u32> {
-        self.receive_count
+        self.receive_count.map(NonZeroU32::get)
     }
 
     /// Whether the broker handed this message out before.
@@ -238,7 +216,7 @@ impl Delivery {
     /// one (otherwise 2 for a redelivery and 1 for a first delivery), plus the retries the
     /// dispatcher made while holding the delivery.
     pub fn attempt(&self) -> u32 {
-        self.receive_count
+        self.receive_count()
             .unwrap_or(if self.redelivered { 2 } else { 1 })
             .saturating_add(self.retries)
     }
@@ -279,12 +257,16 @@ impl Delivery {
 
     /// The lane that runs this delivery, under `workers(n).by_key()` dispatch.
     pub fn lane(&self) -> Option<usize> {
-        self.lane.map(|lane| lane as usize)
+        // At least 1: a `NonZeroU32`.
+        self.lane.map(|lane| (lane.get() - 1) as usize)
     }
 
     pub(crate) fn set_lane(&mut self, lane: usize) {
         // A mount has far fewer lanes than `u32::MAX`; past it the lane goes unnamed.
-        self.lane = u32::try_from(lane).ok();
+        self.lane = u32::try_from(lane)
+            .ok()
+            .and_then(|lane| lane.checked_add(1))
+            .and_then(NonZeroU32::new);
     }
 
     /// Settles the delivery. Called by the dispatcher once its handler has finished.
@@ -376,5 +358,27 @@ mod tests {
         let mut held = delivery(&recorder, 1).with_receive_count(2);
         held.count_retry();
         assert_eq!(held.attempt(), 3);
+    }
+
+    #[test]
+    fn a_receive_count_of_zero_is_no_count() {
+        let recorder = Arc::new(Recorder::default());
+        let delivery = delivery(&recorder, 1).with_receive_count(0);
+        assert_eq!(delivery.receive_count(), None);
+        assert_eq!(delivery.attempt(), 1);
+    }
+
+    #[test]
+    fn the_lane_is_the_one_set_from_the_first_to_the_largest() {
+        let recorder = Arc::new(Recorder::default());
+        let mut held = delivery(&recorder, 1);
+        assert_eq!(held.lane(), None);
+        for lane in [0, 1, 7, u32::MAX as usize - 1] {
+            held.set_lane(lane);
+            assert_eq!(held.lane(), Some(lane));
+        }
+        // Past what a lane number holds: unnamed rather than wrong.
+        held.set_lane(u32::MAX as usize);
+        assert_eq!(held.lane(), None);
     }
 }

@@ -54,6 +54,7 @@ mod admin;
 mod app;
 pub mod asyncapi;
 mod batch;
+mod clock;
 pub mod codec;
 mod delivery;
 pub mod dispatch;

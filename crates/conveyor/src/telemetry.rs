@@ -33,11 +33,11 @@
 //! [`record_sent`], [`record_operation`], [`record_dead_lettered`] and
 //! [`record_reconnect`] are for transports.
 
-use std::time::Instant;
+use crate::clock::Tick;
 
 #[cfg(feature = "metrics")]
 mod enabled {
-    use super::Instant;
+    use super::Tick;
     use crate::outcome::Settlement;
     use metrics::{Counter, Gauge, Histogram, Label};
 
@@ -84,18 +84,16 @@ mod enabled {
     }
 
     /// When lanes' dispatcher took a delivery in, for the head-of-line wait: kept beside
-    /// the delivery as it waits in its lane, an `Instant` read once, where noting it in
-    /// the delivery (which has no room for an `Instant`) costs a subtraction from an
-    /// epoch at each end. A transport's own note of the arrival (`Delivery::arrived_now`)
-    /// comes first.
+    /// the delivery as it waits in its lane. A transport's own note of the arrival
+    /// (`Delivery::arrived_now`) comes first.
     #[derive(Clone, Copy, Debug)]
-    pub(crate) struct Arrival(Option<Instant>);
+    pub(crate) struct Arrival(Option<Tick>);
 
     impl Arrival {
         /// Taken in now.
         #[inline]
         pub(crate) fn now() -> Self {
-            Arrival(Some(Instant::now()))
+            Arrival(Some(Tick::now()))
         }
 
         /// Not noted beside the delivery: a wait is recorded only if the delivery
@@ -129,6 +127,8 @@ mod enabled {
                 labels.push(Label::new("conveyor.outcome", kind));
                 metrics::counter!("conveyor.outcomes", labels)
             };
+            // Off the first delivery's path.
+            Tick::calibrate();
             MountMetrics {
                 consumed: metrics::counter!("messaging.client.consumed.messages", labels.clone()),
                 duration: metrics::histogram!("messaging.process.duration", labels.clone()),
@@ -163,12 +163,11 @@ mod enabled {
             &self,
             delivery: &crate::delivery::Delivery,
             arrival: Arrival,
-        ) -> Option<Instant> {
-            let now = Instant::now();
+        ) -> Option<Tick> {
+            let now = Tick::now();
             // The transport's note first: it took the delivery in earliest.
             if let Some(arrived) = delivery.arrived().or(arrival.0) {
-                self.wait
-                    .record(now.saturating_duration_since(arrived).as_secs_f64());
+                self.wait.record(now.seconds_since(arrived));
             }
             Some(now)
         }
@@ -211,14 +210,14 @@ mod enabled {
         }
 
         #[inline]
-        pub(crate) fn run_started(&self) -> Option<Instant> {
-            Some(Instant::now())
+        pub(crate) fn run_started(&self) -> Option<Tick> {
+            Some(Tick::now())
         }
 
         #[inline]
-        pub(crate) fn run_ended(&self, started: Option<Instant>) {
+        pub(crate) fn run_ended(&self, started: Option<Tick>) {
             if let Some(started) = started {
-                self.duration.record(started.elapsed().as_secs_f64());
+                self.duration.record(started.elapsed_seconds());
             }
         }
 
@@ -253,7 +252,7 @@ mod enabled {
 
 #[cfg(not(feature = "metrics"))]
 mod disabled {
-    use super::Instant;
+    use super::Tick;
     use crate::outcome::Settlement;
 
     /// Without the `metrics` feature: nothing, at no cost.
@@ -297,7 +296,7 @@ mod disabled {
             &self,
             _delivery: &crate::delivery::Delivery,
             _arrival: Arrival,
-        ) -> Option<Instant> {
+        ) -> Option<Tick> {
             None
         }
 
@@ -315,11 +314,11 @@ mod disabled {
 
         pub(crate) fn finished(&self, _count: u64) {}
 
-        pub(crate) fn run_started(&self) -> Option<Instant> {
+        pub(crate) fn run_started(&self) -> Option<Tick> {
             None
         }
 
-        pub(crate) fn run_ended(&self, _started: Option<Instant>) {}
+        pub(crate) fn run_ended(&self, _started: Option<Tick>) {}
 
         pub(crate) fn outcome(&self, _settlement: &Settlement<'_>) {}
 

@@ -21,6 +21,7 @@
 use std::cmp::Ordering;
 use std::collections::hash_map::Entry;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
@@ -42,19 +43,39 @@ use crate::transport::Subscriber;
 /// enough that `n` workers nearly always find `n` distinct keys to run.
 pub const DEFAULT_READ_AHEAD_PER_WORKER: usize = 4;
 
+/// A key as the board tells keys apart: its hash folded to 32 bits. Two keys whose
+/// hashes collide only share their turn, so order holds. Four bytes, with the arrival
+/// number's four, keep a ticket within 128 bytes, the most the compiler moves without a
+/// call to `memcpy`: the board moves a ticket several times per delivery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) struct Key(NonZeroU32);
+
+impl Key {
+    fn of(hash: u64) -> Key {
+        // The high half into the low; truncating is the point.
+        let folded = (hash ^ (hash >> 32)) as u32;
+        Key(NonZeroU32::new(folded).unwrap_or(NonZeroU32::MAX))
+    }
+}
+
 /// A held item and its place in arrival order.
 struct Ticket<T> {
-    /// Arrival number: smaller is older.
-    seq: u64,
-    /// The key's hash. Two keys whose hashes collide only share their turn: order holds.
-    key: Option<u64>,
+    /// Arrival number, wrapping: of two tickets, the older is the one the other is ahead
+    /// of by less than half the range (see `Ord`).
+    seq: u32,
+    key: Option<Key>,
     item: T,
 }
 
-/// Orders the ready heap oldest first (`BinaryHeap` is a max-heap).
+/// Orders the ready heap oldest first (`BinaryHeap` is a max-heap). Arrival numbers wrap:
+/// compared by their distance, tickets on the board at once order correctly while fewer
+/// than 2^31 arrivals separate them. An item held longer than that behind its key (a
+/// handler running for days while others run billions) may then start after newer ones
+/// of other keys: its own key's order still holds.
 impl<T> Ord for Ticket<T> {
     fn cmp(&self, other: &Self) -> Ordering {
-        other.seq.cmp(&self.seq)
+        // Reinterpreting the distance as signed is the point.
+        (other.seq.wrapping_sub(self.seq) as i32).cmp(&0)
     }
 }
 
@@ -78,10 +99,10 @@ struct Held<T> {
     /// has nothing running.
     ready: BinaryHeap<Ticket<T>>,
     /// For each held key, its items behind the one that is ready or running.
-    behind: HashMap<u64, VecDeque<Ticket<T>>>,
+    behind: HashMap<Key, VecDeque<Ticket<T>>>,
     /// Items on the board or running.
     held: usize,
-    next_seq: u64,
+    next_seq: u32,
     /// Once released, the board takes nothing more.
     released: bool,
 }
@@ -101,7 +122,7 @@ pub(super) struct Board<T> {
 /// What a worker takes off the board: the item, and the key to give back when done.
 pub(super) struct Turn<T> {
     pub(super) item: T,
-    key: Option<u64>,
+    key: Option<Key>,
 }
 
 impl<T> Board<T> {
@@ -137,6 +158,7 @@ impl<T> Board<T> {
 
     /// Whether `key` holds fewer items than one key may.
     pub(super) fn has_room_for(&self, key: u64) -> bool {
+        let key = Key::of(key);
         let held = kit::lock(&self.held);
         let of_key = held.behind.get(&key).map_or(0, |behind| behind.len() + 1);
         of_key < self.per_key
@@ -152,6 +174,7 @@ impl<T> Board<T> {
         let seq = held.next_seq;
         held.next_seq = seq.wrapping_add(1);
         held.held = held.held.saturating_add(1);
+        let key = key.map(Key::of);
         let ticket = Ticket { seq, key, item };
         if let Some(key) = key {
             match held.behind.entry(key) {
@@ -193,7 +216,7 @@ impl<T> Board<T> {
     /// waiting items come back instead, in order, for the caller to let go of: only now
     /// that the item before them is settled, so that the key keeps its order.
     #[must_use = "the items handed back are released when dropped"]
-    pub(super) fn done(&self, key: Option<u64>) -> Vec<T> {
+    pub(super) fn done(&self, key: Option<Key>) -> Vec<T> {
         let mut held = kit::lock(&self.held);
         held.held = held.held.saturating_sub(1);
         let mut woke = false;
@@ -244,7 +267,8 @@ impl<T> Board<T> {
         drop(held);
         // Every waiting worker leaves.
         self.ready.notify_waiters();
-        tickets.sort_unstable_by_key(|ticket| ticket.seq);
+        // Oldest first: the greatest first, by `Ticket`'s order.
+        tickets.sort_unstable_by(|a, b| b.cmp(a));
         tickets.into_iter().map(|ticket| ticket.item).collect()
     }
 
@@ -393,7 +417,11 @@ mod tests {
         pin!(future).poll(&mut cx).is_ready()
     }
 
-    fn take(board: &Board<u32>) -> Option<(u32, Option<u64>)> {
+    fn key(hash: u64) -> Option<Key> {
+        Some(Key::of(hash))
+    }
+
+    fn take(board: &Board<u32>) -> Option<(u32, Option<Key>)> {
         let mut cx = Context::from_waker(std::task::Waker::noop());
         match pin!(board.next()).poll(&mut cx) {
             Poll::Ready(Some(turn)) => Some((turn.item, turn.key)),
@@ -408,13 +436,13 @@ mod tests {
             assert!(board.add(Some(key), item).is_ok());
         }
         // Key 7's first and key 8's first are ready; key 7's others wait behind.
-        assert_eq!(take(&board), Some((1, Some(7))));
-        assert_eq!(take(&board), Some((3, Some(8))));
+        assert_eq!(take(&board), Some((1, key(7))));
+        assert_eq!(take(&board), Some((3, key(8))));
         assert_eq!(take(&board), None, "key 7 is running");
-        assert!(board.done(Some(7)).is_empty());
-        assert_eq!(take(&board), Some((2, Some(7))));
-        assert!(board.done(Some(7)).is_empty());
-        assert_eq!(take(&board), Some((4, Some(7))));
+        assert!(board.done(key(7)).is_empty());
+        assert_eq!(take(&board), Some((2, key(7))));
+        assert!(board.done(key(7)).is_empty());
+        assert_eq!(take(&board), Some((4, key(7))));
     }
 
     #[test]
@@ -424,12 +452,40 @@ mod tests {
         assert!(board.add(Some(1), 11).is_ok());
         assert!(board.add(Some(2), 20).is_ok());
         assert!(board.add(None, 30).is_ok());
-        assert_eq!(take(&board), Some((10, Some(1))));
-        assert!(board.done(Some(1)).is_empty());
+        assert_eq!(take(&board), Some((10, key(1))));
+        assert!(board.done(key(1)).is_empty());
         // Item 11 arrived before 20 and 30, and its key is free again.
-        assert_eq!(take(&board), Some((11, Some(1))));
-        assert_eq!(take(&board), Some((20, Some(2))));
+        assert_eq!(take(&board), Some((11, key(1))));
+        assert_eq!(take(&board), Some((20, key(2))));
         assert_eq!(take(&board), Some((30, None)));
+    }
+
+    #[test]
+    fn the_oldest_ready_item_goes_first_across_the_arrival_numbers_wrapping() {
+        let board = Board::new(4, 16);
+        kit::lock(&board.held).next_seq = u32::MAX - 1;
+        for item in 0..4 {
+            assert!(board.add(None, item).is_ok());
+        }
+        for item in 0..4 {
+            assert_eq!(take(&board), Some((item, None)));
+        }
+        // And at release, oldest first too.
+        for item in 4..8 {
+            assert!(board.add(None, item).is_ok());
+        }
+        assert_eq!(board.release(), [4, 5, 6, 7]);
+    }
+
+    #[test]
+    fn keys_whose_hashes_fold_to_the_same_32_bits_share_a_turn() {
+        let board = Board::new(4, 16);
+        assert!(board.add(Some(7), 1).is_ok());
+        // 6 in the low half, 1 in the high: folded, 7.
+        assert!(board.add(Some(1 << 32 | 6), 2).is_ok());
+        assert!(board.add(Some(8), 3).is_ok());
+        assert_eq!(take(&board), Some((1, key(7))));
+        assert_eq!(take(&board), Some((3, key(8))), "2 shares 7's turn");
     }
 
     #[test]
@@ -462,8 +518,8 @@ mod tests {
             ready_now(board.room_for_key(2)),
             "another key still has room"
         );
-        assert_eq!(take(&board), Some((0, Some(1))));
-        assert!(board.done(Some(1)).is_empty());
+        assert_eq!(take(&board), Some((0, key(1))));
+        assert!(board.done(key(1)).is_empty());
         assert!(ready_now(board.room_for_key(1)));
     }
 
@@ -486,11 +542,11 @@ mod tests {
         for (item, key) in [(1, Some(5)), (2, None), (3, Some(5)), (4, Some(6))] {
             assert!(board.add(key, item).is_ok());
         }
-        assert_eq!(take(&board), Some((1, Some(5))));
+        assert_eq!(take(&board), Some((1, key(5))));
         // Item 3 waits behind the running 1 of its key: it goes back only once 1 is done.
         assert_eq!(board.release(), [2, 4]);
         assert_eq!(board.add(None, 9), Err(9));
-        assert_eq!(board.done(Some(5)), [3]);
+        assert_eq!(board.done(key(5)), [3]);
         assert_eq!(take(&board), None);
     }
 }

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use super::unwind::CatchDropPanic;
 use super::{Run, settle};
+use crate::clock::Tick;
 use crate::delivery::Delivery;
 use crate::error::{BoxError, Report};
 use crate::handler::{CallOne, Refusal};
@@ -113,7 +114,7 @@ async fn run_and_settle<H: CallOne>(
     mut delivery: Delivery,
     run: &Run,
     retries: Retries,
-    mut first_started: Option<std::time::Instant>,
+    mut first_started: Option<Tick>,
 ) {
     // Set at the first retry: the clock is read only on the retry path.
     let mut first_failure: Option<Instant> = None;
@@ -162,7 +163,7 @@ async fn run_once<H: CallOne>(
     handler: &H,
     delivery: &Delivery,
     run: &Run,
-    started: Option<std::time::Instant>,
+    started: Option<Tick>,
 ) -> Fate {
     // Decoding and extractors run user code too (`FromPayload`, `FromDelivery`, serde).
     let started = started.or_else(|| run.metrics.run_started());
