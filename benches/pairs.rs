@@ -1,5 +1,5 @@
 //! What the broker benches that set Conveyor beside a raw client loop share (`nats`,
-//! `redis`): the orders they fill a queue with, Conveyor's timed run, and the rounds of
+//! `redis`, and `rabbitmq` for its orders and Conveyor's run): the orders they fill a queue with, Conveyor's timed run, and the rounds of
 //! the four modes with their medians. Each bench brings its raw loop and what it reads
 //! ahead; this module is included by path (`#[path = "pairs.rs"] mod pairs;`), apart
 //! from `lib.rs`, whose code the `dispatch --observe` counts depend on.
@@ -173,10 +173,13 @@ where
             let _ = broker.delete_queue(&queue).await;
         }
     }
-    rates.map(|mut v| {
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied()
-    })
+    rates.map(median)
+}
+
+/// The median of `rates`; `None` for none.
+pub fn median(mut rates: Vec<f64>) -> Option<f64> {
+    rates.sort_by(f64::total_cmp);
+    rates.get(rates.len() / 2).copied()
 }
 
 /// Prints the medians, each Conveyor mode against its raw loop: `raw` names the loop

@@ -7,58 +7,28 @@
 //! blocks on the runtime, where the same loop is markedly slower, and measuring the raw
 //! loop there would handicap the baseline.
 //!
+//! The orders and Conveyor's run are the harness it shares with the `nats` and `redis`
+//! benches (`pairs.rs`).
+//!
 //! Run: `scripts/services/rabbitmq.sh && cargo bench -p conveyor-benches --bench rabbitmq`
 //! (`CONSUME_BENCH_MESSAGES` and `CONSUME_BENCH_ROUNDS` change the size;
 //! `CONSUME_BENCH_MODES=lanes`, say, runs only the modes listed, comma-separated, to
 //! count one mode's system calls with `strace -f -c`).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use conveyor::{App, Dispatch, Json, Message, Publisher, QueueSpec, State};
 use conveyor_lapin::LapinBroker;
 use futures_util::StreamExt;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
-use tokio::sync::Notify;
+
+#[path = "pairs.rs"]
+#[allow(dead_code, reason = "its rounds are the nats and redis benches' four modes")]
+mod pairs;
+use pairs::{Order, conveyor_run, fill, median};
 
 const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 const PREFETCH: u16 = 256;
-
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Order {
-    id: u64,
-    item: String,
-    quantity: u32,
-    /// Fills each message to about 512 bytes of JSON.
-    note: String,
-}
-
-async fn fill(broker: &LapinBroker, queue: &str, n: u64) {
-    broker
-        .declare_queue(&QueueSpec::new(queue))
-        .await
-        .expect("declare");
-    let mut id = 0;
-    while id < n {
-        let chunk = (id..(id + 1000).min(n))
-            .map(|i| {
-                Message::builder()
-                    .partition_key(format!("customer-{}", i % 64))
-                    .json(&Order {
-                        id: i,
-                        item: "tea".into(),
-                        quantity: 3,
-                        note: "n".repeat(460),
-                    })
-                    .expect("json")
-            })
-            .collect();
-        broker.publish_batch(queue, chunk).await.expect("publish");
-        id = (id + 1000).min(n);
-    }
-}
 
 async fn raw_loop(broker: &LapinBroker, queue: &str, n: u64) -> Duration {
     let connection = lapin::Connection::connect(URL, lapin::ConnectionProperties::default())
@@ -97,54 +67,6 @@ async fn raw_loop(broker: &LapinBroker, queue: &str, n: u64) -> Duration {
     elapsed
 }
 
-#[derive(Clone)]
-struct Counter {
-    done: Arc<AtomicU64>,
-    target: u64,
-    all: Arc<Notify>,
-}
-
-async fn handle(Json(order): Json<Order>, State(counter): State<Counter>) {
-    std::hint::black_box(order);
-    if counter.done.fetch_add(1, Ordering::Relaxed) + 1 == counter.target {
-        counter.all.notify_one();
-    }
-}
-
-async fn conveyor_run(broker: &LapinBroker, queue: &str, n: u64, lanes: bool) -> Duration {
-    let counter = Counter {
-        done: Arc::default(),
-        target: n,
-        all: Arc::default(),
-    };
-    let start = Instant::now();
-    let running = App::new("bench")
-        .with_state(counter.clone())
-        .mount(broker.queue(queue).prefetch(PREFETCH), handle, move |m| {
-            m.with_dispatch(if lanes {
-                Dispatch::Lanes(4)
-            } else {
-                Dispatch::Sequential
-            })
-        })
-        .start()
-        .await
-        .expect("start");
-    counter.all.notified().await;
-    let elapsed = start.elapsed();
-    running.shutdown().await.expect("shutdown");
-    elapsed
-}
-
-fn rate(n: u64, d: Duration) -> f64 {
-    n as f64 / d.as_secs_f64()
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let n = conveyor_benches::env_or("CONSUME_BENCH_MESSAGES", 50_000);
@@ -167,13 +89,15 @@ async fn main() {
                 async move {
                     match mode {
                         "raw" => raw_loop(&broker, &queue, n).await,
-                        "sequential" => conveyor_run(&broker, &queue, n, false).await,
-                        _ => conveyor_run(&broker, &queue, n, true).await,
+                        "sequential" => {
+                            conveyor_run(broker.queue(&queue).prefetch(PREFETCH), n, false).await
+                        }
+                        _ => conveyor_run(broker.queue(&queue).prefetch(PREFETCH), n, true).await,
                     }
                 }
             };
             let elapsed = tokio::spawn(run).await.expect("the run");
-            let r = rate(n, elapsed);
+            let r = n as f64 / elapsed.as_secs_f64();
             println!("round {round} {mode:>10}: {n} messages in {elapsed:?} = {r:.0} msg/s");
             match mode {
                 "raw" => raw.push(r),
@@ -184,10 +108,9 @@ async fn main() {
             let _ = broker.delete_queue(&queue).await;
         }
     }
-    if raw.is_empty() || seq.is_empty() || lanes.is_empty() {
+    let (Some(raw), Some(seq), Some(lanes)) = (median(raw), median(seq), median(lanes)) else {
         return;
-    }
-    let (raw, seq, lanes) = (median(raw), median(seq), median(lanes));
+    };
     println!("median raw lapin loop        : {raw:.0} msg/s");
     println!(
         "median conveyor sequential   : {seq:.0} msg/s ({:+.1}% vs raw)",
