@@ -23,7 +23,10 @@ use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 
 #[path = "pairs.rs"]
-#[allow(dead_code, reason = "its rounds are the nats and redis benches' four modes")]
+#[allow(
+    dead_code,
+    reason = "its rounds are the nats and redis benches' four modes"
+)]
 mod pairs;
 use pairs::{Order, conveyor_run, fill, median};
 
