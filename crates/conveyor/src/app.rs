@@ -254,6 +254,7 @@ impl<L: Layer + Clone> App<L> {
                 Box::pin(async move {
                     let subscriber = source.subscribe(settings).await?;
                     run.status.follow(subscriber.connection());
+                    run.status.follow_shards(subscriber.shards());
                     let mut ended = EndGuard(Some(run.status.clone()));
                     let task: MountTask = Box::pin(async move {
                         let result = endpoint.drive(subscriber, run).await;
@@ -469,6 +470,7 @@ impl RunningApp {
                 .map(|(queue, status)| MountHealth {
                     queue: queue.clone(),
                     state: status.state(shutting_down),
+                    shards: status.shards(),
                 })
                 .collect(),
             connections: self.connections.iter().flat_map(|of| of()).collect(),
@@ -502,7 +504,13 @@ impl RunningApp {
     pub fn lanes(&self) -> Vec<MountLanes> {
         self.statuses
             .iter()
-            .filter_map(|(queue, status)| status.lanes().map(|stats| stats.snapshot(queue)))
+            .filter_map(|(queue, status)| {
+                status.lanes().map(|stats| {
+                    let mut view = stats.snapshot(queue);
+                    view.shards = status.shards();
+                    view
+                })
+            })
             .collect()
     }
 

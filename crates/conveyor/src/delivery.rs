@@ -269,6 +269,23 @@ impl Delivery {
             .and_then(NonZeroU32::new);
     }
 
+    /// Puts `wrap`'s settler in place of the transport's, under the same tag: for a
+    /// source made of other sources (`shards::Shards`) that must know when each of its
+    /// deliveries is settled. Returns whether it did: a delivery already settled has no
+    /// settler left to wrap.
+    pub(crate) fn wrap_settler(
+        &mut self,
+        wrap: impl FnOnce(&Arc<dyn Settle>) -> Arc<dyn Settle>,
+    ) -> bool {
+        match &mut self.settler {
+            Some((settler, _)) => {
+                *settler = wrap(settler);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Settles the delivery. Called by the dispatcher once its handler has finished.
     pub fn settle(mut self, settlement: Settlement<'_>) {
         self.settle_now(settlement);

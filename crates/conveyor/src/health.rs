@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::kit;
 use crate::lanes_view::LaneStats;
-use crate::transport::{ConnectionHealth, ConnectionProbe, ConnectionState};
+use crate::transport::{ConnectionHealth, ConnectionProbe, ConnectionState, ShardsProbe};
 
 /// Where one mount is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,6 +46,9 @@ pub struct MountHealth {
     pub queue: String,
     /// Where it is.
     pub state: MountState,
+    /// For a mount on several shard queues ([`crate::shards::Shards`]): the shards this
+    /// replica holds now, in order. `None` for a mount on one queue.
+    pub shards: Option<Vec<usize>>,
 }
 
 /// A running app's health: every mount's state, and every connection of the brokers
@@ -100,6 +103,8 @@ pub(crate) struct MountStatus {
     ended: Arc<Mutex<Option<Option<String>>>>,
     /// A lanes mount's live counters.
     lanes: Arc<OnceLock<Arc<LaneStats>>>,
+    /// The shards a mount on several shard queues holds.
+    shards: Arc<OnceLock<Arc<dyn ShardsProbe>>>,
 }
 
 impl std::fmt::Debug for MountStatus {
@@ -127,6 +132,18 @@ impl MountStatus {
         if let Some(probe) = transport {
             let _ = self.transport.set(probe);
         }
+    }
+
+    /// Keeps the shards probe the subscription gives, if any.
+    pub(crate) fn follow_shards(&self, shards: Option<Arc<dyn ShardsProbe>>) {
+        if let Some(probe) = shards {
+            let _ = self.shards.set(probe);
+        }
+    }
+
+    /// The shards the mount holds now, for a mount on several shard queues.
+    pub(crate) fn shards(&self) -> Option<Vec<usize>> {
+        self.shards.get().map(|probe| probe.held())
     }
 
     /// The counters of a lanes mount with `lanes` lanes, made on first call: by the app
@@ -176,6 +193,7 @@ mod tests {
             mounts: vec![MountHealth {
                 queue: "q".into(),
                 state: MountState::Running,
+                shards: None,
             }],
             connections: connections
                 .iter()

@@ -44,6 +44,9 @@ pub struct MountLanes {
     /// key's turn or for a free worker, and the one in the dispatcher's hand (0 for lanes,
     /// whose waiting deliveries show per lane).
     pub held: usize,
+    /// For a mount on several shard queues ([`crate::shards::Shards`]): the shards this
+    /// replica holds now, in order. `None` for a mount on one queue.
+    pub shards: Option<Vec<usize>>,
 }
 
 /// One lane now (under any-worker, one worker).
@@ -203,6 +206,7 @@ impl LaneStats {
             hot_keys: kit::lock(&self.hot).hottest(),
             full_lane_waits: self.full_waits.load(Ordering::Relaxed),
             held: self.held.load(Ordering::Relaxed),
+            shards: None,
         }
     }
 }

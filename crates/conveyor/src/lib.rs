@@ -77,6 +77,7 @@ mod payload;
 mod policy;
 pub mod request;
 mod route;
+pub mod shards;
 mod state;
 pub mod telemetry;
 pub mod testing;
@@ -111,6 +112,6 @@ pub use payload::{DecodeError, FromPayload, Json, PayloadFormat};
 pub use policy::{Backoff, FailurePolicy, OnError};
 pub use state::StateMap;
 pub use transport::{
-    Broker, ConnectionHealth, ConnectionProbe, ConnectionState, Publisher, SharedPublisher, Source,
-    SubscribeSettings, Subscriber,
+    Broker, ConnectionHealth, ConnectionProbe, ConnectionState, Publisher, ShardsProbe,
+    SharedPublisher, Source, SubscribeSettings, Subscriber,
 };

@@ -142,6 +142,14 @@ pub trait Subscriber: Send + 'static {
         None
     }
 
+    /// For a subscription over several shard queues ([`crate::shards::Shards`]): which
+    /// shards it holds, for [`RunningApp::health`](crate::RunningApp::health) and
+    /// [`RunningApp::lanes`](crate::RunningApp::lanes). Asked once, when the mount starts.
+    /// The default, for a subscription to one queue, gives none.
+    fn shards(&self) -> Option<std::sync::Arc<dyn ShardsProbe>> {
+        None
+    }
+
     /// Stops receiving, at once: makes no new receive, releases what a receive already
     /// under way brings once it completes, and releases every delivery received but not
     /// yet returned by [`recv`](Self::recv), so that other consumers can take them while
@@ -160,6 +168,13 @@ pub trait Subscriber: Send + 'static {
     /// still under way, and flushes outstanding settlements. Called once, after every
     /// delivery of this subscription has been settled or dropped.
     fn close(self) -> impl Future<Output = ()> + Send;
+}
+
+/// Which shards a subscription over several shard queues holds now (see
+/// [`Subscriber::shards`]). Asked on every health check: keep it cheap.
+pub trait ShardsProbe: Send + Sync {
+    /// The shards whose subscription is open now, in order.
+    fn held(&self) -> Vec<usize>;
 }
 
 /// Sends messages to a destination (a queue, or an exchange with a routing key).
