@@ -535,7 +535,15 @@ impl Subscriber for LapinSubscriber {
                 owed.closed.store(true, Ordering::SeqCst);
             }
         }
-        self.cancel_consumer().await;
+        // A subscription closed without `stop_receiving` (a shard handed to another
+        // replica) is not cancelled first: closing the channel puts back what it holds
+        // and ends the consumer in one step, whereas after a cancel the broker would
+        // activate a single-active-consumer queue's next consumer while this channel
+        // still held read-ahead, which that consumer would then get after later
+        // messages. After `stop_receiving`, this retries a cancel that failed.
+        if !self.receiving {
+            self.cancel_consumer().await;
+        }
         let LapinSubscriber {
             queue,
             channel,
