@@ -1,41 +1,7 @@
 //! Replicas of a service sharing the shard queues of a [`ConsistentHash`] exchange, each
 //! shard consumed by one replica at a time, with no coordinator besides the broker.
 //!
-//! How the replicas agree:
-//!
-//! - **Membership over a fanout exchange.** Each replica binds a queue of its own
-//!   (server-named, exclusive: gone with its connection) to `<group>.replicas` and
-//!   publishes a heartbeat there every `heartbeat` (its id and the shards it holds). A
-//!   replica not heard from for three heartbeats is gone; one that shuts down cleanly
-//!   says so ([`ReplicaGroup::leave`]), and is gone at once.
-//! - **The same plan everywhere.** Each replica computes the plan from the live members
-//!   with [`conveyor::shards::assign`]: 4 shards each for 12 over 3 replicas, 6 each
-//!   once one is gone. A replica just (re)connected waits one and a half heartbeats, to
-//!   have heard everyone, before it plans.
-//! - **Single active consumer as the safety net.** The shard queues must be declared
-//!   with [`single_active_consumer`](crate::RabbitQueueSpec::single_active_consumer):
-//!   while two replicas' views disagree (for less than a heartbeat, or through a
-//!   partition), both may subscribe to a shard, and RabbitMQ lets only one consume.
-//! - **Handover by channel close.** A replica giving a shard up stops handing its
-//!   deliveries to handlers, waits for those handed out to be settled, then closes the
-//!   shard's channel without cancelling its consumer first: the broker puts back what the
-//!   channel read ahead and activates the next consumer in one step, so the next holder
-//!   starts from the oldest message left. (A `basic.cancel` first would activate the
-//!   next consumer while this one still held read-ahead, which the next one would then
-//!   receive after later messages.)
-//!
-//! Why heartbeats rather than single active consumer alone: a queue's active consumer is
-//! the first to subscribe, so every replica subscribing to every shard would leave most
-//! shards with the first replica to start. The heartbeats decide the spread; single
-//! active consumer only guards it.
-//!
-//! A replica killed (or cut off): its connection goes, the broker puts its unacknowledged
-//! messages back, and after three heartbeats the others take its shards. Messages it had
-//! handled but not acknowledged are handled again by the next holder: the one exception
-//! to "in order, once" (they come marked redelivered). A replica cut from the broker
-//! keeps its last plan; its subscriptions come back with its connection, and single
-//! active consumer keeps them idle while another replica holds the shards, until the
-//! views agree again.
+//! How: see [`ReplicaGroup`].
 //!
 //! [`ConsistentHash`]: crate::ConsistentHash
 
@@ -94,7 +60,46 @@ pub struct ReplicaGroupBuilder {
 }
 
 /// A replica's membership of its group: the plan of the shards it should hold, kept up
-/// to date from the group's heartbeats (see the [module docs](self)).
+/// to date from the group's heartbeats. [`ReplicaGroup::new`] starts one
+/// ([`ReplicaGroupBuilder`] shows a whole service).
+///
+/// How the replicas agree:
+///
+/// - **Membership over a fanout exchange.** Each replica binds a queue of its own
+///   (server-named, exclusive: gone with its connection) to `<group>.replicas` and
+///   publishes a heartbeat there every `heartbeat` (its id and the shards it holds). A
+///   replica not heard from for three heartbeats is gone; one that shuts down cleanly
+///   says so ([`ReplicaGroup::leave`]), and is gone at once.
+/// - **The same plan everywhere.** Each replica computes the plan from the live members
+///   with [`conveyor::shards::assign`]: 4 shards each for 12 over 3 replicas, 6 each
+///   once one is gone. A replica just (re)connected waits one and a half heartbeats, to
+///   have heard everyone, before it plans.
+/// - **Single active consumer as the safety net.** The shard queues must be declared
+///   with [`single_active_consumer`](crate::RabbitQueueSpec::single_active_consumer):
+///   while two replicas' views disagree (for less than a heartbeat, or through a
+///   partition), both may subscribe to a shard, and RabbitMQ lets only one consume.
+/// - **Handover by channel close.** A replica giving a shard up stops handing its
+///   deliveries to handlers, waits for those handed out to be settled, then closes the
+///   shard's channel without cancelling its consumer first: the broker puts back what the
+///   channel read ahead and activates the next consumer in one step, so the next holder
+///   starts from the oldest message left. (A `basic.cancel` first would activate the
+///   next consumer while this one still held read-ahead, which the next one would then
+///   receive after later messages.)
+///
+/// Why heartbeats rather than single active consumer alone: a queue's active consumer is
+/// the first to subscribe, so every replica subscribing to every shard would leave most
+/// shards with the first replica to start. The heartbeats decide the spread; single
+/// active consumer only guards it.
+///
+/// A replica killed (or cut off): its connection goes, the broker puts its unacknowledged
+/// messages back, and after three heartbeats the others take its shards. Messages it had
+/// handled but not acknowledged are handled again by the next holder: the one exception
+/// to "in order, once" (they come marked redelivered). A replica cut from the broker
+/// keeps its last plan; its subscriptions come back with its connection, and single
+/// active consumer keeps them idle while another replica holds the shards, until the
+/// views agree again.
+///
+/// [`ConsistentHash`]: crate::ConsistentHash
 #[derive(Debug)]
 pub struct ReplicaGroup {
     id: String,
