@@ -39,6 +39,11 @@ static CONSUMERS: AtomicU64 = AtomicU64::new(0);
 /// the queue, while the handlers in flight finish and settle on the same channel. If the
 /// connection is lost at that moment, the cancel is owed: lapin restores the consumer
 /// with the channel, and a task cancels it then and hands back what it was pushed.
+///
+/// Closed without draining first (a shard that [`conveyor::shards::Shards`] hands to
+/// another replica), it closes its channel without cancelling the consumer: the broker
+/// takes back what the channel held and ends the consumer in one step, so the next
+/// consumer of a single-active-consumer queue starts from the oldest message left.
 pub struct LapinSubscriber {
     queue: Arc<str>,
     channel: Channel,
