@@ -117,6 +117,7 @@ impl<S: Source + Clone + Sync> Source for Shards<S> {
             ended: BTreeSet::new(),
             turn: 0,
             stopped: false,
+            dirty: true,
         })
     }
 }
@@ -141,6 +142,9 @@ pub struct ShardsSubscriber<S: Source> {
     /// Which shard's receive is polled first, turning, so no shard starves the others.
     turn: usize,
     stopped: bool,
+    /// Set when the plan or a shard's state changed since the last reconcile, so that a
+    /// delivery costs no comparison of the plan with what is held.
+    dirty: bool,
 }
 
 impl<S: Source> std::fmt::Debug for ShardsSubscriber<S> {
@@ -227,6 +231,9 @@ impl<S: Source + Clone + Sync> ShardsSubscriber<S> {
     /// Opens the shards the plan gives and are not open, and gives up those it no
     /// longer gives.
     fn reconcile(&mut self) {
+        if !std::mem::take(&mut self.dirty) {
+            return;
+        }
         let count = self.sources.len();
         let wanted: BTreeSet<usize> = if self.stopped {
             BTreeSet::new()
@@ -369,7 +376,11 @@ impl<S: Source + Clone + Sync> Subscriber for ShardsSubscriber<S> {
     async fn recv(&mut self) -> Option<Result<Delivery, Error>> {
         loop {
             self.reconcile();
-            match self.next_event().await {
+            let event = self.next_event().await;
+            if !matches!(event, Event::Received(_, Some(_))) {
+                self.dirty = true;
+            }
+            match event {
                 Event::Opened(opened, id) => {
                     let shard = self.opening_ids.remove(&id);
                     let Some((shard, subscriber)) = opened else {
@@ -446,6 +457,7 @@ impl<S: Source + Clone + Sync> Subscriber for ShardsSubscriber<S> {
     /// releasing early would gain nothing.
     async fn stop_receiving(&mut self) {
         self.stopped = true;
+        self.dirty = true;
     }
 
     async fn close(mut self) {
@@ -511,6 +523,30 @@ mod tests {
         assert_eq!(sender.held(), [1]);
         subscriber.close().await;
         assert!(sender.held().is_empty());
+    }
+
+    #[tokio::test]
+    async fn health_and_the_lanes_view_show_the_shards_a_mount_holds() {
+        use crate::{App, Json};
+        async fn handle(Json(_): Json<u64>) {}
+        let broker = MemoryBroker::new();
+        let queues = (0..4).map(|i| broker.queue(format!("h.{i}"))).collect();
+        let (sender, plan) = super::super::plan();
+        sender.set(vec![3, 1]);
+        let app = App::new("h")
+            .mount(Shards::new("h", queues, plan), handle, |m| {
+                m.workers(2).by_key()
+            })
+            .start()
+            .await
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while app.health().mounts[0].shards != Some(vec![1, 3]) {
+            assert!(tokio::time::Instant::now() < deadline, "{:?}", app.health());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(app.lanes()[0].shards, Some(vec![1, 3]));
+        app.shutdown().await.unwrap();
     }
 
     #[tokio::test]
