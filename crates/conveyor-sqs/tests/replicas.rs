@@ -46,7 +46,7 @@ async fn broker(endpoint: &str) -> SqsBroker {
 
 /// A moto server of the test's own, taking one receive at a time. moto's FIFO group hold
 /// is not safe under concurrent receives: two replicas receiving at once can each get
-/// messages of one group, out of order (seen in this test, 1 run in 4, and with a plain
+/// messages of one group, out of order (seen in this test, 1 run in 5, and with a plain
 /// boto3 script of four threads on `moto_server`: several groups out of order per 200
 /// messages, none with the receives taken one at a time). Real SQS has no such race.
 /// Other calls still run side by side, so a long poll holds up no publish.
