@@ -274,6 +274,16 @@ pub(crate) fn is_not_found(error: &lapin::Error) -> bool {
     )
 }
 
+/// Whether `error` is the broker's PRECONDITION_FAILED: a declaration that contradicts
+/// the existing one (another queue type, other arguments).
+pub(crate) fn is_precondition_failed(error: &lapin::Error) -> bool {
+    use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+    matches!(
+        error.kind(),
+        lapin::ErrorKind::ProtocolError(e) if matches!(e.kind(), AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED))
+    )
+}
+
 /// An AMQP short string (at most 255 bytes), or a typed error naming `what` it was for.
 pub(crate) fn short(
     what: &'static str,

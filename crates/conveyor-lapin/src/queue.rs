@@ -3,7 +3,7 @@
 use conveyor::{Source, SubscribeSettings};
 
 use crate::broker::LapinBroker;
-use crate::spec::delay_queue_of;
+use crate::spec::default_delay_queue;
 use crate::subscriber::LapinSubscriber;
 
 /// A RabbitMQ queue to mount a handler on, by name: from [`LapinBroker::queue`] (or
@@ -29,6 +29,14 @@ use crate::subscriber::LapinSubscriber;
 /// goes back to the tail of this queue at once. Per-message TTLs expire at the head of
 /// the queue only, so a short delay waits behind a longer one published before it.
 ///
+/// The delay queue of a quorum queue this broker declared is a quorum queue too, so that
+/// it outlives a node as its queue does, and its default name is
+/// `<queue>.delay.quorum`: a classic `<queue>.delay` from an earlier version cannot be
+/// declared again as a quorum queue (RabbitMQ refuses another `x-queue-type`), and the
+/// messages waiting in it still come back to the queue when their delay ends. A delay
+/// queue named with [`delay_queue`](Self::delay_queue) keeps its name: where it already
+/// exists as a classic queue, it is used as it is, with a warning.
+///
 /// ```no_run
 /// use conveyor::{App, Broker, QueueSpec};
 /// use conveyor_lapin::{LapinBroker, RabbitQueueSpec};
@@ -49,10 +57,7 @@ pub struct LapinQueue {
     pub(crate) broker: LapinBroker,
     pub(crate) name: String,
     pub(crate) prefetch: Option<u16>,
-    pub(crate) delay_queue: Option<String>,
-    /// Whether the delay queue was named with [`LapinQueue::delay_queue`] (so it is
-    /// declared even in passive mode).
-    pub(crate) delay_queue_named: bool,
+    pub(crate) delay_queue: DelayQueue,
     pub(crate) consumer_tag: Option<String>,
     pub(crate) passive: bool,
 }
@@ -63,8 +68,7 @@ impl LapinQueue {
             broker,
             name: name.to_string(),
             prefetch: None,
-            delay_queue: Some(delay_queue_of(name)),
-            delay_queue_named: false,
+            delay_queue: DelayQueue::Default,
             consumer_tag: None,
             passive: false,
         }
@@ -85,16 +89,14 @@ impl LapinQueue {
     /// Uses `queue` as this queue's delay queue for retry-after (declared when the
     /// subscription starts, passive mode included).
     pub fn delay_queue(mut self, queue: impl Into<String>) -> Self {
-        self.delay_queue = Some(queue.into());
-        self.delay_queue_named = true;
+        self.delay_queue = DelayQueue::Named(queue.into());
         self
     }
 
     /// No delay queue: retry-after puts the message back at once (republished with its
     /// attempt count, as a retry).
     pub fn without_delay_queue(mut self) -> Self {
-        self.delay_queue = None;
-        self.delay_queue_named = false;
+        self.delay_queue = DelayQueue::None;
         self
     }
 
@@ -112,10 +114,31 @@ impl LapinQueue {
         self
     }
 
-    /// The delay queue's name, if retry-after uses one.
-    pub fn delay_queue_name(&self) -> Option<&str> {
-        self.delay_queue.as_deref()
+    /// The delay queue's name, if retry-after uses one: the default one is
+    /// `<queue>.delay.quorum` for a quorum queue this broker has declared (by the time
+    /// of the call), else `<queue>.delay`.
+    pub fn delay_queue_name(&self) -> Option<String> {
+        match &self.delay_queue {
+            DelayQueue::Default => Some(default_delay_queue(
+                &self.name,
+                self.broker.declaration(&self.name).as_deref(),
+            )),
+            DelayQueue::Named(name) => Some(name.clone()),
+            DelayQueue::None => None,
+        }
     }
+}
+
+/// Which delay queue a [`LapinQueue`]'s retry-after uses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum DelayQueue {
+    /// The default one, named when subscribing, from what the broker then knows of the
+    /// queue (a quorum queue's has a name of its own).
+    Default,
+    /// One named with [`LapinQueue::delay_queue`]: declared in passive mode too.
+    Named(String),
+    /// None: retry-after is a retry.
+    None,
 }
 
 impl Source for LapinQueue {

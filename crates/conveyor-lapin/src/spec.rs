@@ -13,9 +13,25 @@ use crate::topology::{ArgumentValue, Arguments};
 /// The delay queue of `<queue>` is `<queue>.delay` unless named otherwise.
 pub(crate) const DELAY_QUEUE_SUFFIX: &str = ".delay";
 
-/// The name of the default delay queue of `queue`.
+/// The default delay queue of a quorum queue `<queue>` is `<queue>.delay.quorum`: a name
+/// of its own, because a classic `<queue>.delay` made by an earlier version may exist,
+/// and RabbitMQ refuses to declare a queue again with another `x-queue-type`.
+pub(crate) const QUORUM_DELAY_QUEUE_SUFFIX: &str = ".delay.quorum";
+
+/// The name of the default delay queue of `queue` when it is not a quorum queue (or its
+/// type is unknown).
 pub(crate) fn delay_queue_of(queue: &str) -> String {
     format!("{queue}{DELAY_QUEUE_SUFFIX}")
+}
+
+/// The name of the default delay queue of `queue`, given its declaration where this
+/// broker made it: `<queue>.delay.quorum` for a quorum queue, else `<queue>.delay`.
+pub(crate) fn default_delay_queue(queue: &str, known: Option<&Declaration>) -> String {
+    if known.is_some_and(Declaration::is_quorum) {
+        format!("{queue}{QUORUM_DELAY_QUEUE_SUFFIX}")
+    } else {
+        delay_queue_of(queue)
+    }
 }
 
 mod sealed {
@@ -186,6 +202,14 @@ impl Declaration {
         self.auto_delete
     }
 
+    /// Whether it is a quorum queue (`x-queue-type = quorum`).
+    pub(crate) fn is_quorum(&self) -> bool {
+        matches!(
+            self.arguments.get("x-queue-type"),
+            Some(ArgumentValue::Str(kind)) if kind == "quorum"
+        )
+    }
+
     /// A durable, shared queue with no arguments: what a subscription declares for a
     /// queue that does not exist yet.
     pub(crate) fn plain(name: &str) -> Self {
@@ -290,7 +314,33 @@ impl Declaration {
     /// go back to `queue` through the default exchange. It lives as long as `queue` does
     /// when `queue`'s declaration is known: durable with a durable queue, gone with the
     /// connection with an exclusive one; durable otherwise.
+    ///
+    /// The delay queue of a quorum queue is a quorum queue too, so that it outlives a
+    /// node as its queue does (a classic queue lives on one node: were that node lost,
+    /// the subscription could not declare it again and would not resume). It
+    /// dead-letters at least once (`x-dead-letter-strategy`, RabbitMQ 3.10 and later,
+    /// which asks for `x-overflow = reject-publish`): an expired message stays in the
+    /// delay queue until `queue` has taken it, where the default at-most-once would drop
+    /// it if `queue` had no leader at that moment (during a failover).
     pub(crate) fn delay_queue(name: &str, queue: &str, of: Option<&Declaration>) -> Self {
+        if of.is_some_and(Declaration::is_quorum) {
+            let mut delay = Self::classic_delay_queue(name, queue, None);
+            delay.arguments.set("x-queue-type".into(), "quorum".into());
+            delay
+                .arguments
+                .set("x-dead-letter-strategy".into(), "at-least-once".into());
+            delay
+                .arguments
+                .set("x-overflow".into(), "reject-publish".into());
+            return delay;
+        }
+        Self::classic_delay_queue(name, queue, of)
+    }
+
+    /// The delay queue `name` of the queue `queue` as a classic queue, which is what
+    /// [`delay_queue`](Self::delay_queue) makes for any queue but a quorum one: as
+    /// durable as its queue, or durable when that is unknown.
+    pub(crate) fn classic_delay_queue(name: &str, queue: &str, of: Option<&Declaration>) -> Self {
         let (durable, exclusive) = match of {
             Some(of) => (of.durable && !of.exclusive, of.exclusive),
             None => (true, false),
@@ -551,6 +601,29 @@ mod tests {
             .dead_letter_target(),
             Some(("", "q.dead"))
         );
+    }
+
+    #[test]
+    fn a_quorum_queues_delay_queue_is_a_quorum_queue_of_its_own_name_dead_lettering_at_least_once()
+    {
+        let quorum = declared(QueueSpec::new("q").quorum());
+        assert_eq!(default_delay_queue("q", Some(&quorum)), "q.delay.quorum");
+        assert_eq!(default_delay_queue("q", None), "q.delay");
+        let classic = declared(QueueSpec::new("q"));
+        assert_eq!(default_delay_queue("q", Some(&classic)), "q.delay");
+
+        let delay = Declaration::delay_queue("q.delay.quorum", "q", Some(&quorum));
+        assert!(delay.is_quorum() && delay.durable && !delay.vanishes());
+        assert_eq!(delay.dead_letter_target(), Some(("", "q")));
+        assert_eq!(
+            argument(&delay, "x-dead-letter-strategy"),
+            Some("at-least-once".into())
+        );
+        assert_eq!(
+            argument(&delay, "x-overflow"),
+            Some("reject-publish".into())
+        );
+        assert!(!Declaration::delay_queue("q.delay", "q", Some(&classic)).is_quorum());
     }
 
     #[test]

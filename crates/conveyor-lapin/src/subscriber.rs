@@ -13,11 +13,11 @@ use lapin::{Channel, Consumer};
 
 use crate::ack_window::Places;
 use crate::broker::LapinBroker;
-use crate::error::{LapinError, short};
+use crate::error::{LapinError, is_precondition_failed, short};
 use crate::headers::{self, ATTEMPTS_HEADER, DELIVERY_COUNT_HEADER};
-use crate::queue::LapinQueue;
+use crate::queue::{DelayQueue, LapinQueue};
 use crate::settle::{self, Pending, Routes, Settler};
-use crate::spec::Declaration;
+use crate::spec::{Declaration, default_delay_queue};
 
 /// The smallest prefetch window chosen by default.
 const MIN_DEFAULT_PREFETCH: usize = 16;
@@ -112,20 +112,45 @@ fn to_declare(
 ///
 /// The delay queue lives as long as its queue, where this broker declared the queue:
 /// durable with a durable one, gone with the connection with an exclusive one; durable
-/// otherwise. It dead-letters expired messages back to `queue`.
+/// otherwise; a quorum queue with a quorum queue. It dead-letters expired messages back
+/// to `queue`.
+///
+/// A delay queue the user named for a quorum queue may exist already as a classic
+/// queue, from an earlier version: RabbitMQ refuses to declare it again as a quorum
+/// queue (PRECONDITION_FAILED, which closes the channel), so that is tried on a channel
+/// of its own first, and on a refusal the classic queue is used as it is, with a
+/// warning. (The default name of a quorum queue's delay queue is new, so it never
+/// meets an old classic one.)
 async fn declare_delay_queue(
     broker: &LapinBroker,
     channel: &Channel,
     queue: &str,
     known: Option<&Declaration>,
-    delay_queue: Option<&str>,
+    delay_queue: Option<(&str, bool)>,
 ) -> Result<(), LapinError> {
-    if let Some(name) = delay_queue {
-        Declaration::delay_queue(name, queue, known)
-            .declare(channel)
-            .await?;
-        broker.remember_delay_queue(queue, name);
+    let Some((name, named)) = delay_queue else {
+        return Ok(());
+    };
+    let mut declaration = Declaration::delay_queue(name, queue, known);
+    if named && declaration.is_quorum() {
+        let probe = broker.open_channel("delay queue check").await?;
+        let result = declaration.declare(&probe).await;
+        let _ = probe.close(200, "done".into()).await;
+        match result {
+            Ok(()) => {}
+            Err(LapinError::Declare { source, .. }) if is_precondition_failed(&source) => {
+                tracing::warn!(
+                    queue = %queue,
+                    delay_queue = %name,
+                    "the delay queue exists as another type than its quorum queue (a classic queue, from an earlier version?); using it as it is, but it lives on one node, and if that node is lost the subscription does not resume: name a new delay queue, or delete this one once it is empty"
+                );
+                declaration = Declaration::classic_delay_queue(name, queue, None);
+            }
+            Err(error) => return Err(error),
+        }
     }
+    declaration.declare(channel).await?;
+    broker.remember_delay_queue(queue, name);
     Ok(())
 }
 
@@ -168,7 +193,6 @@ impl LapinSubscriber {
             name,
             prefetch,
             delay_queue,
-            delay_queue_named,
             consumer_tag,
             passive,
         } = source;
@@ -187,15 +211,24 @@ impl LapinSubscriber {
             declaration.declare(&channel).await?;
         }
         // Passive mode declares nothing of its own accord: no default delay queue.
-        let delay_queue = delay_queue.filter(|_| !passive || delay_queue_named);
+        let delay_queue = match delay_queue {
+            DelayQueue::Default if !passive => {
+                Some((default_delay_queue(&queue, known.as_deref()), false))
+            }
+            DelayQueue::Named(name) => Some((name, true)),
+            DelayQueue::Default | DelayQueue::None => None,
+        };
         declare_delay_queue(
             &broker,
             &channel,
             &queue,
             known.as_deref(),
-            delay_queue.as_deref(),
+            delay_queue
+                .as_ref()
+                .map(|(name, named)| (name.as_str(), *named)),
         )
         .await?;
+        let delay_queue = delay_queue.map(|(name, _)| name);
         let routes = Arc::new(routes(&broker, &queue, known.as_deref(), delay_queue)?);
 
         let window = prefetch

@@ -812,3 +812,144 @@ async fn a_retry_whose_copy_is_refused_is_requeued_after_a_growing_pause() {
     }
     cleanup(&broker, &[&queue], &[]).await;
 }
+
+/// Retries each message once after 100 ms; records `(id, attempt)`.
+async fn retry_once_later(
+    Json(id): Json<u32>,
+    info: DeliveryInfo,
+    State(seen): State<Seen<(u32, u32)>>,
+) -> Outcome {
+    seen.push((id, info.attempt));
+    if info.attempt < 2 {
+        Outcome::RetryAfter(Duration::from_millis(100))
+    } else {
+        Outcome::Ack
+    }
+}
+
+/// Whether `queue` is a quorum queue on the server.
+fn is_quorum(queue: &str) -> bool {
+    common::queue_arguments(queue).contains("\"x-queue-type\",\"quorum\"")
+}
+
+/// A quorum queue's delay queue outlives a node as its queue does, so it is a quorum
+/// queue too, under a name of its own (`<queue>.delay.quorum`). A classic `<queue>.delay`
+/// an earlier version made (which RabbitMQ would refuse to declare again as a quorum
+/// queue) is left alone: the subscription starts, and what waits there still comes back.
+#[tokio::test]
+async fn a_quorum_queues_delay_queue_is_a_quorum_queue_beside_an_earlier_classic_one() {
+    let broker = broker().await;
+    let queue = unique("quorum-delay");
+    let legacy = format!("{queue}.delay");
+    broker
+        .declare_queue(&QueueSpec::new(queue.as_str()).quorum())
+        .await
+        .unwrap();
+    // The classic delay queue an earlier version declared, with a message waiting out
+    // its delay (the queue's own TTL stands in for the per-message one).
+    broker
+        .declare_queue(
+            &QueueSpec::new(legacy.as_str())
+                .dead_letter_exchange("")
+                .dead_letter_routing_key(queue.as_str())
+                .argument("x-message-ttl", 300),
+        )
+        .await
+        .unwrap();
+    publish_one(&broker, &legacy, 1).await;
+
+    let seen = Seen::<(u32, u32)>::default();
+    let mounted = broker.queue(&queue);
+    assert_eq!(
+        mounted.delay_queue_name().as_deref(),
+        Some(format!("{queue}.delay.quorum").as_str())
+    );
+    let running = App::new("quorum-delay")
+        .with_state(seen.clone())
+        .mount(mounted, retry_once_later, |m| m.workers(1))
+        .start()
+        .await
+        .unwrap();
+    publish_one(&broker, &queue, 2).await;
+    wait_until("both messages handled twice", || seen.len() == 4).await;
+    let mut all = seen.all();
+    all.sort_unstable();
+    assert_eq!(all, [(1, 1), (1, 2), (2, 1), (2, 2)]);
+    assert!(is_quorum(&format!("{queue}.delay.quorum")));
+    assert!(
+        !is_quorum(&legacy),
+        "the earlier classic delay queue is kept"
+    );
+    running.shutdown().await.unwrap();
+    // Deleting the queue deletes both delay queues.
+    cleanup(&broker, &[&queue], &[]).await;
+    let listing = std::process::Command::new("rabbitmqctl")
+        .args(["-q", "-s", "list_queues", "name"])
+        .output()
+        .unwrap();
+    let names = String::from_utf8_lossy(&listing.stdout);
+    assert!(
+        !names.lines().any(|name| name.starts_with(queue.as_str())),
+        "{names}"
+    );
+}
+
+/// A delay queue the user named keeps its name; for a quorum queue it is declared as a
+/// quorum queue, and where it exists already as a classic queue it is used as it is
+/// (with a warning) rather than failing the subscription.
+#[tokio::test]
+async fn a_named_classic_delay_queue_of_a_quorum_queue_is_used_as_it_is() {
+    let broker = broker().await;
+    let queue = unique("named-delay");
+    let named = format!("{queue}.later");
+    let fresh = unique("named-delay-fresh");
+    let fresh_named = format!("{fresh}.later");
+    for name in [&queue, &fresh] {
+        broker
+            .declare_queue(&QueueSpec::new(name.as_str()).quorum())
+            .await
+            .unwrap();
+    }
+    broker
+        .declare_queue(
+            &QueueSpec::new(named.as_str())
+                .dead_letter_exchange("")
+                .dead_letter_routing_key(queue.as_str()),
+        )
+        .await
+        .unwrap();
+
+    let seen = Seen::<(u32, u32)>::default();
+    let fresh_seen = Seen::<(u32, u32)>::default();
+    let running = App::new("named-delay")
+        .with_state(seen.clone())
+        .mount(
+            broker.queue(&queue).delay_queue(named.as_str()),
+            retry_once_later,
+            |m| m.workers(1),
+        )
+        .start()
+        .await
+        .unwrap();
+    let fresh_running = App::new("named-delay-fresh")
+        .with_state(fresh_seen.clone())
+        .mount(
+            broker.queue(&fresh).delay_queue(fresh_named.as_str()),
+            retry_once_later,
+            |m| m.workers(1),
+        )
+        .start()
+        .await
+        .unwrap();
+    publish_one(&broker, &queue, 1).await;
+    publish_one(&broker, &fresh, 2).await;
+    wait_until("1 handled twice", || seen.len() == 2).await;
+    wait_until("2 handled twice", || fresh_seen.len() == 2).await;
+    assert_eq!(seen.all(), [(1, 1), (1, 2)]);
+    assert_eq!(fresh_seen.all(), [(2, 1), (2, 2)]);
+    assert!(!is_quorum(&named), "the existing classic one is kept");
+    assert!(is_quorum(&fresh_named), "a new one is a quorum queue");
+    running.shutdown().await.unwrap();
+    fresh_running.shutdown().await.unwrap();
+    cleanup(&broker, &[&queue, &fresh, &named, &fresh_named], &[]).await;
+}

@@ -40,21 +40,31 @@ impl LapinBroker {
         Ok(())
     }
 
-    /// Deletes the queue `name`, the messages in it, and its delay queue (the one its
-    /// subscriptions on this broker used, else `<name>.delay`) with the messages
-    /// waiting there. Deleting a queue that does not exist succeeds.
+    /// Deletes the queue `name`, the messages in it, and its delay queues (the one its
+    /// subscriptions on this broker used, and the default ones, `<name>.delay` and
+    /// `<name>.delay.quorum`, where they exist) with the messages waiting there. Deleting
+    /// a queue that does not exist succeeds.
     ///
     /// # Errors
     ///
     /// [`conveyor::Error::Config`] for a name AMQP cannot carry; [`conveyor::Error::Transport`] (with the [`LapinError`] as its source) when RabbitMQ fails the call.
     pub async fn delete_queue(&self, name: &str) -> Result<(), conveyor::Error> {
         short("queue name", name)?;
-        let delay_queue = self
-            .remembered_delay_queue(name)
-            .unwrap_or_else(|| delay_queue_of(name));
-        // The delay queue dead-letters into its queue: deleted first, it cannot move a
-        // message into the queue about to go.
-        for queue in [delay_queue.as_str(), name] {
+        // Both default names: another process's subscriptions may have declared either
+        // (a quorum queue's is `.delay.quorum`, and an earlier version's `.delay`).
+        let mut delay_queues = vec![
+            delay_queue_of(name),
+            format!("{name}{QUORUM_DELAY_QUEUE_SUFFIX}"),
+        ];
+        if let Some(remembered) = self.remembered_delay_queue(name)
+            && !delay_queues.contains(&remembered)
+        {
+            delay_queues.push(remembered);
+        }
+        // The delay queues dead-letter into their queue: deleted first, they cannot move
+        // a message into the queue about to go.
+        let all = delay_queues.iter().map(String::as_str).chain([name]);
+        for queue in all {
             // A name that is too long for AMQP is no queue's name: nothing to delete.
             let Ok(amqp_name) = short("queue name", queue) else {
                 continue;
@@ -88,7 +98,8 @@ impl LapinBroker {
 
     /// How many messages the queue `name` holds: `ready` from a passive declare (which
     /// leaves the queue alone), `delayed` from its delay queue (the one a subscription of
-    /// this broker declared, else `<name>.delay` where it exists, as another process's
+    /// this broker declared, else the default one where it exists (`<name>.delay`, or
+    /// `<name>.delay.quorum` for a quorum queue this broker declared), as another process's
     /// subscriptions declare it; found missing, it is looked for again after a minute),
     /// and `in_flight` unknown (`None`: AMQP does not tell how
     /// many are delivered and unacked). A missing queue is an error
@@ -101,8 +112,10 @@ impl LapinBroker {
     pub async fn queue_depth(&self, name: &str) -> Result<QueueDepth, conveyor::Error> {
         let remembered = self.remembered_delay_queue(name);
         let guessed = remembered.is_none();
-        let delay_queue =
-            remembered.or_else(|| (!self.delay_queue_missing(name)).then(|| delay_queue_of(name)));
+        let delay_queue = remembered.or_else(|| {
+            (!self.delay_queue_missing(name))
+                .then(|| default_delay_queue(name, self.declaration(name).as_deref()))
+        });
         let channel = self.open_channel(name).await?;
         let ready = check(&channel, name).await;
         // The delay queue on the same channel: if it is missing, the failed check closes

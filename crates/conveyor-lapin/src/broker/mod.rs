@@ -47,7 +47,9 @@ use crate::publisher::LapinPublisher;
 use crate::queue::LapinQueue;
 use crate::redeclare::{Declared, Record};
 use crate::request::Requester;
-use crate::spec::{Declaration, check, delay_queue_of};
+use crate::spec::{
+    Declaration, QUORUM_DELAY_QUEUE_SUFFIX, check, default_delay_queue, delay_queue_of,
+};
 use crate::tls::{TlsSettings, is_tls_failure};
 use crate::topology::{Binding, ExchangeSpec};
 use crate::url::redact_url;
