@@ -989,11 +989,18 @@ impl Channel {
             });
         if self.recovery_config.can_recover(&error) {
             self.internal_rpc.init_connection_recovery(error.clone());
-        } else {
-            let connection_resolver = self.frames.connection_resolver(self.id);
-            self.internal_rpc
-                .init_connection_shutdown(error.clone(), connection_resolver);
+            // No close-ok when recovering: it would be queued behind the recovery and
+            // written as the first frame of the *new* connection, whose broker then
+            // fails the handshake ("unexpected method in connection state starting")
+            // and drops it some seconds later, so the reconnect is lost and the next one
+            // goes to another node. The old socket is given up at once instead, which
+            // is what sending the close-ok did next (`on_connection_close_ok_sent`).
+            self.internal_rpc.finish_connection_shutdown();
+            return Ok(());
         }
+        let connection_resolver = self.frames.connection_resolver(self.id);
+        self.internal_rpc
+            .init_connection_shutdown(error.clone(), connection_resolver);
         self.internal_rpc.send_connection_close_ok(error);
         Ok(())
     }
