@@ -46,6 +46,9 @@ struct Turn {
     /// The last attempt's stream was handed over: the connection on it, or its
     /// handshake, has since been lost if another attempt is asked for.
     handed_over: bool,
+    /// The node whose stream was handed over last: the one the connection is on, or
+    /// was on last.
+    in_use: Option<usize>,
 }
 
 impl Rotation {
@@ -63,6 +66,7 @@ impl Rotation {
             state: Mutex::new(Turn {
                 next: 0,
                 handed_over: false,
+                in_use: None,
             }),
         }
     }
@@ -75,9 +79,27 @@ impl Rotation {
         if std::mem::take(&mut turn.handed_over) {
             turn.next = (turn.next + 1) % self.nodes.len();
         }
-        let node = &self.nodes[turn.next];
-        let address = format!("{}:{}", node.authority.host, node.authority.port);
-        (node.clone(), address)
+        (self.nodes[turn.next].clone(), self.address(turn.next))
+    }
+
+    /// The `host:port` of node `index`.
+    fn address(&self, index: usize) -> String {
+        let node = &self.nodes[index];
+        format!("{}:{}", node.authority.host, node.authority.port)
+    }
+
+    /// The `host:port` of the node the connection is on (or was on last, while it
+    /// reconnects), for the logs: the URL's may not be the one in use.
+    pub(crate) fn in_use(&self) -> Option<String> {
+        let in_use = conveyor::kit::lock(&self.state).in_use;
+        in_use.map(|index| self.address(index))
+    }
+
+    /// Every node's `host:port`, the URL's first, for an error that names them all.
+    pub(crate) fn addresses(&self) -> Vec<String> {
+        (0..self.nodes.len())
+            .map(|index| self.address(index))
+            .collect()
     }
 
     /// The attempt failed (refused, unreachable, timed out): the next goes to the next
@@ -90,7 +112,9 @@ impl Rotation {
 
     /// The attempt's stream was handed to lapin for its handshake.
     pub(crate) fn handed_over(&self) {
-        conveyor::kit::lock(&self.state).handed_over = true;
+        let mut turn = conveyor::kit::lock(&self.state);
+        turn.handed_over = true;
+        turn.in_use = Some(turn.next);
     }
 
     /// How many nodes there are: 1 without fallbacks.
@@ -134,6 +158,24 @@ mod tests {
         assert_eq!(next(&rotation), "c:5683");
         rotation.failed();
         assert_eq!(next(&rotation), "a:5672");
+    }
+
+    #[test]
+    fn the_node_in_use_is_the_one_whose_stream_was_handed_over_last() {
+        let rotation = rotation();
+        assert_eq!(rotation.in_use(), None);
+        rotation.failed();
+        let _ = rotation.attempt();
+        rotation.handed_over();
+        assert_eq!(rotation.in_use().as_deref(), Some("b:5682"));
+        // Lost, and reconnecting: still the node it was on, until another takes over.
+        let _ = rotation.attempt();
+        rotation.failed();
+        assert_eq!(rotation.in_use().as_deref(), Some("b:5682"));
+        let _ = rotation.attempt();
+        rotation.handed_over();
+        assert_eq!(rotation.in_use().as_deref(), Some("a:5672"));
+        assert_eq!(rotation.addresses(), ["a:5672", "b:5682", "c:5683"]);
     }
 
     #[test]

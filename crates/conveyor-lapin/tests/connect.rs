@@ -31,6 +31,30 @@ async fn a_broker_that_cannot_be_reached_fails_the_first_connect_in_time() {
     assert!(!text.contains("s3cret"), "the password leaked: {text}");
 }
 
+/// With fallback nodes, a failed first connect names every node it tried, not the
+/// URL's alone.
+#[tokio::test]
+async fn a_failed_first_connect_names_every_node_it_tried() {
+    let free_port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free port")
+            .port()
+    };
+    let (first, second, third) = (free_port(), free_port(), free_port());
+    let error = LapinBroker::builder(format!("amqp://guest:s3cret@127.0.0.1:{first}/%2f"))
+        .fallback_nodes([format!("127.0.0.1:{second}"), format!("127.0.0.1:{third}")])
+        .first_connect_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .expect_err("nothing listens there");
+    let text = error.to_string();
+    for port in [first, second, third] {
+        assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
+    }
+    assert!(!text.contains("s3cret"), "the password leaked: {text}");
+}
+
 #[tokio::test]
 async fn a_zero_reconnect_handshake_timeout_is_refused_before_connecting() {
     // The broker that listens on this machine: the refusal must not depend on reaching it.

@@ -284,7 +284,17 @@ impl LapinBrokerBuilder {
                 what: "fallback node",
                 reason,
             })?;
-        let rotation = Rotation::new(&uri, &fallbacks);
+        let rotation = Arc::new(Rotation::new(&uri, &fallbacks));
+        let nodes = rotation.clone();
+        // A failed first connect names every node it tried, not the URL's alone.
+        let tried = if fallbacks.is_empty() {
+            redacted.clone()
+        } else {
+            format!(
+                "{redacted} (and fallback nodes {})",
+                rotation.addresses()[1..].join(", ")
+            )
+        };
         let mut properties = ConnectionProperties::default()
             .enable_auto_recover()
             // Bounded and without delay: the dialer paces the attempts and keeps trying
@@ -391,21 +401,18 @@ impl LapinBrokerBuilder {
                     _ => None,
                 };
                 return Err(match (handshake_error, failure) {
-                    (Some(source), _) => LapinError::Connect {
-                        url: redacted,
-                        source,
-                    },
+                    (Some(source), _) => LapinError::Connect { url: tried, source },
                     (None, Some(Failure::Failed(error))) => LapinError::Connect {
-                        url: redacted,
+                        url: tried,
                         source: error.into(),
                     },
                     (None, Some(Failure::TimedOut(stage))) => LapinError::ConnectTimeout {
-                        url: redacted,
+                        url: tried,
                         after: self.first_connect_timeout,
                         waiting_for: stage.waiting_for(),
                     },
                     (None, None) => LapinError::ConnectTimeout {
-                        url: redacted,
+                        url: tried,
                         after: self.first_connect_timeout,
                         waiting_for: Stage::Connection.waiting_for(),
                     },
@@ -417,6 +424,7 @@ impl LapinBrokerBuilder {
             Watched {
                 url: redacted,
                 name: shown_as,
+                nodes,
             },
             dialer.clone(),
             unblocked,

@@ -2,10 +2,12 @@
 
 use super::*;
 
-/// The connection whose events [`log_events`] follows: its URL (redacted) and its name.
+/// The connection whose events [`log_events`] follows: its URL (redacted), its name,
+/// and the nodes it dials.
 pub(super) struct Watched {
     pub(super) url: String,
     pub(super) name: String,
+    pub(super) nodes: Arc<Rotation>,
 }
 
 /// Logs what lapin reports about the connection: errors it does not recover from, and
@@ -17,7 +19,10 @@ pub(super) async fn log_events(
     dialer: Arc<Dialer>,
     unblocked: Arc<tokio::sync::Notify>,
 ) {
-    let Watched { url, name } = watched;
+    let Watched { url, name, nodes } = watched;
+    // With fallback nodes, the URL's node may not be the one in use: each line names
+    // the node too (the one connected to, or while reconnecting, the one lost).
+    let node = || nodes.in_use().unwrap_or_default();
     use futures_util::StreamExt;
     let mut events = std::pin::pin!(events);
     while let Some(event) = events.next().await {
@@ -29,13 +34,13 @@ pub(super) async fn log_events(
                 tracing::debug!(url = %url, %error, "RabbitMQ closed a channel: not found");
             }
             lapin::Event::Error(error) => {
-                tracing::warn!(url = %url, %error, "RabbitMQ connection error");
+                tracing::warn!(url = %url, node = %node(), %error, "RabbitMQ connection error");
             }
             lapin::Event::ConnectionBlocked(reason) => {
-                tracing::warn!(url = %url, reason, "RabbitMQ blocked the connection");
+                tracing::warn!(url = %url, node = %node(), reason, "RabbitMQ blocked the connection");
             }
             lapin::Event::ConnectionUnblocked => {
-                tracing::info!(url = %url, "RabbitMQ unblocked the connection");
+                tracing::info!(url = %url, node = %node(), "RabbitMQ unblocked the connection");
                 unblocked.notify_waiters();
             }
             lapin::Event::Connected => {
@@ -43,7 +48,7 @@ pub(super) async fn log_events(
                     conveyor::telemetry::record_reconnect("rabbitmq", &name);
                 }
                 unblocked.notify_waiters();
-                tracing::info!(url = %url, "RabbitMQ connection (re)established");
+                tracing::info!(url = %url, node = %node(), "RabbitMQ connection (re)established");
             }
             _ => {}
         }
