@@ -637,7 +637,11 @@ async fn stopping_the_consumers_node_under_load_fails_over_and_loses_no_confirme
         "the consumer started on its URL's node"
     );
     // Node 1 is next in the consumer's list (2, 1, 3): its first reconnect stays there.
-    assert_eq!(figures.consumer_nodes.1, Some(1), "the consumer ended elsewhere");
+    assert_eq!(
+        figures.consumer_nodes.1,
+        Some(1),
+        "the consumer ended elsewhere"
+    );
 }
 
 /// (c) The node holding both the queue's leader and the consumer's connection is cut
@@ -659,5 +663,9 @@ async fn a_partitioned_node_under_load_loses_no_confirmed_message_and_consumptio
     };
     let figures = load_through("cluster-partitioned", layout, Fault::Partition(1)).await;
     // Node 2 is next in the consumer's list (1, 2, 3): its first reconnect stays there.
-    assert_eq!(figures.consumer_nodes.1, Some(2), "the consumer ended elsewhere");
+    assert_eq!(
+        figures.consumer_nodes.1,
+        Some(2),
+        "the consumer ended elsewhere"
+    );
 }
