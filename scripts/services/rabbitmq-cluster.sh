@@ -174,7 +174,11 @@ start_node() {
         ctl "$i" rabbitmqctl start_app
     else
         echo "rabbitmq-cluster: starting $node on 127.0.0.1:${AMQP_PORTS[$i]}"
-        as_rabbit \
+        # From its own directory: the node keeps the working directory it starts in, and
+        # one that goes away (a checkout removed) makes it fail whenever it stops its app,
+        # as pause_minority does in a partition (`filename:absname` gets enoent), which
+        # leaves it running alone with the partition never healed.
+        (cd "$dir" && as_rabbit \
             RABBITMQ_NODENAME="$node@localhost" \
             RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
             RABBITMQ_NODE_PORT="${AMQP_PORTS[$i]}" \
@@ -189,7 +193,7 @@ start_node() {
             RABBITMQ_PLUGINS_EXPAND_DIR="$dir/plugins-expand" \
             RABBITMQ_FEATURE_FLAGS_FILE="$dir/feature_flags" \
             RABBITMQ_QUORUM_DIR="$dir/data/$node/quorum" \
-            /usr/lib/rabbitmq/bin/rabbitmq-server -detached
+            /usr/lib/rabbitmq/bin/rabbitmq-server -detached)
     fi
     await "$i" running "$BOOT_DEADLINE"
 }
