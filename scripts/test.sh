@@ -5,6 +5,9 @@
 # cluster's failover and partition tests, CONVEYOR_RABBITMQ_CLUSTER=1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The suite is one build from scratch: incremental caches would add some 8 GB to
+# target/ and save nothing (Cargo.toml's [profile.dev] says why disk matters).
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 for service in scripts/services/*.sh; do
     [ -e "$service" ] || continue
