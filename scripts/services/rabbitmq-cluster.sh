@@ -306,6 +306,9 @@ index_of() {
 case "${1:-}" in
     start)
         install_if_missing
+        # Installed now, not at the first `partition`: a fresh machine's apt-get took
+        # 13 s there, inside the partition test's clock for consumption to resume.
+        install_iptables_if_missing
         # A partition left by a test that was killed before it healed.
         unblock
         started=$SECONDS
