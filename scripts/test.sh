@@ -2,7 +2,8 @@
 # The whole test suite, as CI runs it: start the live services the tests need (the
 # three-node RabbitMQ cluster boots in the background meanwhile), then check formatting,
 # lints and docs, then run every test (unit, integration, examples, doctests, and the
-# cluster's failover and partition tests, CONVEYOR_RABBITMQ_CLUSTER=1).
+# cluster's failover and partition tests, CONVEYOR_RABBITMQ_CLUSTER=1), and build a fresh
+# project from the README's dependency block (scripts/readme-project.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The suite is one build from scratch: incremental caches would add some 8 GB to
@@ -38,6 +39,8 @@ cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy -p conveyor --lib -- -D warnings
 echo "== cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+echo "== the README's dependency block, in a fresh project beside the checkout"
+bash scripts/readme-project.sh
 echo "== waiting for rabbitmq-cluster"
 if ! wait "$cluster_pid"; then
     cat "$cluster_log" >&2
