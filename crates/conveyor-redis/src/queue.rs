@@ -23,10 +23,15 @@ use crate::admin::{self, Policy};
 use crate::broker::{GROUP, Keys, RedisBroker, epoch_ms, policy};
 use crate::error::call_error;
 use crate::fields;
-use crate::scripts::{MOVE_DUE, RENEW, RETRY_LATER};
+use crate::scripts::{LEAVE, MOVE_DUE, RENEW, RETRY_LATER};
 
 /// A released message's idle time: past any lease, so the next receive claims it.
 const RELEASED_IDLE_MS: u64 = 1 << 40;
+
+/// The consumer a released entry is handed to until a receive claims it: one name for
+/// every subscription, so that a closed subscription holds nothing and can leave its
+/// group (see `RedisKeep::finished`) however much it released.
+const RELEASED_CONSUMER: &str = "conveyor:released";
 
 /// The most delayed messages one receive moves into the stream.
 const MOVE_DUE_BATCH: usize = 1000;
@@ -583,7 +588,7 @@ impl Keep for RedisKeep {
             pipe.cmd("XCLAIM")
                 .arg(stream)
                 .arg(GROUP)
-                .arg(&self.consumer)
+                .arg(RELEASED_CONSUMER)
                 .arg(0)
                 .arg(&calls.released)
                 .arg("IDLE")
@@ -620,6 +625,30 @@ impl Keep for RedisKeep {
                 first,
                 "cannot settle; these messages come back after their lease"
             );
+        }
+    }
+
+    /// Takes this subscription's consumer out of the group, unless it still holds an
+    /// entry (one whose settlement failed): a consumer name per subscription would
+    /// otherwise pile up in the group with every restart.
+    async fn finished(&self) {
+        let left: redis::RedisResult<i64> = LEAVE
+            .key(&self.keys.stream)
+            .arg(GROUP)
+            .arg(&self.consumer)
+            .invoke_async(&mut self.broker.commands())
+            .await;
+        match left {
+            Ok(1) => {}
+            Ok(_) => tracing::debug!(
+                queue = self.keys.stream,
+                "the consumer stays in the group: it holds entries (they are claimed by others once their lease lapses)"
+            ),
+            Err(e) => tracing::debug!(
+                queue = self.keys.stream,
+                error = %Report(&e),
+                "cannot take the consumer out of the group"
+            ),
         }
     }
 }

@@ -65,3 +65,17 @@ return 1
 ",
     )
 });
+
+/// Removes consumer `ARGV[2]` from group `ARGV[1]` of stream `KEYS[1]` if it holds no
+/// entry (deleting a consumer makes the entries it holds unclaimable); answers 1 if it was
+/// removed, 0 if it holds some and stays.
+pub(crate) static LEAVE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local held = redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2])
+if #held > 0 then return 0 end
+redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
+return 1
+",
+    )
+});

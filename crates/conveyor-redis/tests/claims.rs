@@ -189,3 +189,92 @@ async fn receiving_goes_on_after_the_server_forgets_its_scripts() {
     app.shutdown().await.expect("shut down");
     broker.delete_queue(&queue).await.expect("deleted");
 }
+
+/// The consumers of `queue`'s group, by name.
+async fn consumers(queue: &str) -> Vec<String> {
+    let client = redis::Client::open("redis://127.0.0.1:6379").expect("url");
+    let mut admin = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connected");
+    let info: redis::streams::StreamInfoConsumersReply = redis::cmd("XINFO")
+        .arg("CONSUMERS")
+        .arg(queue)
+        .arg(GROUP)
+        .query_async(&mut admin)
+        .await
+        .expect("XINFO CONSUMERS");
+    info.consumers.into_iter().map(|c| c.name).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_subscription_leaves_the_group_and_what_it_released_goes_to_the_next() {
+    use conveyor::{Settlement, Source, SubscribeSettings, Subscriber};
+
+    let broker = broker(Duration::from_secs(30)).await;
+    let queue = unique("leave");
+    broker
+        .declare_queue(&QueueSpec::new(queue.as_str()))
+        .await
+        .expect("declared");
+    let messages = (0..5u64)
+        .map(|id| Message::json(&id))
+        .collect::<Result<Vec<_>, _>>()
+        .expect("json");
+    broker
+        .publish_batch(&queue, messages)
+        .await
+        .expect("published");
+    // Reads all five at once; handles the first, releases the second (a retry), and
+    // releases the three it read ahead as it closes.
+    let mut subscriber = broker
+        .queue(&queue)
+        .subscribe(SubscribeSettings::new(5))
+        .await
+        .expect("subscribed");
+    let first = tokio::time::timeout(DEADLINE, subscriber.recv())
+        .await
+        .expect("a delivery in time")
+        .expect("open")
+        .expect("a delivery");
+    first.settle(Settlement::Ack);
+    let second = tokio::time::timeout(DEADLINE, subscriber.recv())
+        .await
+        .expect("a delivery in time")
+        .expect("open")
+        .expect("a delivery");
+    second.settle(Settlement::Retry);
+    let before_close = consumers(&queue).await;
+    assert_eq!(
+        before_close
+            .iter()
+            .filter(|name| *name != "conveyor:released")
+            .count(),
+        1,
+        "the subscription's own consumer, in {before_close:?}"
+    );
+    subscriber.close().await;
+    assert_eq!(
+        consumers(&queue).await,
+        ["conveyor:released"],
+        "the closed subscription left the group; its releases wait with conveyor:released"
+    );
+    // The released four go to the next subscription.
+    let seen: Seen = Arc::default();
+    let app = App::new("next")
+        .with_state(seen.clone())
+        .mount(broker.queue(queue.as_str()), record, |m| m)
+        .start()
+        .await
+        .expect("started");
+    until("the four released messages", || {
+        seen.lock().map(|s| s.len()).unwrap_or(0) == 4
+    })
+    .await;
+    app.shutdown().await.expect("shut down");
+    let mut ids: Vec<u64> = seen.lock().expect("seen").iter().map(|s| s.0).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, [1, 2, 3, 4]);
+    assert_eq!(consumers(&queue).await, ["conveyor:released"]);
+    broker.delete_queue(&queue).await.expect("deleted");
+}

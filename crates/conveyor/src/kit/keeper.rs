@@ -68,6 +68,12 @@ pub trait Keep: Send + Sync + 'static {
     ) -> impl Future<Output = Self::Prepared> + Send;
     /// The settlement calls, made once no renewal covers their messages.
     fn settle(&self, prepared: Self::Prepared) -> impl Future<Output = ()> + Send;
+    /// The subscription's last call, once it is closed (or its settlers are gone) and
+    /// every settlement's call has been made: what the broker keeps for this subscription
+    /// alone (a Redis consumer's name in its group, say) can go. Nothing by default.
+    fn finished(&self) -> impl Future<Output = ()> + Send {
+        std::future::ready(())
+    }
 }
 
 /// How one lease fared in a renewal call.
@@ -122,7 +128,8 @@ impl<K: Keep> Keeper<K> {
     }
 
     /// Runs until the subscription is closed (or every settler is gone) and every message
-    /// is finished with, renewing and settling side by side.
+    /// is finished with, renewing and settling side by side; then makes the
+    /// [`finished`](Keep::finished) call.
     pub async fn run(self, signals: KeeperSignals) {
         let KeeperSignals {
             mut closing,
@@ -133,6 +140,7 @@ impl<K: Keep> Keeper<K> {
             () = self.renew_every_tick() => {}
             () = self.settle_until_closed(&mut closing, draining, &mut alive) => {}
         }
+        self.keep.finished().await;
     }
 
     /// Every third of the lease, renews the leases that lapse within half of it. Never

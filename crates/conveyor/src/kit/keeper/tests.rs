@@ -14,6 +14,8 @@ use crate::kit::pull::Alive;
 enum Call {
     Renew(Vec<&'static str>),
     Settle(Vec<(&'static str, &'static str)>),
+    /// The subscription's last call.
+    Finished,
 }
 
 /// How the scripted broker answers one renewal call.
@@ -123,6 +125,9 @@ impl Keep for Script {
         self.record(Call::Settle(prepared));
         tokio::time::sleep(self.latency).await;
     }
+    async fn finished(&self) {
+        self.record(Call::Finished);
+    }
 }
 
 struct Running {
@@ -193,7 +198,7 @@ fn settled_count(script: &Script) -> usize {
         .iter()
         .map(|(_, call)| match call {
             Call::Settle(settled) => settled.len(),
-            Call::Renew(_) => 0,
+            Call::Renew(_) | Call::Finished => 0,
         })
         .sum()
 }
@@ -322,7 +327,7 @@ async fn a_renewal_call_that_gets_no_answer_holds_up_no_other() {
         .into_iter()
         .filter_map(|(at, call)| match call {
             Call::Renew(names) => Some((at.as_millis(), names.len())),
-            Call::Settle(_) => None,
+            Call::Settle(_) | Call::Finished => None,
         })
         .collect();
     // The first ten's call unanswered; the eleventh renewed at once, the first ten
@@ -495,6 +500,7 @@ async fn a_settlement_stays_renewed_while_it_is_prepared() {
             (40, Call::Renew(vec!["a"])),
             (60, Call::Renew(vec!["a"])),
             (74, Call::Settle(vec![("a", "reject")])),
+            (74, Call::Finished),
         ]
     );
 }
@@ -547,6 +553,7 @@ async fn a_stalled_settlement_call_frees_the_pumps_room_for_its_batch_only() {
         [
             Call::Settle(vec![("first", "ack"); 3]),
             Call::Settle(vec![("after", "ack"); 2]),
+            Call::Finished,
         ],
         "one call each"
     );
@@ -577,6 +584,7 @@ async fn ten_settlements_share_one_call_and_more_go_in_the_next() {
         [
             Call::Settle(vec![("first", "ack"); 10]),
             Call::Settle(vec![("next", "ack"); 2]),
+            Call::Finished,
         ]
     );
 }
@@ -699,7 +707,8 @@ async fn once_draining_a_settlement_is_made_at_once_not_after_the_linger() {
 /// Once the last settler is gone the keeper carries out what was settled and ends,
 /// even if the subscription is never closed.
 #[tokio::test(start_paused = true)]
-async fn the_keeper_settles_what_is_left_and_ends_once_every_settler_is_gone() {
+async fn the_keeper_settles_what_is_left_then_makes_its_last_call_and_ends_once_every_settler_is_gone()
+ {
     let script = Script::default();
     let mut running = start(&script);
     let tag = running.leases.insert("a", LEASE);
@@ -713,7 +722,11 @@ async fn the_keeper_settles_what_is_left_and_ends_once_every_settler_is_gone() {
         .into_iter()
         .map(|(_, call)| call)
         .collect();
-    assert_eq!(calls, [Call::Settle(vec![("a", "release")])]);
+    assert_eq!(
+        calls,
+        [Call::Settle(vec![("a", "release")]), Call::Finished],
+        "the last call after every settlement's"
+    );
     assert!(running.leases.is_empty());
 }
 
