@@ -6,6 +6,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use conveyor::kit::{
@@ -116,7 +117,9 @@ impl Source for RedisQueue {
         let held = settings.max_in_flight.max(1);
         let wanted = settings.batch_size.map_or(held, |size| size.max(1)).max(1);
         let pull = Pull::new();
+        let wake = Arc::new(Wake::default());
         let keep = RedisKeep {
+            wake: wake.clone(),
             broker: self.broker.clone(),
             keys: keys.clone(),
             consumer: consumer.clone(),
@@ -147,9 +150,26 @@ impl Source for RedisQueue {
             settler: Arc::new(LeaseSettler::new(pull.leases().clone(), pull.alive(), op)),
             swept_at: None,
             next_due: None,
+            wake,
         };
         Ok(pull.start(receive, keep, options))
     }
+}
+
+/// How the keeper wakes its subscription's pump from a blocking read when it puts a
+/// message back (a retry-after into the delayed set, a release): a read of new entries
+/// would not see it, and would wait out the fetch wait first.
+///
+/// The keeper counts what it puts back, then unblocks the read connection (`CLIENT
+/// UNBLOCK`) if the pump blocks; the pump notes its connection's id before it blocks and
+/// does not block if the count moved since it last swept. One of the two always sees the
+/// other (both sequentially consistent), so no put-back is missed.
+#[derive(Debug, Default)]
+struct Wake {
+    /// Messages the keeper has put back, counted.
+    put_back: AtomicU64,
+    /// The read connection's client id while the pump blocks in it; 0 when it does not.
+    blocked_id: AtomicU64,
 }
 
 /// What a subscription keeps of an entry it holds: its id.
@@ -197,6 +217,7 @@ struct RedisReceive {
     swept_at: Option<Instant>,
     /// When the next delayed message is due (ms since the epoch), as the last sweep found.
     next_due: Option<u64>,
+    wake: Arc<Wake>,
 }
 
 impl RedisReceive {
@@ -327,6 +348,31 @@ impl RedisReceive {
         read.arg("STREAMS").arg(&self.keys.stream).arg(">");
     }
 
+    /// New entries, blocking up to `block` for the first, unless the keeper put a message
+    /// back since `put_back_seen` (then none: the next receive sweeps it in). The keeper
+    /// can wake the read meanwhile ([`Wake`]).
+    async fn block_for(
+        &mut self,
+        block: Duration,
+        put_back_seen: u64,
+    ) -> Result<Vec<(StreamId, u32)>, ReceiveFailed> {
+        // A server that refuses `CLIENT ID` (an ACL) leaves the read unwakeable: it ends
+        // after the fetch wait, as a read of new entries always would.
+        let id: u64 = redis::cmd("CLIENT")
+            .arg("ID")
+            .query_async(&mut self.reads)
+            .await
+            .unwrap_or(0);
+        self.wake.blocked_id.store(id, Ordering::SeqCst);
+        if self.wake.put_back.load(Ordering::SeqCst) != put_back_seen {
+            self.wake.blocked_id.store(0, Ordering::SeqCst);
+            return Ok(Vec::new());
+        }
+        let read = self.read(Some(block)).await;
+        self.wake.blocked_id.store(0, Ordering::SeqCst);
+        read
+    }
+
     /// New entries: those there now, or blocking up to `block` for the first.
     async fn read(
         &mut self,
@@ -374,6 +420,8 @@ impl Receive for RedisReceive {
     /// and when there are still none, blocks for them at most until the fetch wait ends or
     /// the next delayed message is due.
     async fn receive(&mut self) -> Result<Vec<Delivery>, ReceiveFailed> {
+        // What the keeper had put back before this receive's sweep, which sees it.
+        let put_back_seen = self.wake.put_back.load(Ordering::SeqCst);
         let mut entries = if self.sweep_due() {
             Vec::new()
         } else {
@@ -396,7 +444,7 @@ impl Receive for RedisReceive {
                 let until_due = Duration::from_millis(due.saturating_sub(epoch_ms(Duration::ZERO)));
                 block = block.min(until_due);
             }
-            entries = self.read(Some(block)).await?;
+            entries = self.block_for(block, put_back_seen).await?;
         }
         let mut deliveries = Vec::with_capacity(entries.len());
         let mut gone = Vec::new();
@@ -456,6 +504,7 @@ impl Receive for RedisReceive {
 }
 
 struct RedisKeep {
+    wake: Arc<Wake>,
     broker: RedisBroker,
     keys: Keys,
     consumer: String,
@@ -471,6 +520,43 @@ pub(crate) struct Calls {
     released: Vec<String>,
     /// Entry, when due (ms), attempts made.
     later: Vec<(String, u64, u32)>,
+}
+
+impl RedisKeep {
+    /// Wakes the pump from a blocking read, after a message was put back ([`Wake`]).
+    async fn wake_pump(&self) {
+        self.wake.put_back.fetch_add(1, Ordering::SeqCst);
+        self.unblock_read().await;
+    }
+
+    /// Ends the pump's blocking read, if it is in one. A read noted as blocking but not
+    /// yet at the server is unblocked again after a short pause (five tries in some
+    /// 150 ms), once it is.
+    async fn unblock_read(&self) {
+        let mut pause = Duration::from_millis(5);
+        for _ in 0..5 {
+            let id = self.wake.blocked_id.load(Ordering::SeqCst);
+            if id == 0 {
+                return;
+            }
+            let unblocked: redis::RedisResult<i64> = redis::cmd("CLIENT")
+                .arg("UNBLOCK")
+                .arg(id)
+                .query_async(&mut self.broker.commands())
+                .await;
+            match unblocked {
+                Ok(1) => return,
+                Ok(_) => {}
+                Err(e) => {
+                    // An ACL that refuses it: the read ends after the fetch wait instead.
+                    tracing::debug!(queue = self.keys.stream, error = %Report(&e), "cannot wake the subscription's read");
+                    return;
+                }
+            }
+            tokio::time::sleep(pause).await;
+            pause = pause.saturating_mul(2);
+        }
+    }
 }
 
 impl Keep for RedisKeep {
@@ -596,6 +682,7 @@ impl Keep for RedisKeep {
                 .arg("JUSTID")
                 .ignore();
         }
+        let put_back = !calls.released.is_empty() || !calls.later.is_empty();
         let mut failures = Vec::new();
         if (!calls.done.is_empty() || !calls.released.is_empty())
             && let Err(e) = pipe.query_async::<()>(&mut commands).await
@@ -626,6 +713,14 @@ impl Keep for RedisKeep {
                 "cannot settle; these messages come back after their lease"
             );
         }
+        if put_back {
+            self.wake_pump().await;
+        }
+    }
+
+    /// Ends a blocking read under way, so that closing does not wait for its fetch wait.
+    async fn stopped_receiving(&self) {
+        self.unblock_read().await;
     }
 
     /// Takes this subscription's consumer out of the group, unless it still holds an

@@ -68,6 +68,12 @@ pub trait Keep: Send + Sync + 'static {
     ) -> impl Future<Output = Self::Prepared> + Send;
     /// The settlement calls, made once no renewal covers their messages.
     fn settle(&self, prepared: Self::Prepared) -> impl Future<Output = ()> + Send;
+    /// Called once the subscription stops receiving: a receive that waits on the broker
+    /// for new messages (a long poll, a blocking read) can be cut short here, so that
+    /// closing does not wait it out. Nothing by default.
+    fn stopped_receiving(&self) -> impl Future<Output = ()> + Send {
+        std::future::ready(())
+    }
     /// The subscription's last call, once it is closed (or its settlers are gone) and
     /// every settlement's call has been made: what the broker keeps for this subscription
     /// alone (a Redis consumer's name in its group, say) can go. Nothing by default.
@@ -207,6 +213,7 @@ impl<K: Keep> Keeper<K> {
                 () = drain_requested(&mut draining_asked), if !draining => {
                     draining = true;
                     first_waiting = None;
+                    self.keep.stopped_receiving().await;
                 }
                 // The next turn lingers, or not, as the pump now needs.
                 () = room_wanted_changed(&mut room_wanted) => {}
