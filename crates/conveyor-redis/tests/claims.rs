@@ -26,6 +26,24 @@ async fn broker(visibility: Duration) -> RedisBroker {
         .expect("a broker on the local Redis (scripts/services/redis.sh)")
 }
 
+/// A new queue holding the messages 0 to 4.
+async fn five_messages(broker: &RedisBroker, stem: &str) -> String {
+    let queue = unique(stem);
+    broker
+        .declare_queue(&QueueSpec::new(queue.as_str()))
+        .await
+        .expect("declared");
+    let messages = (0..5u64)
+        .map(|id| Message::json(&id))
+        .collect::<Result<Vec<_>, _>>()
+        .expect("json");
+    broker
+        .publish_batch(&queue, messages)
+        .await
+        .expect("published");
+    queue
+}
+
 type Seen = Arc<Mutex<Vec<(u64, u32, Instant)>>>;
 
 async fn record(Json(id): Json<u64>, info: conveyor::DeliveryInfo, State(seen): State<Seen>) {
@@ -47,19 +65,7 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entries_a_dead_consumer_held_are_claimed_once_its_lease_lapses() {
     let broker = broker(Duration::from_secs(1)).await;
-    let queue = unique("claims");
-    broker
-        .declare_queue(&QueueSpec::new(queue.as_str()))
-        .await
-        .expect("declared");
-    let messages = (0..5u64)
-        .map(|id| Message::json(&id))
-        .collect::<Result<Vec<_>, _>>()
-        .expect("json");
-    broker
-        .publish_batch(&queue, messages)
-        .await
-        .expect("published");
+    let queue = five_messages(&broker, "claims").await;
     // A consumer that reads everything, then dies without a word.
     let client = redis::Client::open("redis://127.0.0.1:6379").expect("url");
     let mut dead = client
@@ -212,19 +218,7 @@ async fn a_closed_subscription_leaves_the_group_and_what_it_released_goes_to_the
     use conveyor::{Settlement, Source, SubscribeSettings, Subscriber};
 
     let broker = broker(Duration::from_secs(30)).await;
-    let queue = unique("leave");
-    broker
-        .declare_queue(&QueueSpec::new(queue.as_str()))
-        .await
-        .expect("declared");
-    let messages = (0..5u64)
-        .map(|id| Message::json(&id))
-        .collect::<Result<Vec<_>, _>>()
-        .expect("json");
-    broker
-        .publish_batch(&queue, messages)
-        .await
-        .expect("published");
+    let queue = five_messages(&broker, "leave").await;
     // Reads all five at once; handles the first, releases the second (a retry), and
     // releases the three it read ahead as it closes.
     let mut subscriber = broker
