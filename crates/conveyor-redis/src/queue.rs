@@ -162,8 +162,10 @@ impl Source for RedisQueue {
 ///
 /// The keeper counts what it puts back, then unblocks the read connection (`CLIENT
 /// UNBLOCK`) if the pump blocks; the pump notes its connection's id before it blocks and
-/// does not block if the count moved since it last swept. One of the two always sees the
-/// other (both sequentially consistent), so no put-back is missed.
+/// does not block if the count moved since it last swept. With both sequentially
+/// consistent, one of the two sees the other; a read noted but not yet at the server is
+/// unblocked on a later try. A wake missed all the same (the connection replaced between
+/// its id and its read) costs what no wake would: the read ends with its fetch wait.
 #[derive(Debug, Default)]
 struct Wake {
     /// Messages the keeper has put back, counted.

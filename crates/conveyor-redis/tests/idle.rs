@@ -1,7 +1,7 @@
 //! A consumer waiting on an empty stream is woken for what its own subscription puts back
 //! (a retry-after comes when it is due, not once the read's wait ends) and by a shutdown
-//! (which does not wait the read out). Alone in its file:
-//! it watches the server for the one blocked read, which other tests' reads would blur.
+//! (which does not wait the read out). Alone in its file: it watches the server for the
+//! one blocked read, which other tests' reads would blur.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
