@@ -14,6 +14,8 @@ use crate::kit::pull::Alive;
 enum Call {
     Renew(Vec<&'static str>),
     Settle(Vec<(&'static str, &'static str)>),
+    /// The subscription stopped receiving.
+    StoppedReceiving,
     /// The subscription's last call.
     Finished,
 }
@@ -125,6 +127,9 @@ impl Keep for Script {
         self.record(Call::Settle(prepared));
         tokio::time::sleep(self.latency).await;
     }
+    async fn stopped_receiving(&self) {
+        self.record(Call::StoppedReceiving);
+    }
     async fn finished(&self) {
         self.record(Call::Finished);
     }
@@ -198,7 +203,7 @@ fn settled_count(script: &Script) -> usize {
         .iter()
         .map(|(_, call)| match call {
             Call::Settle(settled) => settled.len(),
-            Call::Renew(_) | Call::Finished => 0,
+            Call::Renew(_) | Call::StoppedReceiving | Call::Finished => 0,
         })
         .sum()
 }
@@ -327,7 +332,7 @@ async fn a_renewal_call_that_gets_no_answer_holds_up_no_other() {
         .into_iter()
         .filter_map(|(at, call)| match call {
             Call::Renew(names) => Some((at.as_millis(), names.len())),
-            Call::Settle(_) | Call::Finished => None,
+            Call::Settle(_) | Call::StoppedReceiving | Call::Finished => None,
         })
         .collect();
     // The first ten's call unanswered; the eleventh renewed at once, the first ten
@@ -683,7 +688,7 @@ async fn renewals_keep_their_turn_under_a_steady_stream_of_acks() {
 /// pump read ahead, say) is made at once, not after the linger: that message shows to
 /// other consumers again while the handlers still running finish.
 #[tokio::test(start_paused = true)]
-async fn once_draining_a_settlement_is_made_at_once_not_after_the_linger() {
+async fn draining_tells_the_transport_and_settles_at_once_not_after_the_linger() {
     let script = Script::default();
     let began = Instant::now();
     let running = start_lingering(&script, Duration::from_secs(5));
@@ -695,10 +700,14 @@ async fn once_draining_a_settlement_is_made_at_once_not_after_the_linger() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
         calls(&script, began),
-        [(
-            Duration::from_millis(100),
-            Call::Settle(vec![("read ahead", "release")])
-        )]
+        [
+            (Duration::ZERO, Call::StoppedReceiving),
+            (
+                Duration::from_millis(100),
+                Call::Settle(vec![("read ahead", "release")])
+            )
+        ],
+        "the transport told at once, to cut a waiting receive short"
     );
     assert!(running.leases.settle(running_one, |_| "ack"));
     running.close().await;
@@ -707,8 +716,7 @@ async fn once_draining_a_settlement_is_made_at_once_not_after_the_linger() {
 /// Once the last settler is gone the keeper carries out what was settled and ends,
 /// even if the subscription is never closed.
 #[tokio::test(start_paused = true)]
-async fn the_keeper_settles_what_is_left_then_makes_its_last_call_and_ends_once_every_settler_is_gone()
- {
+async fn once_every_settler_is_gone_the_keeper_settles_the_rest_then_makes_its_last_call() {
     let script = Script::default();
     let mut running = start(&script);
     let tag = running.leases.insert("a", LEASE);
