@@ -505,6 +505,12 @@ impl<L> MountOptions<L, Workers> {
     /// A lane retries a failed delivery in place, after its backoff, before it runs the
     /// next one, so each key keeps its order across retries; meanwhile the lane's other
     /// keys wait.
+    ///
+    /// The lanes run on the mount's own task: their handlers wait side by side (I/O,
+    /// timers, backoffs), and a handler that finishes without waiting costs no hand-over
+    /// to another task. What a handler computes between its awaits runs on one thread at
+    /// a time, so CPU-heavy work belongs in `tokio::task::spawn_blocking`, or in
+    /// [`any_worker`](MountOptions::any_worker), whose workers are tasks of their own.
     pub fn by_key(mut self) -> MountOptions<L, Keyed> {
         self.keyed = true;
         self.into_mode()

@@ -230,6 +230,54 @@ async fn workers_run_up_to_n_at_once_and_never_more() {
     test.stop().await.unwrap();
 }
 
+/// Lanes are futures on the mount's own task, not a task each: 64 lanes with a handler
+/// waiting in each of them add a handful of tasks to the runtime (the mount's), not 64.
+/// Each lane is still polled on its own wake: every gated handler runs, and finishes
+/// once let go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lanes_run_on_the_mounts_own_task_and_each_wakes_alone() {
+    const LANES: u64 = 64;
+    let broker = MemoryBroker::new();
+    let gate = Gate::closed();
+    let tasks = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let before = tasks();
+    let app = App::new("lanes-on-one-task")
+        .with_state(gate.clone())
+        .mount(broker.queue("jobs"), gated, |m| {
+            m.workers(LANES as usize).by_key()
+        });
+    let test = TestApp::start(app, &broker).await.unwrap();
+    // One key per lane (the lane is the key's hash, so keys are picked to fill each).
+    let mut keys_by_lane = HashMap::new();
+    for candidate in 0.. {
+        let key = format!("key-{candidate}");
+        keys_by_lane
+            .entry(conveyor::dispatch::lane_for_key(&key, LANES as usize))
+            .or_insert(key);
+        if keys_by_lane.len() == LANES as usize {
+            break;
+        }
+    }
+    for (n, key) in keys_by_lane.values().enumerate() {
+        let message = Message::builder()
+            .partition_key(key.as_str())
+            .json(&(n as u64))
+            .unwrap();
+        test.publish("jobs", message).await.unwrap();
+    }
+    gate.wait_running(LANES as usize).await;
+    let added = tasks() - before;
+    assert!(added < 8, "{added} tasks for a mount of {LANES} lanes");
+    gate.permits.add_permits(LANES as usize);
+    test.settled().await.unwrap();
+    assert_eq!(test.acked("jobs").len(), LANES as usize);
+    test.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn workers_read_nothing_while_n_are_in_flight() {
     let broker = MemoryBroker::new();

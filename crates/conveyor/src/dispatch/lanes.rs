@@ -1,30 +1,38 @@
 //! `workers(n).by_key()`: `n` ordered lanes keyed by the partition key.
 //!
-//! Each lane is one long-lived task that runs its deliveries one at a time, in the order
-//! the dispatcher handed them over. The dispatcher picks the lane by a stable hash of the
-//! partition key, so one key never spreads over two lanes; keyless deliveries rotate.
-//! When the chosen lane is full the dispatcher waits instead of passing another delivery
-//! ahead, so nothing is reordered and read-ahead stays at `n` running, `n` waiting in
-//! lanes and one in the dispatcher's hand. A lane retries a failed delivery in place
-//! (`Retries::InPlace`), so a key keeps its order across retries.
+//! A lane runs its deliveries one at a time, in the order the dispatcher took them. The
+//! dispatcher picks the lane by a stable hash of the partition key, so one key never
+//! spreads over two lanes; keyless deliveries rotate. When the chosen lane is full the
+//! dispatcher waits instead of passing another delivery ahead, so nothing is reordered
+//! and read-ahead stays at `n` running, `n` waiting in lanes and one in the dispatcher's
+//! hand. A lane retries a failed delivery in place (`Retries::InPlace`), so a key keeps
+//! its order across retries.
+//!
+//! The lanes run on the mount's own task, as futures side by side (see [`LaneSet`]): a
+//! delivery starts the moment its lane is free and is polled at once, so a handler that
+//! finishes without waiting costs no hand-over to another task and no wake-up of another
+//! thread; one that waits is polled again when its own waker fires, and only its lane is.
+//! The lanes' handlers wait side by side (for I/O, timers, retries), while the code they
+//! run between waits runs on one thread at a time: CPU-heavy work belongs in
+//! `tokio::task::spawn_blocking`, as anywhere in async code.
 //!
 //! At shutdown each lane hands back at once what waits in it, and the delivery the
 //! dispatcher held for it, except what waits behind the lane's running delivery of the
 //! same key: that goes back, in order, once the running one is settled, so no other
 //! consumer can run it first.
 
-use std::pin::pin;
-use std::sync::Arc;
+use std::any::Any;
+use std::collections::VecDeque;
+use std::future::{Future, poll_fn};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
 
-use futures_util::FutureExt;
-use tokio::sync::mpsc::error::TrySendError;
-use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinSet;
+use futures_util::task::AtomicWaker;
 
-use super::{
-    End, Received, Retries, Run, finish, hand_over_lost, handle_one, join_tasks, receive,
-    task_died, task_error,
-};
+use super::{End, Received, Retries, Run, finish, handle_one, receive};
 use crate::delivery::Delivery;
 use crate::error::Error;
 use crate::handler::CallOne;
@@ -73,34 +81,28 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
     mut run: Run,
     n: usize,
 ) -> Result<(), Error> {
-    let mut lanes = Vec::with_capacity(n);
-    let mut drains = Vec::with_capacity(n);
     let stats = run.status.lane_stats(n);
-    // Dropping the set aborts the lanes, so an aborted mount leaves none behind.
-    let mut tasks = JoinSet::new();
-    for number in 0..n {
-        let (lane, queue) = mpsc::channel::<Handed>(LANE_BUFFER);
-        let (drain, drained) = oneshot::channel();
-        lanes.push(lane);
-        drains.push(drain);
-        let lane = Lane {
-            number,
-            queue,
-            drain: drained,
-            stats: stats.clone(),
-            metrics: run.metrics.lane(number),
-        };
-        tasks.spawn(run_lane(handler.clone(), lane, run.clone()));
-    }
+    // What the lanes' handlers borrow, while each receive borrows `run` itself.
+    let lanes_run = run.clone();
+    let handler = &*handler;
+    let metrics = (0..n).map(|lane| run.metrics.lane(lane)).collect();
+    let mut lanes = LaneSet::new(
+        |delivery, arrival| handle_one(handler, delivery, &lanes_run, Retries::InPlace, arrival),
+        stats.clone(),
+        metrics,
+        &lanes_run,
+    );
 
     let mut rotation = 0usize;
-    // The delivery the dispatcher holds for a full lane when the loop ends, and its lane.
+    // The delivery the dispatcher holds for a full lane when shutdown comes, and its lane.
     let mut in_hand = None;
     let end: End = loop {
+        // The lanes woken since the last look are polled first, so a delivery that is
+        // ready never waits behind the receive.
         let received = tokio::select! {
             biased;
+            died = lanes.run() => break End::Failed(died),
             received = receive(&mut subscriber, &mut run) => received,
-            died = task_died(&mut tasks) => break End::Failed(task_error(&died, &run)),
         };
         let mut delivery = match received {
             Received::Delivery(delivery) => delivery,
@@ -123,184 +125,331 @@ pub(super) async fn drive<H: CallOne, S: Subscriber>(
             }
         };
         delivery.set_lane(lane);
+        let handed = (delivery, hash, arrival);
         // A lane with room takes the delivery at once, without the shutdown's future
         // being made (see `receive`).
-        let handed = match lanes[lane].try_send((delivery, hash, arrival)) {
-            Ok(()) => continue,
-            Err(TrySendError::Full(handed)) => handed,
-            Err(TrySendError::Closed(_)) => break hand_over_lost(&mut tasks, &run).await,
-        };
-        stats.waited_for_full_lane();
-        // The delivery stays in hand while the lane has no room: should shutdown end the
-        // wait, it goes to its lane's drain, behind what the lane holds (see below).
-        tokio::select! {
-            biased;
-            permit = lanes[lane].reserve() => match permit {
-                Ok(permit) => permit.send(handed),
-                Err(_) => break hand_over_lost(&mut tasks, &run).await,
-            },
-            () = run.shutdown.requested() => {
-                in_hand = Some((lane, handed));
-                break End::Stopped;
-            }
-            died = task_died(&mut tasks) => {
-                in_hand = Some((lane, handed));
-                break End::Failed(task_error(&died, &run));
-            }
-        }
-    };
-    drop(lanes);
-    // At shutdown the lanes learn it at once, even with a handler running (see
-    // `run_lane`); the delivery in hand goes to its lane, to go back in its key's order.
-    let drain = Drain { drains, in_hand };
-    let drain = if run.shutdown.is_requested() {
-        drain.send();
-        None
-    } else {
-        Some(drain)
-    };
-    subscriber.stop_receiving().await;
-    // The mount ended without a shutdown (its subscription ended, a lane died): the lanes
-    // run what they hold, unless shutdown comes meanwhile.
-    let joining = join_tasks(tasks, &run);
-    tokio::pin!(joining);
-    let joined = match drain {
-        None => joining.await,
-        Some(drain) => {
-            let mut shutdown = run.shutdown.clone();
+        if !lanes.has_room(lane) {
+            stats.waited_for_full_lane();
+            // The delivery stays in hand while the lane has no room: should shutdown end
+            // the wait, it goes to its lane's drain, behind what the lane holds.
             tokio::select! {
                 biased;
-                joined = &mut joining => joined,
-                () = shutdown.requested() => {
-                    drain.send();
-                    joining.await
+                room = lanes.room_in(lane) => {
+                    if let Err(died) = room {
+                        break End::Failed(died);
+                    }
+                }
+                () = run.shutdown.requested() => {
+                    in_hand = Some((lane, handed));
+                    break End::Stopped;
                 }
             }
         }
+        lanes.offer(lane, handed);
     };
+    // At shutdown the lanes learn it at once, even with handlers running; the delivery
+    // in hand goes to its lane, to go back in its key's order.
+    let draining = run.shutdown.is_requested();
+    if draining {
+        lanes.drain(in_hand);
+    }
+    // What the transport read ahead goes back while the lanes' handlers go on.
+    {
+        let stopping = subscriber.stop_receiving();
+        tokio::pin!(stopping);
+        tokio::select! {
+            biased;
+            () = &mut stopping => {}
+            () = lanes.idle() => stopping.await,
+        }
+    }
+    // The mount ended without a shutdown (its subscription ended, a lane died): the lanes
+    // run what they hold, unless shutdown comes meanwhile.
+    if !draining {
+        let mut shutdown = run.shutdown.clone();
+        tokio::select! {
+            biased;
+            () = lanes.idle() => {}
+            () = shutdown.requested() => lanes.drain(None),
+        }
+    }
+    lanes.idle().await;
+    // A lane that died after the loop ended fails the mount all the same.
+    let died = lanes.died.take();
+    drop(lanes);
     stats.stopped();
     run.metrics.lanes_stopped();
-    finish(subscriber, &run, end).await.and(joined)
-}
-
-/// How the mount tells its lanes that it is draining.
-struct Drain {
-    /// One per lane, in lane order.
-    drains: Vec<oneshot::Sender<Option<Handed>>>,
-    /// The delivery the dispatcher held for a full lane, and that lane.
-    in_hand: Option<(usize, Handed)>,
-}
-
-impl Drain {
-    /// Tells every lane, handing the delivery in hand to its lane. A lane that has ended
-    /// already refuses it: it goes back now, after what that lane held.
-    fn send(self) {
-        let Drain {
-            drains,
-            mut in_hand,
-        } = self;
-        for (number, drain) in drains.into_iter().enumerate() {
-            let handed = in_hand
-                .take_if(|(lane, _)| *lane == number)
-                .map(|(_, handed)| handed);
-            drop(drain.send(handed));
-        }
+    let finished = finish(subscriber, &run, end).await;
+    match died {
+        Some(died) => finished.and(Err(died)),
+        None => finished,
     }
 }
 
-/// One lane's end of the hand-over.
-struct Lane {
-    number: usize,
-    queue: mpsc::Receiver<Handed>,
-    /// Resolves once the mount drains, with the delivery the dispatcher held for this
-    /// lane, if any: it came after everything in `queue`.
-    drain: oneshot::Receiver<Option<Handed>>,
+/// The lanes of one mount, run on the dispatcher's task.
+///
+/// Each lane has a slot for the delivery it runs (its handler's future, pinned in a box
+/// made once, so a delivery costs no allocation) and a short queue of what waits for it.
+/// Each lane also has a waker of its own: a wake marks its lane and wakes the dispatcher,
+/// which then polls only the lanes marked.
+struct LaneSet<'a, F, M> {
+    /// Makes a lane's handler future for a delivery.
+    start: M,
+    running: Vec<Pin<Box<Option<F>>>>,
+    /// The running delivery's key hash (`None` while idle or for a keyless delivery), to
+    /// tell at drain what waits behind it.
+    running_key: Vec<Option<u64>>,
+    waiting: Vec<VecDeque<Handed>>,
+    /// How many lanes run a delivery.
+    busy: usize,
+    wakers: Vec<Waker>,
+    woken: Arc<Woken>,
+    /// The list of lanes to poll, taken from `woken` and kept for its room.
+    polling: Vec<usize>,
     stats: Arc<LaneStats>,
-    /// The lane's own metric series.
-    metrics: LaneMetrics,
+    metrics: Vec<LaneMetrics>,
+    run: &'a Run,
+    /// The mount drains: a lane starts nothing more, and what waits behind its running
+    /// delivery goes back once that is settled.
+    draining: bool,
+    /// A lane's handler panicked outside the guards of `handle_one`; the mount stops.
+    died: Option<Error>,
 }
 
-/// One lane: runs its deliveries in order, each to its end, retries included, before the
-/// next. At shutdown it starts no new one. What waits in it then goes back at once, unless
-/// it waits behind the running delivery's key: that goes back, in order, once the running
-/// one is settled.
-async fn run_lane<H: CallOne>(handler: Arc<H>, lane: Lane, run: Run) {
-    let Lane {
-        number,
-        mut queue,
-        mut drain,
-        stats,
-        metrics,
-    } = lane;
-    loop {
-        // No wait on the shutdown here: the mount's loop sees it and drops the lanes'
-        // senders, which ends this wait (polling the shutdown beside the queue cost about
-        // 300 instructions per delivery). A shutdown is looked at once a delivery is taken.
-        let Some((delivery, key, arrival)) = queue.recv().await else {
-            break;
-        };
-        // Shutdown came as it was taken: nothing of this lane's keys runs, so it goes back
-        // unstarted, then the rest of the lane's queue and what was held for it (below).
-        if run.shutdown.is_requested() {
-            drop(delivery);
-            break;
+impl<'a, F, M> LaneSet<'a, F, M>
+where
+    F: Future<Output = ()>,
+    M: FnMut(Delivery, Arrival) -> F,
+{
+    fn new(start: M, stats: Arc<LaneStats>, metrics: Vec<LaneMetrics>, run: &'a Run) -> Self {
+        let n = metrics.len();
+        let woken = Arc::new(Woken {
+            flags: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            list: Mutex::new(Vec::new()),
+            any: AtomicBool::new(false),
+            dispatcher: AtomicWaker::new(),
+        });
+        let wakers = (0..n)
+            .map(|lane| {
+                Waker::from(Arc::new(LaneWaker {
+                    lane,
+                    woken: woken.clone(),
+                }))
+            })
+            .collect();
+        LaneSet {
+            start,
+            running: (0..n).map(|_| Box::pin(None)).collect(),
+            running_key: vec![None; n],
+            waiting: (0..n).map(|_| VecDeque::new()).collect(),
+            busy: 0,
+            wakers,
+            woken,
+            polling: Vec::new(),
+            stats,
+            metrics,
+            run,
+            draining: false,
+            died: None,
         }
-        stats.started(number, false);
-        metrics.started();
-        let mut handling = pin!(handle_one(
-            &*handler,
-            delivery,
-            &run,
-            Retries::InPlace,
-            arrival
-        ));
-        // A handler that finishes at its first poll never meets the drain; one that waits
-        // is polled again beside it, with the task's waker, and waiting on the drain costs
-        // no lock (a oneshot, unlike the shutdown's watch).
-        let behind = match (&mut handling).now_or_never() {
-            Some(()) => None,
-            None => tokio::select! {
-                biased;
-                () = &mut handling => None,
-                held = &mut drain => {
-                    let behind = hold_behind(&mut queue, held.ok().flatten(), key);
-                    handling.await;
-                    Some(behind)
-                }
-            },
-        };
-        metrics.finished();
-        stats.finished(number);
-        if let Some(behind) = behind {
-            // The delivery before them is settled: they go back now, in order.
-            drop(behind);
+    }
+
+    /// Gives `lane`, which has room, a delivery: it starts, and is polled, at once when
+    /// the lane is free, else it waits in the lane.
+    fn offer(&mut self, lane: usize, handed: Handed) {
+        if self.running[lane].is_none() {
+            self.begin(lane, handed);
+            self.poll_lane(lane);
+        } else {
+            self.waiting[lane].push_back(handed);
+        }
+    }
+
+    /// Whether `lane` can take one more delivery: it is free, or has room to queue one.
+    fn has_room(&self, lane: usize) -> bool {
+        self.running[lane].is_none() || self.waiting[lane].len() < LANE_BUFFER
+    }
+
+    fn begin(&mut self, lane: usize, (delivery, key, arrival): Handed) {
+        self.stats.started(lane, false);
+        self.metrics[lane].started();
+        self.running_key[lane] = key;
+        self.busy += 1;
+        let handling = (self.start)(delivery, arrival);
+        self.running[lane].set(Some(handling));
+    }
+
+    /// Polls `lane`'s running delivery; once it is done, starts the next that waits.
+    fn poll_lane(&mut self, lane: usize) {
+        loop {
+            let Some(handling) = self.running[lane].as_mut().as_pin_mut() else {
+                return;
+            };
+            let mut cx = Context::from_waker(&self.wakers[lane]);
+            match catch_unwind(AssertUnwindSafe(|| handling.poll(&mut cx))) {
+                Ok(Poll::Pending) => return,
+                Ok(Poll::Ready(())) => self.settled(lane),
+                Err(panic) => return self.lane_died(lane, panic.as_ref()),
+            }
+            if self.waiting[lane].is_empty() {
+                return;
+            }
+            if self.draining || self.run.shutdown.is_requested() {
+                // Settled, at shutdown: what waited behind it goes back now, in order.
+                self.waiting[lane].clear();
+                return;
+            }
+            if let Some(next) = self.waiting[lane].pop_front() {
+                self.begin(lane, next);
+            }
+        }
+    }
+
+    fn settled(&mut self, lane: usize) {
+        self.running[lane].set(None);
+        self.running_key[lane] = None;
+        self.busy -= 1;
+        self.metrics[lane].finished();
+        self.stats.finished(lane);
+    }
+
+    /// A panic escaped the lane's handler future (`handle_one` guards the handler's
+    /// own code, so this is a bug elsewhere): its delivery and what waits in the lane go
+    /// back, and the mount stops, as a task that died would stop it.
+    fn lane_died(&mut self, lane: usize, panic: &(dyn Any + Send)) {
+        let slot = &mut self.running[lane];
+        // Dropped inside `catch_unwind` too: its state may panic again as it goes.
+        if catch_unwind(AssertUnwindSafe(|| slot.set(None))).is_err() {
+            slot.set(None);
+        }
+        self.running_key[lane] = None;
+        self.busy -= 1;
+        self.metrics[lane].finished();
+        self.stats.finished(lane);
+        self.waiting[lane].clear();
+        let message = panic
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("a panic");
+        let queue = self.run.cx.queue();
+        tracing::error!(queue, lane, panic = message, "a lane died; the mount stops");
+        self.died.get_or_insert_with(|| {
+            Error::MountTask(format!(
+                "lane {lane} of the mount on `{queue}` died: {message}"
+            ))
+        });
+    }
+
+    /// Polls each lane woken since the last look (and only those).
+    fn poll_woken(&mut self, cx: &mut Context<'_>) {
+        self.woken.dispatcher.register(cx.waker());
+        if !self.woken.any.swap(false, Ordering::AcqRel) {
             return;
         }
+        let mut polling = std::mem::take(&mut self.polling);
+        std::mem::swap(&mut *crate::kit::lock(&self.woken.list), &mut polling);
+        for &lane in &polling {
+            // Cleared before the poll: a wake from now on marks the lane again.
+            self.woken.flags[lane].store(false, Ordering::Release);
+            self.poll_lane(lane);
+        }
+        polling.clear();
+        self.polling = polling;
     }
-    // In order: what waited in the lane, then what the dispatcher held for it.
-    drop(queue);
-    drop(drain);
-}
 
-/// At drain, with a delivery of key `running` still running: takes what waits in the lane
-/// and what the dispatcher held for it (`in_hand`, the last to arrive), releases at once
-/// each whose key is not `running`'s, and returns the others, in order, to release once
-/// the running one is settled. Keys whose hashes collide only wait for each other.
-fn hold_behind(
-    queue: &mut mpsc::Receiver<Handed>,
-    in_hand: Option<Handed>,
-    running: Option<u64>,
-) -> Vec<Delivery> {
-    let mut behind = Vec::new();
-    let waiting = std::iter::from_fn(|| queue.try_recv().ok()).chain(in_hand);
-    for (delivery, key, _) in waiting {
-        if running.is_some() && key == running {
-            behind.push(delivery);
-        } else {
-            drop(delivery);
+    /// Runs the lanes; resolves only if one dies.
+    fn run(&mut self) -> impl Future<Output = Error> + '_ {
+        poll_fn(|cx| {
+            self.poll_woken(cx);
+            match self.died.take() {
+                Some(died) => Poll::Ready(died),
+                None => Poll::Pending,
+            }
+        })
+    }
+
+    /// Runs the lanes until `lane` has room for one more delivery, or one dies.
+    fn room_in(&mut self, lane: usize) -> impl Future<Output = Result<(), Error>> + '_ {
+        poll_fn(move |cx| {
+            self.poll_woken(cx);
+            if let Some(died) = self.died.take() {
+                Poll::Ready(Err(died))
+            } else if self.has_room(lane) {
+                Poll::Ready(Ok(()))
+            } else {
+                Poll::Pending
+            }
+        })
+    }
+
+    /// Runs the lanes until none runs anything.
+    fn idle(&mut self) -> impl Future<Output = ()> + '_ {
+        poll_fn(|cx| {
+            self.poll_woken(cx);
+            if self.busy == 0 {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+    }
+
+    /// The mount drains: each lane hands back at once what waits in it, and `in_hand`
+    /// (the delivery the dispatcher held for a full lane, the last to arrive), except
+    /// what waits behind its running delivery's key: that goes back, in order, once the
+    /// running one is settled (see `poll_lane`). Keys whose hashes collide only wait for
+    /// each other.
+    fn drain(&mut self, mut in_hand: Option<(usize, Handed)>) {
+        self.draining = true;
+        for lane in 0..self.waiting.len() {
+            let mut waiting = std::mem::take(&mut self.waiting[lane]);
+            if let Some((_, handed)) = in_hand.take_if(|(held_for, _)| *held_for == lane) {
+                waiting.push_back(handed);
+            }
+            let running = self.running_key[lane];
+            for handed in waiting {
+                if running.is_some() && handed.1 == running {
+                    self.waiting[lane].push_back(handed);
+                } else {
+                    drop(handed);
+                }
+            }
         }
     }
-    behind
+}
+
+/// Which lanes were woken, shared with their wakers.
+struct Woken {
+    /// Per lane: marked since last polled, so that a lane is listed once.
+    flags: Box<[AtomicBool]>,
+    list: Mutex<Vec<usize>>,
+    /// Something is listed.
+    any: AtomicBool,
+    dispatcher: AtomicWaker,
+}
+
+/// One lane's waker: marks the lane and wakes the dispatcher.
+struct LaneWaker {
+    lane: usize,
+    woken: Arc<Woken>,
+}
+
+impl Wake for LaneWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let woken = &self.woken;
+        if let Some(flag) = woken.flags.get(self.lane)
+            && !flag.swap(true, Ordering::AcqRel)
+        {
+            crate::kit::lock(&woken.list).push(self.lane);
+            woken.any.store(true, Ordering::Release);
+            woken.dispatcher.wake();
+        }
+    }
 }
 
 #[cfg(test)]

@@ -3,8 +3,9 @@
 //! Every mode shares two steps: `receive` takes the next delivery (or stops at
 //! shutdown), and `handle_one` runs the handler and settles the delivery once it has
 //! finished. The modes differ only in who runs `handle_one`: the mount's own loop
-//! (sequential), `n` long-lived workers (`workers(n)`) or `n` keyed lanes
-//! (`workers(n).by_key()`, see [`lane_for_key`]). No mode spawns a task per delivery.
+//! (sequential), `n` long-lived workers (`workers(n)`), or `n` keyed lanes polled by the
+//! mount's own loop (`workers(n).by_key()`, see [`lane_for_key`]). No mode spawns a task
+//! per delivery.
 //!
 //! Sequential mounts and keyed modes retry a failed delivery in place, holding it through its
 //! backoff, so a key's order holds across retries; workers and batches hand retries back
@@ -327,23 +328,7 @@ impl StopOnDrain {
     }
 }
 
-/// How a mount ends when a lane is gone that was to take a delivery: normal at shutdown
-/// (it left on seeing it: the delivery goes back now, after what the lane held), at once,
-/// since the other lanes still wait on their queues and only the mount's drain ends them;
-/// otherwise one of them died.
-pub(crate) async fn hand_over_lost(tasks: &mut JoinSet<()>, run: &Run) -> End {
-    if run.shutdown.is_requested() {
-        return End::Stopped;
-    }
-    while let Some(joined) = tasks.join_next().await {
-        if let Err(died) = joined {
-            return End::Failed(task_error(&died, run));
-        }
-    }
-    End::Stopped
-}
-
-/// Resolves once one of a mount's tasks (a worker, a lane) has died. A task that ends
+/// Resolves once one of a mount's tasks (a worker) has died. A task that ends
 /// normally (at shutdown) is no news.
 ///
 /// Dispatch loops race it last in a biased `select!`: it is polled only when the
