@@ -13,7 +13,7 @@ use futures_util::StreamExt;
 use lapin::options::{
     BasicConsumeOptions, BasicPublishOptions, QueueBindOptions, QueueDeclareOptions,
 };
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
@@ -66,7 +66,8 @@ pub struct ReplicaGroupBuilder {
 /// How the replicas agree:
 ///
 /// - **Membership over a fanout exchange.** Each replica binds a queue of its own
-///   (server-named, exclusive: gone with its connection) to `<group>.replicas` and
+///   (`<group>.replicas.<id>`, deleted once its consumer is gone, or unused for a
+///   minute) to `<group>.replicas` and
 ///   publishes a heartbeat there every `heartbeat` (its id and the shards it holds). A
 ///   replica not heard from for three heartbeats is gone; one that shuts down cleanly
 ///   says so ([`ReplicaGroup::leave`]), and is gone at once.
@@ -234,6 +235,12 @@ impl ReplicaGroupBuilder {
     }
 }
 
+/// How long a replica's membership queue outlives its last use (RabbitMQ's
+/// `x-expires`): one left without a consumer (a replica gone between declaring it and
+/// consuming) would otherwise gather every heartbeat of the group for ever. The same for
+/// every replica and heartbeat, so that declaring it again never meets other arguments.
+const MEMBER_QUEUE_EXPIRES_MS: i64 = 60_000;
+
 /// The task that keeps a replica's membership.
 struct Member {
     broker: LapinBroker,
@@ -278,15 +285,24 @@ impl Member {
                 .open_channel("replica group")
                 .await
                 .map_err(text)?;
+            // Named by the replica, not by the server: lapin declares the queue again by
+            // its name when it recovers the connection, and RabbitMQ refuses a client the
+            // `amq.gen-` names it makes itself, which failed the whole recovery. Not
+            // exclusive, so that declaring it again on the new connection never waits
+            // for the broker to notice the old one is gone.
+            let mut arguments = FieldTable::default();
+            arguments.insert(
+                "x-expires".into(),
+                AMQPValue::LongLongInt(MEMBER_QUEUE_EXPIRES_MS),
+            );
             let queue = listening
                 .queue_declare(
-                    short("queue name", "").map_err(text)?,
+                    short("queue name", &format!("{}.{}", self.exchange, self.id)).map_err(text)?,
                     QueueDeclareOptions {
-                        exclusive: true,
                         auto_delete: true,
                         ..QueueDeclareOptions::default()
                     },
-                    FieldTable::default(),
+                    arguments,
                 )
                 .await
                 .map_err(text)?;

@@ -599,11 +599,13 @@ impl Subscriber for LapinSubscriber {
             () = settler.flush() => {}
             _ = &mut settle_task => {}
         }
-        drop(consumer);
-        // Closing the channel returns every delivery it holds unacked to the queue at once.
+        // Closing the channel returns every delivery it holds unacked to the queue at once,
+        // and ends the consumer with it. The consumer is dropped only then: dropped while
+        // still active, lapin would cancel it by itself (`basic.cancel`), racing the close.
         if let Err(error) = channel.close(200, "subscription closed".into()).await {
             tracing::debug!(queue = %queue, %error, "closing the subscription channel failed");
         }
+        drop(consumer);
         routes.close().await;
         drop(settler);
         settle_task.abort();

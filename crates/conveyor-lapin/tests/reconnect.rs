@@ -970,3 +970,148 @@ async fn a_publish_after_close_fails_without_waiting_for_a_recovery() {
         .expect("a publish after close ends");
     assert!(published.is_err(), "{published:?}");
 }
+
+/// Consumers on `queue`, as the broker counts them (a passive declare).
+async fn consumers_on(channel: &lapin::Channel, queue: &str) -> u32 {
+    let options = lapin::options::QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    channel
+        .queue_declare(queue.into(), options, Default::default())
+        .await
+        .expect("the queue exists")
+        .consumer_count()
+}
+
+/// A channel whose close was under way when its connection died is closed, not brought
+/// back with the connection: brought back, its consumer would take deliveries (and, on a
+/// single-active-consumer queue, the queue itself) for an application that had let go of
+/// it (lapin PATCHED.md, the eighth change). The proxy holds back the broker's
+/// `close-ok`, so the connection dies between the broker closing the channel and lapin
+/// hearing it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_being_closed_when_its_connection_dies_is_closed_not_recovered() {
+    use lapin::options::BasicConsumeOptions;
+    use lapin::{Connection, ConnectionProperties};
+
+    common::init_tracing();
+    let admin = common::broker().await;
+    let queue = unique("closing-at-cut");
+    admin
+        .declare_queue(&QueueSpec::new(queue.as_str()))
+        .await
+        .unwrap();
+    let direct = Connection::connect(common::URL, ConnectionProperties::default())
+        .await
+        .unwrap();
+    let counting = direct.create_channel().await.unwrap();
+
+    let proxy = Proxy::start(UPSTREAM).await;
+    let connection = Connection::connect(
+        &proxy.url(),
+        ConnectionProperties::default().enable_auto_recover(),
+    )
+    .await
+    .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let _consumer = channel
+        .basic_consume(
+            queue.as_str().into(),
+            "closing".into(),
+            BasicConsumeOptions::default(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(consumers_on(&counting, &queue).await, 1);
+
+    proxy.stall_replies();
+    let closing = {
+        let channel = channel.clone();
+        tokio::spawn(async move { channel.close(200, "done".into()).await })
+    };
+    wait_for("the broker to close the channel", || async {
+        consumers_on(&counting, &queue).await == 0
+    })
+    .await;
+    proxy.cut_connections().await;
+    proxy.resume();
+    // The close asked for is done: the broker closed the channel with the connection.
+    let closed = closing.await.unwrap();
+    assert!(closed.is_ok(), "{closed:?}");
+    wait_until("the channel to leave closing", || {
+        !channel.status().closing()
+    })
+    .await;
+    assert!(
+        !channel.status().connected(),
+        "the channel was brought back with its connection"
+    );
+    wait_until("the connection to come back", || {
+        connection.status().connected()
+    })
+    .await;
+    // A channel opened now is on the recovered connection; the closed one has no consumer.
+    connection.create_channel().await.unwrap();
+    assert_eq!(consumers_on(&counting, &queue).await, 0);
+    cleanup(&admin, &[&queue], &[]).await;
+}
+
+/// A replica group's membership comes back with its connection at the first reconnect:
+/// recovery declares the member's queue again by its name (a server-named queue, as it
+/// was, is refused, which failed that connection's whole recovery and cost it another).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_group_member_comes_back_with_the_first_reconnect() {
+    common::init_tracing();
+    let proxy = Proxy::start(UPSTREAM).await;
+    let broker = LapinBroker::connect(&proxy.url()).await.unwrap();
+    let group = unique("member-recovery");
+    let member = conveyor_lapin::ReplicaGroup::new(&group, 4)
+        .heartbeat(Duration::from_millis(200))
+        .id("only")
+        .join(&broker)
+        .await
+        .unwrap();
+    let queue = format!("{group}.replicas.only");
+    let direct = lapin::Connection::connect(common::URL, Default::default())
+        .await
+        .unwrap();
+    // A passive declare of a missing queue closes its channel: one channel per look.
+    let consumers = || async {
+        let channel = direct.create_channel().await.unwrap();
+        let options = lapin::options::QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let declared = channel
+            .queue_declare(queue.as_str().into(), options, Default::default())
+            .await;
+        declared.map_or(0, |declared| declared.consumer_count())
+    };
+    wait_for("the member's queue and its consumer", || async {
+        consumers().await == 1
+    })
+    .await;
+    let accepted = proxy.accepted();
+
+    proxy.cut_connections().await;
+    wait_until("a reconnect", || proxy.accepted() > accepted).await;
+    wait_for("the member's consumer back", || async {
+        consumers().await == 1
+    })
+    .await;
+    wait_until("the broker's connections up", || {
+        conveyor::Broker::connections(&broker)
+            .iter()
+            .all(|c| c.state == ConnectionState::Connected)
+    })
+    .await;
+    assert_eq!(
+        proxy.accepted() - accepted,
+        2,
+        "one reconnect per connection (publishing and consuming)"
+    );
+    member.leave().await;
+    broker.close().await.unwrap();
+}

@@ -355,6 +355,22 @@ impl Channel {
         self.status.finalize_connection();
     }
 
+    /// Conveyor patch (PATCHED.md, the eighth change): the connection died while this
+    /// channel was being closed. The broker closes a channel with its connection, so the
+    /// close asked for is done: it succeeds, and the channel ends closed, its consumers
+    /// ended, instead of being reopened with the connection.
+    pub(crate) fn closed_with_connection(&self, error: Error) {
+        if let Some(Reply::ChannelCloseOk(resolver)) = self.next_expected_close_ok_reply() {
+            resolver.resolve(());
+        }
+        self.frames.drop_frames_for_channel(self.id, error.clone());
+        self.frames.clear_expected_replies(self.id, error.clone());
+        self.status.poison_ackers(error.clone());
+        self.set_state(ChannelState::Closed);
+        self.error_publisher_confirms(error);
+        self.cancel_consumers();
+    }
+
     pub(crate) fn init_recovery(&self, error: Error) -> Error {
         let err = self.status.set_reconnecting(error, self.topology());
         self.frames.drop_frames_for_channel(self.id, err.clone());

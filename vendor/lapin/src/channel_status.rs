@@ -46,6 +46,13 @@ impl ChannelStatus {
         self.read().state == ChannelState::Connected
     }
 
+    /// Conveyor patch (PATCHED.md, the eighth change): whether the channel is being
+    /// closed (a `channel.close` sent or received, its `close-ok` not yet), as opposed to
+    /// waiting for its connection to be recovered.
+    pub(crate) fn being_closed(&self) -> bool {
+        self.read().state == ChannelState::Closing
+    }
+
     /// Returns `true` if the channel is waiting for the connection to be recovered.
     #[must_use]
     pub fn reconnecting(&self) -> bool {

@@ -244,6 +244,23 @@ impl Channels {
         trace!("init connection recovery");
         self.connection_status.set_reconnecting();
         self.frames.clear_connection_steps(&error);
+        // Conveyor patch (PATCHED.md, the eighth change): a channel whose close was under
+        // way is closed with its connection, not brought back with it.
+        let closing: Vec<Channel> = {
+            let mut inner = self.write();
+            let ids: Vec<ChannelId> = inner
+                .channels
+                .iter()
+                .filter(|(_, channel)| channel.status().being_closed())
+                .map(|(id, _)| *id)
+                .collect();
+            ids.iter()
+                .filter_map(|id| inner.channels.remove(id))
+                .collect()
+        };
+        for channel in closing {
+            channel.closed_with_connection(error.clone());
+        }
         let error = self
             .read()
             .channels
