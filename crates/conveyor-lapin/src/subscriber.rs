@@ -444,6 +444,36 @@ async fn cancel_when_restored(
     }
 }
 
+/// Closes a subscription's channel once lapin has restored it with its consumer: closed
+/// while its connection was down, it comes back. The first delivery to the restored
+/// consumer says its recovery is complete (lapin's own notice comes as soon as the
+/// channel reopens, before the consumer is); closing the channel then hands that
+/// delivery and the rest of the window back at once, without the cancel that would
+/// activate a single-active-consumer queue's next consumer first. A consumer that never
+/// gets a delivery holds nothing.
+async fn close_when_restored(channel: Channel, mut consumer: Consumer, queue: Arc<str>) {
+    loop {
+        match consumer.next().await {
+            // One of the restored consumer's, not one read before the connection went
+            // (whose acker went with it).
+            Some(Ok(delivery)) if delivery.acker.usable() => break,
+            // Those, and the channel's errors, which lapin recovers (the stream goes on)
+            // or not (it ends).
+            Some(_) => {}
+            None => return,
+        }
+    }
+    match channel.close(200, "subscription closed".into()).await {
+        Ok(()) => tracing::info!(
+            queue = %queue,
+            "closed the channel lapin restored after the subscription closed"
+        ),
+        Err(error) => {
+            tracing::debug!(queue = %queue, %error, "closing the restored subscription channel failed");
+        }
+    }
+}
+
 /// A cancel [`cancel_when_restored`] owes, and whether the subscription has closed since.
 struct OwedCancel {
     task: tokio::task::JoinHandle<()>,
@@ -603,9 +633,18 @@ impl Subscriber for LapinSubscriber {
         // and ends the consumer with it. The consumer is dropped only then: dropped while
         // still active, lapin would cancel it by itself (`basic.cancel`), racing the close.
         if let Err(error) = channel.close(200, "subscription closed".into()).await {
-            tracing::debug!(queue = %queue, %error, "closing the subscription channel failed");
+            if channel.status().reconnecting() {
+                // Down with its connection: lapin brings the channel back, consumer and
+                // all, which would then hold a window (and a single-active-consumer
+                // queue) for no one. It is closed once back.
+                tokio::spawn(close_when_restored(channel, consumer, queue.clone()));
+            } else {
+                tracing::debug!(queue = %queue, %error, "closing the subscription channel failed");
+                drop(consumer);
+            }
+        } else {
+            drop(consumer);
         }
-        drop(consumer);
         routes.close().await;
         drop(settler);
         settle_task.abort();

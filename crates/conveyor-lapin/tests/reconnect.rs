@@ -823,6 +823,24 @@ async fn stopped_while_lost(
     LapinSubscriber,
     conveyor::Delivery,
 ) {
+    let (admin, queue, proxy, broker, mut subscriber, running) = lost_while_subscribed(name).await;
+    subscriber.stop_receiving().await;
+    (admin, queue, proxy, broker, subscriber, running)
+}
+
+/// Subscribes to a queue of 20 messages through a proxy with a prefetch of 5, takes one
+/// delivery (held as a running handler holds it), then cuts the connection and keeps it
+/// down.
+async fn lost_while_subscribed(
+    name: &str,
+) -> (
+    LapinBroker,
+    String,
+    Proxy,
+    LapinBroker,
+    LapinSubscriber,
+    conveyor::Delivery,
+) {
     let (admin, queue, proxy) = queue_and_proxy(name).await;
     for id in 0..20 {
         admin.publish(&queue, message(id)).await.unwrap();
@@ -844,7 +862,6 @@ async fn stopped_while_lost(
         consuming(&broker) == ConnectionState::Reconnecting
     })
     .await;
-    subscriber.stop_receiving().await;
     (admin, queue, proxy, broker, subscriber, running)
 }
 
@@ -903,6 +920,39 @@ async fn a_subscription_closed_while_its_connection_is_lost_still_hands_back_wha
     drop(running);
     subscriber.close().await;
     restored_consumer_hands_all_back(&proxy, &queue).await;
+    broker.close().await.unwrap();
+    cleanup(&admin, &[&queue], &[]).await;
+}
+
+/// A subscription closed without stopping first, as a replica closes a shard it hands
+/// over, while its connection is lost: the close cannot be sent, and lapin brings the
+/// channel back with its consumer. It is closed once back, handing back the window the
+/// broker filled again (a restored consumer no one read held it, and on a
+/// single-active-consumer shard held the shard from its next replica).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_handed_over_while_its_connection_is_lost_is_closed_once_back() {
+    let (admin, queue, proxy, broker, subscriber, running) =
+        lost_while_subscribed("reconnect-handed-over").await;
+    drop(running);
+    let consumes = proxy.consumes();
+    subscriber.close().await;
+    proxy.accept_new_connections();
+    wait_until("lapin to restore the consumer", || {
+        proxy.consumes() > consumes
+    })
+    .await;
+    let deadline = Instant::now() + common::DEADLINE;
+    loop {
+        let (ready, consumers) = ready_and_consumers(&queue).await;
+        if (ready, consumers) == (20, 0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after the consumer was restored: {ready} of 20 ready, {consumers} consumers"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     broker.close().await.unwrap();
     cleanup(&admin, &[&queue], &[]).await;
 }

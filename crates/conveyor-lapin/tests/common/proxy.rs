@@ -16,7 +16,8 @@
 //! - refuse new connections ([`refuse_new_connections`](Proxy::refuse_new_connections)):
 //!   each is reset as soon as it is accepted, before a byte is exchanged.
 //!
-//! It also counts the `basic.ack` frames the client sends ([`acks`](Proxy::acks)), and the
+//! It also counts the `basic.ack` and `basic.consume` frames the client sends
+//! ([`acks`](Proxy::acks), [`consumes`](Proxy::consumes)), and the
 //! `basic.deliver` frames the broker sends ([`deliveries`](Proxy::deliveries)).
 //!
 //! (`noxious`, a Rust port of Toxiproxy, was considered: it runs as a server with its own
@@ -86,11 +87,12 @@ struct Shared {
     deliveries: Arc<AtomicUsize>,
 }
 
-/// The `basic.ack` frames clients have sent through the proxy.
+/// The `basic.ack` and `basic.consume` frames clients have sent through the proxy.
 #[derive(Default)]
 struct AckCounts {
     single: AtomicUsize,
     multiple: AtomicUsize,
+    consumes: AtomicUsize,
 }
 
 /// Forwards every connection made to [`addr`](Self::addr) to the upstream broker.
@@ -244,6 +246,12 @@ impl Proxy {
             acks.single.load(Ordering::SeqCst),
             acks.multiple.load(Ordering::SeqCst),
         )
+    }
+
+    /// How many `basic.consume` frames clients have sent through the proxy since it
+    /// started: a consumer lapin restores with its channel counts again.
+    pub fn consumes(&self) -> usize {
+        self.shared.acks.consumes.load(Ordering::SeqCst)
     }
 
     /// How many `basic.deliver` frames the broker has sent through the proxy since it
@@ -451,6 +459,7 @@ async fn send(to: &mut (impl AsyncWrite + Unpin), bytes: &[u8]) -> bool {
 const FRAME_HEADER: usize = 7;
 const METHOD_FRAME: u8 = 1;
 const BASIC_CLASS: u16 = 60;
+const BASIC_CONSUME: u16 = 20;
 const BASIC_DELIVER: u16 = 60;
 const BASIC_ACK: u16 = 80;
 const BASIC_NACK: u16 = 120;
@@ -497,9 +506,12 @@ fn is_method(frame: &[u8], method: u16) -> bool {
 }
 
 impl AckCounts {
-    /// Counts `frame`, sent by the client, if it is a `basic.ack`: class and method, the
-    /// delivery tag (8 bytes), then the `multiple` bit.
+    /// Counts `frame`, sent by the client, if it is a `basic.consume`, or a `basic.ack`:
+    /// class and method, the delivery tag (8 bytes), then the `multiple` bit.
     fn count(&self, frame: &[u8]) {
+        if is_method(frame, BASIC_CONSUME) {
+            self.consumes.fetch_add(1, Ordering::SeqCst);
+        }
         if !is_method(frame, BASIC_ACK) {
             return;
         }
