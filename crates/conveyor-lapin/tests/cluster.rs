@@ -422,7 +422,7 @@ fn resumption_of(mut times: Vec<Instant>, fault: Instant) -> (Duration, Duration
 /// Sends [`MESSAGES`] confirmed messages over [`KEYS`] keys to a new quorum queue
 /// consumed through `workers(4).by_key()`, causes `fault` once [`FAULT_AFTER`] have
 /// been handled, and checks that every confirmed message is handled, each key in order
-/// but for redeliveries, and that handling resumed within [`RESUME_WITHIN`].
+/// but for redeliveries, and that handling stopped for less than [`RESUME_WITHIN`].
 async fn load_through(test: &str, layout: Layout, fault: Fault) -> Figures {
     // A fault left by an earlier test that failed, healed before this one starts.
     cluster_script(&["heal"]);
@@ -586,10 +586,14 @@ async fn load_through(test: &str, layout: Layout, fault: Fault) -> Figures {
         figures.consumer_nodes.0,
         figures.consumer_nodes.1,
     );
+    // The pause, not the time from the fault's start: a node being stopped goes on
+    // serving until its shutdown closes its connections, which took up to 9.8 s of an
+    // 11.7 s `stop_app` on a busy machine, while handling never stopped for more than
+    // 0.2 s (seen in a fresh-clone CI run).
     assert!(
-        figures.resumed < RESUME_WITHIN,
-        "{test}: handling resumed only {:?} after the fault",
-        figures.resumed
+        figures.pause < RESUME_WITHIN,
+        "{test}: handling stopped for {:?} after the fault",
+        figures.pause
     );
     cleanup(&admin, &[&queue], &[]).await;
     figures
@@ -598,7 +602,7 @@ async fn load_through(test: &str, layout: Layout, fault: Fault) -> Figures {
 /// (a) The node that leads the quorum queue is stopped mid-stream, while the consumer
 /// and the publisher are connected to the other two: another member takes over, and
 /// every confirmed message is handled, each key in order but for redeliveries, with
-/// handling resumed within 10 s.
+/// no pause in handling of 10 s or more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopping_the_queue_leaders_node_under_load_loses_no_confirmed_message_and_keeps_key_order()
 {
@@ -617,8 +621,8 @@ async fn stopping_the_queue_leaders_node_under_load_loses_no_confirmed_message_a
 /// (b) The node the consumer is connected to is stopped mid-stream (the queue's leader
 /// and the publisher on the others): the consumer fails over to another node, with the
 /// queue's quorum delay queue declared again there, and every confirmed message is
-/// handled, each key in order but for redeliveries of what was not acked, with handling
-/// resumed within 10 s.
+/// handled, each key in order but for redeliveries of what was not acked, with no pause
+/// in handling of 10 s or more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopping_the_consumers_node_under_load_fails_over_and_loses_no_confirmed_message() {
     if !cluster_up("consumers_node_stopped") {
@@ -649,7 +653,7 @@ async fn stopping_the_consumers_node_under_load_fails_over_and_loses_no_confirme
 /// after the cluster's net_ticktime and pauses (pause_minority), closing the consumer's
 /// connection; the other two elect a new leader, the consumer fails over to one of them,
 /// and every confirmed message is handled, each key in order but for redeliveries, with
-/// handling resumed within 10 s. The partition is healed at the end, pass or fail.
+/// no pause in handling of 10 s or more. The partition is healed at the end, pass or fail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_node_under_load_loses_no_confirmed_message_and_consumption_moves_on() {
     if !cluster_up("partitioned") {
