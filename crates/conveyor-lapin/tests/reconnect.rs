@@ -810,19 +810,21 @@ async fn ready_and_consumers(queue: &str) -> (u32, u32) {
     (declared.message_count(), declared.consumer_count())
 }
 
-/// Subscribes to a queue of 20 messages through a proxy with a prefetch of 5, takes one
-/// delivery (held as a running handler holds it), cuts the connection and keeps it down,
-/// then stops receiving: the cancel cannot be sent.
-async fn stopped_while_lost(
-    name: &str,
-) -> (
+/// What [`lost_while_subscribed`] leaves: the admin broker, the queue, the proxy, the
+/// broker through it, its subscription and the delivery taken.
+type Lost = (
     LapinBroker,
     String,
     Proxy,
     LapinBroker,
     LapinSubscriber,
     conveyor::Delivery,
-) {
+);
+
+/// Subscribes to a queue of 20 messages through a proxy with a prefetch of 5, takes one
+/// delivery (held as a running handler holds it), cuts the connection and keeps it down,
+/// then stops receiving: the cancel cannot be sent.
+async fn stopped_while_lost(name: &str) -> Lost {
     let (admin, queue, proxy, broker, mut subscriber, running) = lost_while_subscribed(name).await;
     subscriber.stop_receiving().await;
     (admin, queue, proxy, broker, subscriber, running)
@@ -831,16 +833,7 @@ async fn stopped_while_lost(
 /// Subscribes to a queue of 20 messages through a proxy with a prefetch of 5, takes one
 /// delivery (held as a running handler holds it), then cuts the connection and keeps it
 /// down.
-async fn lost_while_subscribed(
-    name: &str,
-) -> (
-    LapinBroker,
-    String,
-    Proxy,
-    LapinBroker,
-    LapinSubscriber,
-    conveyor::Delivery,
-) {
+async fn lost_while_subscribed(name: &str) -> Lost {
     let (admin, queue, proxy) = queue_and_proxy(name).await;
     for id in 0..20 {
         admin.publish(&queue, message(id)).await.unwrap();
@@ -877,6 +870,11 @@ async fn restored_consumer_hands_all_back(proxy: &Proxy, queue: &str) {
         proxy.deliveries() >= 10
     })
     .await;
+    all_ready_and_unconsumed(queue, "the restored consumer's deliveries").await;
+}
+
+/// Waits until all 20 messages of `queue` are ready and it has no consumer.
+async fn all_ready_and_unconsumed(queue: &str, after: &str) {
     let deadline = Instant::now() + common::DEADLINE;
     loop {
         let (ready, consumers) = ready_and_consumers(queue).await;
@@ -885,7 +883,7 @@ async fn restored_consumer_hands_all_back(proxy: &Proxy, queue: &str) {
         }
         assert!(
             Instant::now() < deadline,
-            "after the restored consumer's deliveries: {ready} of 20 ready, {consumers} consumers"
+            "after {after}: {ready} of 20 ready, {consumers} consumers"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -941,18 +939,7 @@ async fn a_subscription_handed_over_while_its_connection_is_lost_is_closed_once_
         proxy.consumes() > consumes
     })
     .await;
-    let deadline = Instant::now() + common::DEADLINE;
-    loop {
-        let (ready, consumers) = ready_and_consumers(&queue).await;
-        if (ready, consumers) == (20, 0) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "after the consumer was restored: {ready} of 20 ready, {consumers} consumers"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    all_ready_and_unconsumed(&queue, "the consumer was restored").await;
     broker.close().await.unwrap();
     cleanup(&admin, &[&queue], &[]).await;
 }
