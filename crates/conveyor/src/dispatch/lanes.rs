@@ -305,6 +305,7 @@ where
         }
     }
 
+    /// `lane`'s delivery has ended: its slot is emptied (if it is not yet) and counted.
     fn settled(&mut self, lane: usize) {
         self.running[lane].set(None);
         self.running_key[lane] = None;
@@ -318,14 +319,12 @@ where
     /// back, and the mount stops, as a task that died would stop it.
     fn lane_died(&mut self, lane: usize, panic: &(dyn Any + Send)) {
         let slot = &mut self.running[lane];
-        // Dropped inside `catch_unwind` too: its state may panic again as it goes.
+        // Dropped inside `catch_unwind` too: its state may panic again as it goes (the
+        // slot is empty all the same).
         if catch_unwind(AssertUnwindSafe(|| slot.set(None))).is_err() {
-            slot.set(None);
+            tracing::error!("a lane's future panicked again as it was dropped");
         }
-        self.running_key[lane] = None;
-        self.busy -= 1;
-        self.metrics[lane].finished();
-        self.stats.finished(lane);
+        self.settled(lane);
         self.waiting[lane].clear();
         let message = panic
             .downcast_ref::<&str>()
