@@ -12,6 +12,7 @@ use conveyor::shards::{self, PlanSender, ShardPlan, Shards};
 use futures_util::StreamExt;
 use lapin::options::{
     BasicConsumeOptions, BasicPublishOptions, QueueBindOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel};
@@ -21,6 +22,7 @@ use tokio::time::Instant;
 
 use crate::broker::LapinBroker;
 use crate::error::short;
+use crate::publisher::can_publish;
 use crate::queue::LapinQueue;
 use crate::topology::{ExchangeSpec, ExchangeType};
 
@@ -66,8 +68,8 @@ pub struct ReplicaGroupBuilder {
 /// How the replicas agree:
 ///
 /// - **Membership over a fanout exchange.** Each replica binds a queue of its own
-///   (`<group>.replicas.<id>`, deleted once its consumer is gone, or unused for a
-///   minute) to `<group>.replicas` and
+///   (`<group>.replicas.<id>`, deleted when it leaves, or by the broker once unused
+///   for a minute) to `<group>.replicas` and
 ///   publishes a heartbeat there every `heartbeat` (its id and the shards it holds). A
 ///   replica not heard from for three heartbeats is gone; one that shuts down cleanly
 ///   says so ([`ReplicaGroup::leave`]), and is gone at once.
@@ -287,9 +289,12 @@ impl Member {
                 .map_err(text)?;
             // Named by the replica, not by the server: lapin declares the queue again by
             // its name when it recovers the connection, and RabbitMQ refuses a client the
-            // `amq.gen-` names it makes itself, which failed the whole recovery. Not
-            // exclusive, so that declaring it again on the new connection never waits
-            // for the broker to notice the old one is gone.
+            // `amq.gen-` names it makes itself, which failed the whole recovery. Neither
+            // exclusive nor auto-delete, because recovery can declare it again before
+            // the broker has noticed the old connection is gone: an exclusive queue
+            // would be refused, and an auto-delete one deleted when the old consumer
+            // goes, under the consumer recovery is about to restore (NOT_FOUND, and
+            // another reconnect). `x-expires` removes the queue of a replica that died.
             let mut arguments = FieldTable::default();
             arguments.insert(
                 "x-expires".into(),
@@ -298,10 +303,7 @@ impl Member {
             let queue = listening
                 .queue_declare(
                     short("queue name", &format!("{}.{}", self.exchange, self.id)).map_err(text)?,
-                    QueueDeclareOptions {
-                        auto_delete: true,
-                        ..QueueDeclareOptions::default()
-                    },
+                    QueueDeclareOptions::default(),
                     arguments,
                 )
                 .await
@@ -337,13 +339,15 @@ impl Member {
                 .create_channel()
                 .await
                 .map_err(text)?;
-            Ok::<_, String>((listening, consumer, speaking))
+            Ok::<_, String>((listening, queue.name().clone(), consumer, speaking))
         };
-        let (listening, mut consumer, speaking) = match opened.await {
+        let (listening, queue_name, mut consumer, speaking) = match opened.await {
             Ok(opened) => opened,
             Err(error) => return Ended::Lost(error),
         };
-        let joined = Instant::now();
+        let mut joined = Instant::now();
+        // Set while the listening channel waits for lapin to recover its connection.
+        let mut listening_lost = false;
         let warm_up = self.heartbeat + self.heartbeat / 2;
         let expiry = self.heartbeat * MISSED_HEARTBEATS;
         let mut seen: BTreeMap<String, Instant> = BTreeMap::new();
@@ -359,7 +363,13 @@ impl Member {
                 }
                 _ = tick.tick() => {
                     if let Err(error) = self.publish(&speaking, false).await {
-                        break Ended::Lost(error);
+                        // lapin brings the channel back with its connection: this beat is
+                        // skipped, the session goes on. Ending it here would close
+                        // channels that are reconnecting, which lapin restores anyway.
+                        if !can_publish(&speaking) {
+                            break Ended::Lost(error);
+                        }
+                        tracing::debug!(group = %self.exchange, %error, "a heartbeat was not sent; its connection is being recovered");
                     }
                 }
                 next = consumer.next() => match next {
@@ -376,9 +386,25 @@ impl Member {
                         }
                         None => tracing::debug!(group = %self.exchange, "ignored a heartbeat that does not parse"),
                     },
-                    Some(Err(error)) => break Ended::Lost(error.to_string()),
+                    // The channel's connection was lost: lapin recovers it and the
+                    // stream goes on, unless the channel is gone for good.
+                    Some(Err(error)) if !can_publish(&listening) => break Ended::Lost(error.to_string()),
+                    Some(Err(error)) => tracing::debug!(group = %self.exchange, %error, "the heartbeat consumer waits for its connection"),
                     None => break Ended::Lost("the heartbeat consumer ended".to_string()),
                 },
+            }
+            // While the heartbeats cannot come in, the plan stays as it was (single
+            // active consumer guards the shards meanwhile). Once they can again, each
+            // member known gets a whole expiry to be heard from, and the plan waits a
+            // warm-up, as at joining.
+            if !listening.status().connected() {
+                listening_lost = true;
+                continue;
+            }
+            if std::mem::take(&mut listening_lost) {
+                let now = Instant::now();
+                seen.values_mut().for_each(|last| *last = now);
+                joined = now;
             }
             seen.retain(|member, last| {
                 let alive = last.elapsed() < expiry;
@@ -391,6 +417,14 @@ impl Member {
                 self.plan(&seen);
             }
         };
+        if matches!(ended, Ended::Left) {
+            let deleted = listening
+                .queue_delete(queue_name.clone(), QueueDeleteOptions::default())
+                .await;
+            if let Err(error) = deleted {
+                tracing::debug!(group = %self.exchange, %error, "deleting the membership queue failed; it expires unused");
+            }
+        }
         let _ = listening.close(200, "left the replica group".into()).await;
         let _ = speaking.close(200, "left the replica group".into()).await;
         ended

@@ -1097,7 +1097,9 @@ async fn a_channel_being_closed_when_its_connection_dies_is_closed_not_recovered
 
 /// A replica group's membership comes back with its connection at the first reconnect:
 /// recovery declares the member's queue again by its name (a server-named queue, as it
-/// was, is refused, which failed that connection's whole recovery and cost it another).
+/// was, is refused, which failed that connection's whole recovery and cost it another;
+/// an auto-delete one could be deleted under the recovery when the broker noticed the
+/// old connection's consumer gone, NOT_FOUND and another reconnect). Leaving deletes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_group_member_comes_back_with_the_first_reconnect() {
     common::init_tracing();
@@ -1150,5 +1152,17 @@ async fn a_replica_group_member_comes_back_with_the_first_reconnect() {
         "one reconnect per connection (publishing and consuming)"
     );
     member.leave().await;
+    let channel = direct.create_channel().await.unwrap();
+    let options = lapin::options::QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let left = channel
+        .queue_declare(queue.as_str().into(), options, Default::default())
+        .await;
+    assert!(
+        left.is_err(),
+        "leaving the group deletes the member's queue"
+    );
     broker.close().await.unwrap();
 }
