@@ -1132,17 +1132,17 @@ async fn a_replica_group_member_comes_back_with_the_first_reconnect() {
         .await
         .unwrap();
     // A passive declare of a missing queue closes its channel: one channel per look.
-    let consumers = || async {
+    let look = || async {
         let channel = direct.create_channel().await.unwrap();
         let options = lapin::options::QueueDeclareOptions {
             passive: true,
             ..Default::default()
         };
-        let declared = channel
+        channel
             .queue_declare(queue.as_str().into(), options, Default::default())
-            .await;
-        declared.map_or(0, |declared| declared.consumer_count())
+            .await
     };
+    let consumers = || async { look().await.map_or(0, |declared| declared.consumer_count()) };
     wait_for("the member's queue and its consumer", || async {
         consumers().await == 1
     })
@@ -1181,16 +1181,8 @@ async fn a_replica_group_member_comes_back_with_the_first_reconnect() {
         "one reconnect let through per connection (publishing and consuming)"
     );
     member.leave().await;
-    let channel = direct.create_channel().await.unwrap();
-    let options = lapin::options::QueueDeclareOptions {
-        passive: true,
-        ..Default::default()
-    };
-    let left = channel
-        .queue_declare(queue.as_str().into(), options, Default::default())
-        .await;
     assert!(
-        left.is_err(),
+        look().await.is_err(),
         "leaving the group deletes the member's queue"
     );
     broker.close().await.unwrap();
