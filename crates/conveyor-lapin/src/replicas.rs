@@ -419,7 +419,7 @@ impl Member {
         };
         if matches!(ended, Ended::Left) {
             let deleted = listening
-                .queue_delete(queue_name.clone(), QueueDeleteOptions::default())
+                .queue_delete(queue_name, QueueDeleteOptions::default())
                 .await;
             if let Err(error) = deleted {
                 tracing::debug!(group = %self.exchange, %error, "deleting the membership queue failed; it expires unused");
