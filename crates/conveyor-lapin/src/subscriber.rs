@@ -632,18 +632,18 @@ impl Subscriber for LapinSubscriber {
         // Closing the channel returns every delivery it holds unacked to the queue at once,
         // and ends the consumer with it. The consumer is dropped only then: dropped while
         // still active, lapin would cancel it by itself (`basic.cancel`), racing the close.
-        if let Err(error) = channel.close(200, "subscription closed".into()).await {
-            if channel.status().reconnecting() {
-                // Down with its connection: lapin brings the channel back, consumer and
-                // all, which would then hold a window (and a single-active-consumer
-                // queue) for no one. It is closed once back.
+        match channel.close(200, "subscription closed".into()).await {
+            Ok(()) => drop(consumer),
+            // Down with its connection: lapin brings the channel back, consumer and all,
+            // which would then hold a window (and a single-active-consumer queue) for no
+            // one. It is closed once back.
+            Err(_) if channel.status().reconnecting() => {
                 tokio::spawn(close_when_restored(channel, consumer, queue.clone()));
-            } else {
+            }
+            Err(error) => {
                 tracing::debug!(queue = %queue, %error, "closing the subscription channel failed");
                 drop(consumer);
             }
-        } else {
-            drop(consumer);
         }
         routes.close().await;
         drop(settler);
