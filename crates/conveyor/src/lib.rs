@@ -112,6 +112,6 @@ pub use payload::{DecodeError, FromPayload, Json, PayloadFormat};
 pub use policy::{Backoff, FailurePolicy, OnError};
 pub use state::StateMap;
 pub use transport::{
-    Broker, ConnectionHealth, ConnectionProbe, ConnectionState, Publisher, ShardsProbe,
+    Background, Broker, ConnectionHealth, ConnectionProbe, ConnectionState, Publisher, ShardsProbe,
     SharedPublisher, Source, SubscribeSettings, Subscriber,
 };

@@ -15,6 +15,7 @@
 
 mod any_worker;
 mod batch;
+mod beside;
 mod lanes;
 mod sequential;
 mod settle;
@@ -26,6 +27,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use futures_util::future::Either;
 use tokio::sync::watch;
 use tokio::task::{JoinError, JoinSet};
 
@@ -160,13 +162,33 @@ impl Shutdown {
     }
 }
 
-/// Runs a single-delivery handler's mount in the dispatch mode its options name.
-pub(crate) async fn drive_one<H: CallOne, S: Subscriber>(
+/// Runs a single-delivery handler's mount in the dispatch mode its options name, with
+/// the subscription's background work, if it has some, on the same task (see
+/// [`Subscriber::background`] and [`beside::beside`]).
+///
+/// Not an `async fn`: a mount without background work is polled through no more frames
+/// than its dispatch mode's own (a debug build's handler futures, an AWS SDK call's say,
+/// take much of a worker thread's stack already).
+pub(crate) fn drive_one<H: CallOne, S: Subscriber>(
+    handler: Arc<H>,
+    mut subscriber: S,
+    run: Run,
+) -> impl Future<Output = Result<(), Error>> + Send {
+    let run = run.bounded_by(&subscriber);
+    match subscriber.background() {
+        None => Either::Left(dispatch_one(handler, subscriber, run)),
+        Some(background) => Either::Right(beside::beside(
+            Box::pin(dispatch_one(handler, subscriber, run)),
+            background,
+        )),
+    }
+}
+
+async fn dispatch_one<H: CallOne, S: Subscriber>(
     handler: Arc<H>,
     subscriber: S,
     run: Run,
 ) -> Result<(), Error> {
-    let run = run.bounded_by(&subscriber);
     match run.options.dispatch() {
         Dispatch::Sequential => sequential::drive(handler, subscriber, run).await,
         Dispatch::Workers(n) => workers::drive(handler, subscriber, run, n).await,
@@ -189,13 +211,20 @@ impl Run {
     }
 }
 
-/// Runs a batch handler's mount.
-pub(crate) async fn drive_batch<H: CallBatch, S: Subscriber>(
+/// Runs a batch handler's mount, with the subscription's background work as
+/// [`drive_one`] runs it.
+pub(crate) fn drive_batch<H: CallBatch, S: Subscriber>(
     handler: Arc<H>,
-    subscriber: S,
+    mut subscriber: S,
     run: Run,
-) -> Result<(), Error> {
-    batch::drive(handler, subscriber, run).await
+) -> impl Future<Output = Result<(), Error>> + Send {
+    match subscriber.background() {
+        None => Either::Left(batch::drive(handler, subscriber, run)),
+        Some(background) => Either::Right(beside::beside(
+            Box::pin(batch::drive(handler, subscriber, run)),
+            background,
+        )),
+    }
 }
 
 /// What the receive step produced.

@@ -11,10 +11,12 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+mod background;
 mod connection;
 mod describe;
 mod shared;
 
+pub use background::Background;
 pub use connection::{ConnectionHealth, ConnectionProbe, ConnectionState};
 pub use describe::QueueDescription;
 pub use shared::SharedPublisher;
@@ -147,6 +149,17 @@ pub trait Subscriber: Send + 'static {
     /// [`RunningApp::lanes`](crate::RunningApp::lanes). Asked once, when the mount starts.
     /// The default, for a subscription to one queue, gives none.
     fn shards(&self) -> Option<std::sync::Arc<dyn ShardsProbe>> {
+        None
+    }
+
+    /// The work this subscription needs done beside [`recv`](Self::recv) while it is
+    /// open (receiving ahead, making settlement calls), for the dispatcher to run on the
+    /// mount's own task, side by side with its handlers (see [`Background`]). Asked once,
+    /// before the first receive; the dispatcher then polls it until it finishes, which it
+    /// does once [`close`](Self::close) is done. A subscription whose background is not
+    /// taken runs it on a task of its own. The default has none: the transport's client
+    /// does such work on its own tasks, or there is none.
+    fn background(&mut self) -> Option<Background> {
         None
     }
 

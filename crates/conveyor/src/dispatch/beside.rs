@@ -1,0 +1,197 @@
+//! A mount's dispatch and its subscription's background work, polled on one task.
+//!
+//! The two hand each other work all the time: the dispatcher settles a delivery and the
+//! background makes the call, the background receives and the dispatcher takes what came.
+//! Each hand-over wakes the other side. A plain join would pass such a wake to the task,
+//! which, woken while it is being polled, goes to the back of the runtime's queue and has
+//! an idle worker thread woken to look at it: a futex wake and a context switch for a
+//! hand-over within one task. Here a wake made while the pair is being polled only marks
+//! the side woken, and the same poll goes round again for it; only a wake from outside
+//! (an answer from the broker, a timer) wakes the task.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, Wake, Waker};
+
+use futures_util::task::AtomicWaker;
+
+/// Runs `dispatch` and `background` to their ends on the calling task; the dispatch's
+/// output.
+pub(super) async fn beside<T>(
+    dispatch: impl Future<Output = T>,
+    background: impl Future<Output = ()>,
+) -> T {
+    let shared = Arc::new(Shared {
+        woken: [AtomicBool::new(true), AtomicBool::new(true)],
+        polling: AtomicBool::new(false),
+        task: AtomicWaker::new(),
+    });
+    let wakers = [0, 1].map(|side| {
+        Waker::from(Arc::new(SideWaker {
+            side,
+            shared: shared.clone(),
+        }))
+    });
+    let mut dispatch = pin!(dispatch);
+    let mut background = pin!(background);
+    let (mut output, mut background_done) = (None, false);
+    std::future::poll_fn(|cx| {
+        shared.task.register(cx.waker());
+        loop {
+            shared.polling.store(true, Ordering::SeqCst);
+            loop {
+                let mut polled = false;
+                if output.is_none() && shared.woken[0].swap(false, Ordering::AcqRel) {
+                    polled = true;
+                    if let Poll::Ready(out) =
+                        dispatch.as_mut().poll(&mut Context::from_waker(&wakers[0]))
+                    {
+                        output = Some(out);
+                    }
+                }
+                if !background_done && shared.woken[1].swap(false, Ordering::AcqRel) {
+                    polled = true;
+                    background_done = background
+                        .as_mut()
+                        .poll(&mut Context::from_waker(&wakers[1]))
+                        .is_ready();
+                }
+                if !polled {
+                    break;
+                }
+            }
+            if background_done && let Some(out) = output.take() {
+                return Poll::Ready(out);
+            }
+            shared.polling.store(false, Ordering::SeqCst);
+            // A wake between the last look and the store above saw `polling` still set
+            // and left the task asleep: look once more.
+            let missed = (output.is_none() && shared.woken[0].load(Ordering::SeqCst))
+                || (!background_done && shared.woken[1].load(Ordering::SeqCst));
+            if !missed {
+                return Poll::Pending;
+            }
+        }
+    })
+    .await
+}
+
+/// What the two sides' wakers share with the poll.
+struct Shared {
+    /// Which side was woken since it was last polled.
+    woken: [AtomicBool; 2],
+    /// The pair is being polled: a wake marks its side, and the poll goes round again.
+    polling: AtomicBool,
+    /// The task polling the pair.
+    task: AtomicWaker,
+}
+
+/// One side's waker.
+struct SideWaker {
+    side: usize,
+    shared: Arc<Shared>,
+}
+
+impl Wake for SideWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.shared.woken[self.side].store(true, Ordering::SeqCst);
+        if !self.shared.polling.load(Ordering::SeqCst) {
+            self.shared.task.wake();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::sync::{Notify, oneshot};
+
+    use super::*;
+
+    /// A thousand hand-overs each way, each a wake of the other side, cost the task no
+    /// wake at all: the whole exchange runs in the first poll. (A plain join has its task
+    /// woken for every one of them.)
+    #[test]
+    fn hand_overs_between_the_sides_run_in_one_poll_without_waking_the_task() {
+        let to_background = Arc::new(Notify::new());
+        let to_dispatch = Arc::new(Notify::new());
+        let (a, b) = (to_background.clone(), to_dispatch.clone());
+        let dispatch = async move {
+            for _ in 0..1000 {
+                let answered = b.notified();
+                a.notify_one();
+                answered.await;
+            }
+            "done"
+        };
+        let background = async move {
+            for _ in 0..1000 {
+                to_background.notified().await;
+                to_dispatch.notify_one();
+            }
+        };
+        let wakes = Arc::new(CountWakes::default());
+        let waker = Waker::from(wakes.clone());
+        let mut pair = pin!(beside(dispatch, background));
+        let out = pair.as_mut().poll(&mut Context::from_waker(&waker));
+        assert_eq!(out, Poll::Ready("done"), "the whole exchange in one poll");
+        assert_eq!(
+            wakes.0.load(Ordering::SeqCst),
+            0,
+            "a hand-over woke the task"
+        );
+    }
+
+    #[derive(Default)]
+    struct CountWakes(std::sync::atomic::AtomicUsize);
+
+    impl Wake for CountWakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_wake_from_another_task_wakes_the_pair() {
+        let (send, answer) = oneshot::channel();
+        tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            let _ = send.send(7);
+        });
+        let out = tokio::time::timeout(
+            Duration::from_secs(60),
+            beside(async { answer.await.unwrap_or(0) }, async {}),
+        )
+        .await
+        .expect("woken from outside");
+        assert_eq!(out, 7);
+    }
+
+    #[tokio::test]
+    async fn the_dispatch_output_waits_for_the_background_to_finish() {
+        let (send, finished) = oneshot::channel::<()>();
+        let finishing = async move {
+            let _ = finished.await;
+        };
+        let pair = tokio::spawn(beside(async { 1 }, finishing));
+        for _ in 0..3 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!pair.is_finished(), "the background still runs");
+        let _ = send.send(());
+        assert_eq!(
+            tokio::time::timeout(Duration::from_secs(60), pair)
+                .await
+                .expect("ends once both have")
+                .ok(),
+            Some(1)
+        );
+    }
+}
