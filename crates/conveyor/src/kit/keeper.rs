@@ -1,5 +1,6 @@
-//! The keeper: one task per pulling subscription that keeps every message it holds leased
-//! (the extender) and makes the settlement calls, given a transport's [`Keep`].
+//! The keeper of a pulling subscription: keeps every message it holds leased (the
+//! extender, on a task of its own) and makes the settlement calls (where it is polled,
+//! the mount's own task once the dispatcher adopts it), given a transport's [`Keep`].
 //!
 //! Renewals go out beside the settlements, so a settlement call that hangs or keeps
 //! failing never holds the renewals up. A settled message is renewed too until its call
@@ -136,17 +137,27 @@ impl<K: Keep> Keeper<K> {
     /// Runs until the subscription is closed (or every settler is gone) and every message
     /// is finished with, renewing and settling side by side; then makes the
     /// [`finished`](Keep::finished) call.
+    ///
+    /// The settlements are made here, on the task that polls this (the mount's own, when
+    /// the dispatcher adopts the subscription's [`Background`](crate::Background)); the
+    /// renewals on a task of their own, so that a handler that holds its thread longer
+    /// than it should does not hold the renewals of the others' leases up too.
     pub async fn run(self, signals: KeeperSignals) {
         let KeeperSignals {
             mut closing,
             draining,
             mut alive,
         } = signals;
-        tokio::select! {
-            () = self.renew_every_tick() => {}
-            () = self.settle_until_closed(&mut closing, draining, &mut alive) => {}
-        }
-        self.keep.finished().await;
+        let keeper = Arc::new(self);
+        let renewing = AbortOnDrop(tokio::spawn({
+            let keeper = keeper.clone();
+            async move { keeper.renew_every_tick().await }
+        }));
+        keeper
+            .settle_until_closed(&mut closing, draining, &mut alive)
+            .await;
+        drop(renewing);
+        keeper.keep.finished().await;
     }
 
     /// Every third of the lease, renews the leases that lapse within half of it. Never
@@ -348,6 +359,16 @@ impl<K: Keep> Keeper<K> {
         } else {
             tracing::warn!(queue, %error, "cannot renew leases; trying again");
         }
+    }
+}
+
+/// Aborts its task when dropped: the renewals end with the settlements, however those
+/// end.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -4,8 +4,13 @@
 //! a [`Keeper`] keeps what is held leased and makes the settlement calls.
 //!
 //! A transport gives a [`Receive`] (its receive call) and a [`Keep`] (its renewal and
-//! settlement calls); [`Pull::start`] runs them and answers with a [`PullSubscriber`],
-//! the whole [`Subscriber`].
+//! settlement calls); [`Pull::start`] answers with a [`PullSubscriber`], the whole
+//! [`Subscriber`]. The pump and the keeper's settlements are its
+//! [`Background`](crate::Background), which the dispatcher runs on the mount's own task:
+//! each hand-over between them and the handlers is then a poll on that task, not a
+//! wake-up of another one (on Redis, that took a sequential mount's CPU time per message
+//! from about twice a raw loop's to the same, BENCHMARKS.md). The keeper's renewals run
+//! on a task of their own.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -13,14 +18,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{Notify, watch};
-use tokio::task::JoinHandle;
+use tokio::sync::{Notify, oneshot, watch};
 
 use super::keeper::{Keep, Keeper, KeeperSignals};
 use super::lease::Leases;
 use super::pace::RetryPause;
 use super::sync::{lock, wait_for};
-use crate::{ConnectionProbe, Delivery, Error, Report, Subscriber};
+use crate::{Background, ConnectionProbe, Delivery, Error, Report, Subscriber};
 
 /// Whether calls to a queue fail now (and are retried): set by the last receive, renewal
 /// or settlement call. The mounts on the queue show as reconnecting while it is.
@@ -158,7 +162,9 @@ impl<D: Send + 'static, O: Send + 'static> Pull<D, O> {
         self.alive.clone()
     }
 
-    /// Starts the keeper and the pump.
+    /// The subscription, its pump and keeper ready: they start with the dispatcher that
+    /// adopts its [`background`](Subscriber::background), or on a task of their own at its
+    /// first receive (or its stop or close) when none does.
     pub fn start<R, K>(self, receive: R, keep: K, options: PullOptions) -> PullSubscriber
     where
         R: Receive,
@@ -175,12 +181,14 @@ impl<D: Send + 'static, O: Send + 'static> Pull<D, O> {
         let (closing, closing_watch) = watch::channel(false);
         let (stop, stop_watch) = watch::channel(false);
         let keeper = Keeper::new(keep, leases.clone(), options.linger, options.health.clone());
-        let keeper = tokio::spawn(keeper.run(KeeperSignals {
+        let keeper = keeper.run(KeeperSignals {
             closing: closing_watch,
             draining: stop_watch.clone(),
             alive: alive_watch,
-        }));
-        let pump = tokio::spawn(pump(
+        });
+        let (abandon, abandoned) = oneshot::channel::<()>();
+        let (pump_done, pump_ended) = oneshot::channel::<()>();
+        let pump = pump(
             receive,
             Room {
                 leases,
@@ -190,14 +198,33 @@ impl<D: Send + 'static, O: Send + 'static> Pull<D, O> {
             options.queue.clone(),
             options.health.clone(),
             stop_watch,
-        ));
+        );
+        let pump = async move {
+            let abandoned = async {
+                if abandoned.await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            };
+            tokio::select! {
+                () = pump => {}
+                () = abandoned => {}
+            }
+            let _ = pump_done.send(());
+        };
+        let (finished, finished_watch) = oneshot::channel::<()>();
+        let background = Background::new(async move {
+            tokio::join!(pump, keeper);
+            let _ = finished.send(());
+        });
         PullSubscriber {
             queue: options.queue,
             handover,
             stop,
             closing,
-            pump: Some(pump),
-            keeper: Some(keeper),
+            background: Some(background),
+            pump_ended: Some(pump_ended),
+            abandon: Some(abandon),
+            finished: Some(finished_watch),
             receive_bound: options.receive_bound,
             health: options.health,
         }
@@ -412,8 +439,13 @@ pub struct PullSubscriber {
     handover: Arc<Handover>,
     stop: watch::Sender<bool>,
     closing: watch::Sender<bool>,
-    pump: Option<JoinHandle<()>>,
-    keeper: Option<JoinHandle<()>>,
+    /// The pump and the keeper's settlements, until the dispatcher adopts them or the
+    /// subscription runs them on a task of its own.
+    background: Option<Background>,
+    pump_ended: Option<oneshot::Receiver<()>>,
+    abandon: Option<oneshot::Sender<()>>,
+    /// Sent once the pump and the keeper have both finished.
+    finished: Option<oneshot::Receiver<()>>,
     receive_bound: Duration,
     health: CallHealth,
 }
@@ -427,6 +459,13 @@ impl std::fmt::Debug for PullSubscriber {
 }
 
 impl PullSubscriber {
+    /// Runs the background on a task of its own, unless the dispatcher adopted it.
+    fn run_unadopted(&mut self) {
+        if let Some(background) = self.background.take() {
+            tokio::spawn(background);
+        }
+    }
+
     /// No new receive; every delivery waiting in the hand-over released.
     fn stop_now(&self) {
         self.stop.send_replace(true);
@@ -441,10 +480,17 @@ impl Subscriber for PullSubscriber {
         Some(Arc::new(self.health.clone()))
     }
 
+    /// The pump and the keeper's settlement calls, for the mount's own task to run (the
+    /// keeper's renewals keep a task of their own).
+    fn background(&mut self) -> Option<Background> {
+        self.background.take()
+    }
+
     /// The next delivery of the last receive. An error that cannot heal comes back as
     /// [`Error::Subscribe`] once the deliveries received before it are taken; passing
     /// errors are retried inside the pump.
     async fn recv(&mut self) -> Option<Result<Delivery, Error>> {
+        self.run_unadopted();
         match self.handover.next().await {
             Next::Delivery(delivery) => Some(Ok(delivery)),
             Next::Failed(error) => Some(Err(error)),
@@ -458,6 +504,7 @@ impl Subscriber for PullSubscriber {
         max: usize,
         batch: &mut Vec<Delivery>,
     ) -> Option<Result<(), Error>> {
+        self.run_unadopted();
         match self.handover.next().await {
             Next::Delivery(delivery) => batch.push(delivery),
             Next::Failed(error) => return Some(Err(error)),
@@ -475,15 +522,17 @@ impl Subscriber for PullSubscriber {
     /// Makes no new receive and releases every delivery waiting in the hand-over, at
     /// once. A receive under way completes; its deliveries are released as it returns.
     async fn stop_receiving(&mut self) {
+        self.run_unadopted();
         self.stop_now();
     }
 
     /// Waits for a receive still under way (up to the receive bound) and releases what it
     /// brought, then waits for the keeper to make every settlement's call.
     async fn close(mut self) {
+        self.run_unadopted();
         self.stop_now();
-        if let Some(mut pump) = self.pump.take()
-            && tokio::time::timeout(self.receive_bound, &mut pump)
+        if let Some(mut pump_ended) = self.pump_ended.take()
+            && tokio::time::timeout(self.receive_bound, &mut pump_ended)
                 .await
                 .is_err()
         {
@@ -492,12 +541,14 @@ impl Subscriber for PullSubscriber {
                 timeout = ?self.receive_bound,
                 "a receive is still under way past its timeout; abandoning it (what it brings stays with the broker until its lease lapses)"
             );
-            pump.abort();
-            let _ = pump.await;
+            if let Some(abandon) = self.abandon.take() {
+                let _ = abandon.send(());
+            }
+            let _ = pump_ended.await;
         }
         self.closing.send_replace(true);
-        if let Some(keeper) = self.keeper.take() {
-            let _ = keeper.await;
+        if let Some(finished) = self.finished.take() {
+            let _ = finished.await;
         }
     }
 }

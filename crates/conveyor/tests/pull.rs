@@ -1,0 +1,221 @@
+//! The transport kit's pulling subscription under a running app: where its pump and its
+//! keeper run.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use conveyor::kit::{
+    Keep, LeaseSettler, LeaseTimes, Leases, Pull, PullOptions, PullSubscriber, Receive,
+    ReceiveFailed, Renewed, Taken,
+};
+use conveyor::{App, Delivery, Error, Json, Settled, Settlement, Source, State, SubscribeSettings};
+use tokio::sync::{Notify, watch};
+use tokio::task::Id;
+
+/// The tasks each side ran on.
+#[derive(Clone, Default)]
+struct Seen {
+    handlers: Arc<Mutex<Vec<Id>>>,
+    receives: Arc<Mutex<Vec<Id>>>,
+    settlements: Arc<Mutex<Vec<Id>>>,
+    renewals: Arc<Mutex<Vec<Id>>>,
+    /// Notified at each renewal call.
+    renewed: Arc<Notify>,
+}
+
+fn note(ids: &Mutex<Vec<Id>>) {
+    ids.lock().unwrap().push(tokio::task::id());
+}
+
+fn ids(ids: &Mutex<Vec<Id>>) -> Vec<Id> {
+    ids.lock().unwrap().clone()
+}
+
+/// A queue of `messages` payloads, pulled one per receive.
+struct Scripted {
+    messages: VecDeque<Bytes>,
+    seen: Seen,
+    /// A renewal is due soon after a receive.
+    lease: Duration,
+}
+
+struct ScriptedReceive {
+    messages: VecDeque<Bytes>,
+    leases: Arc<Leases<(), &'static str>>,
+    settler: Arc<LeaseSettler<(), &'static str>>,
+    lease: Duration,
+    seen: Seen,
+    /// Set once the subscription stops receiving: a receive of an empty queue ends then.
+    stopped: watch::Receiver<bool>,
+}
+
+impl Receive for ScriptedReceive {
+    async fn receive(&mut self) -> Result<Vec<Delivery>, ReceiveFailed> {
+        note(&self.seen.receives);
+        let Some(payload) = self.messages.pop_front() else {
+            let _ = self.stopped.wait_for(|stopped| *stopped).await;
+            return Ok(Vec::new());
+        };
+        let tag = self.leases.insert((), self.lease);
+        Ok(vec![Delivery::new(
+            payload,
+            "scripted".into(),
+            self.settler.clone(),
+            tag,
+        )])
+    }
+}
+
+struct ScriptedKeep {
+    lease: Duration,
+    seen: Seen,
+    stopped: watch::Sender<bool>,
+}
+
+impl Keep for ScriptedKeep {
+    type Data = ();
+    type Op = &'static str;
+    type Renewal = ();
+    type Drawn = ();
+    type Prepared = usize;
+
+    fn queue(&self) -> &str {
+        "scripted"
+    }
+
+    fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    fn batch(&self) -> usize {
+        10
+    }
+
+    fn renewal(&self, _: u64, (): &(), _: LeaseTimes) -> Option<()> {
+        Some(())
+    }
+
+    async fn renew(&self, due: &[&()], _: bool) -> Result<Vec<Renewed>, String> {
+        note(&self.seen.renewals);
+        self.seen.renewed.notify_waiters();
+        let until = tokio::time::Instant::now() + self.lease;
+        Ok(due.iter().map(|_| Renewed::Until(until)).collect())
+    }
+
+    fn draw((): &mut ()) {}
+
+    async fn prepare(&self, taken: Vec<Taken<(), &'static str>>) -> usize {
+        taken.len()
+    }
+
+    async fn settle(&self, _: usize) {
+        note(&self.seen.settlements);
+    }
+
+    async fn stopped_receiving(&self) {
+        self.stopped.send_replace(true);
+    }
+}
+
+fn ack((): &(), settled: Settled<'_>) -> &'static str {
+    match settled.settlement {
+        Settlement::Ack => "ack",
+        _ => "other",
+    }
+}
+
+impl Source for Scripted {
+    type Subscriber = PullSubscriber;
+
+    fn queue_name(&self) -> &str {
+        "scripted"
+    }
+
+    async fn subscribe(self, settings: SubscribeSettings) -> Result<PullSubscriber, Error> {
+        let pull = Pull::new();
+        let (stopped_tx, stopped) = watch::channel(false);
+        let receive = ScriptedReceive {
+            messages: self.messages,
+            leases: pull.leases().clone(),
+            settler: Arc::new(LeaseSettler::new(pull.leases().clone(), pull.alive(), ack)),
+            lease: self.lease,
+            seen: self.seen.clone(),
+            stopped,
+        };
+        let keep = ScriptedKeep {
+            lease: self.lease,
+            seen: self.seen,
+            stopped: stopped_tx,
+        };
+        let options = PullOptions {
+            queue: "scripted".into(),
+            limit: settings.max_in_flight.saturating_add(1),
+            linger: Duration::ZERO,
+            receive_bound: Duration::from_secs(60),
+            health: Default::default(),
+        };
+        Ok(pull.start(receive, keep, options))
+    }
+}
+
+/// The first handler waits for a renewal of its lease, so that one is made while it runs.
+async fn handle(Json(_): Json<u64>, State(seen): State<Seen>) {
+    let renewed = seen.renewed.notified();
+    let first = seen.handlers.lock().unwrap().is_empty();
+    note(&seen.handlers);
+    if first {
+        renewed.await;
+    }
+}
+
+/// A sequential mount on a pulling subscription runs its receives and settlement calls
+/// on the mount's own task, the one its handler runs on, so that handing a delivery over
+/// wakes no other task; the renewals, which must go on whatever a handler does with its
+/// thread, run on a task of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pulling_subscription_receives_and_settles_on_the_mounts_own_task_and_renews_on_another()
+{
+    let seen = Seen::default();
+    let source = Scripted {
+        messages: (0..20).map(|n| Bytes::from(n.to_string())).collect(),
+        seen: seen.clone(),
+        lease: Duration::from_millis(600),
+    };
+    let app = App::new("pull")
+        .with_state(seen.clone())
+        .mount(source, handle, |m| m)
+        .start()
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while ids(&seen.handlers).len() < 20 || ids(&seen.settlements).is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "20 deliveries handled and settled"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    app.shutdown().await.unwrap();
+
+    let mount = ids(&seen.handlers)[0];
+    assert!(ids(&seen.handlers).iter().all(|id| *id == mount));
+    let receives = ids(&seen.receives);
+    assert!(receives.len() >= 20, "{} receives", receives.len());
+    assert!(
+        receives.iter().all(|id| *id == mount),
+        "every receive on the mount's task"
+    );
+    let settlements = ids(&seen.settlements);
+    assert!(
+        settlements.iter().all(|id| *id == mount),
+        "every settlement call on the mount's task"
+    );
+    let renewals = ids(&seen.renewals);
+    assert!(!renewals.is_empty(), "the first lease was renewed");
+    assert!(
+        renewals.iter().all(|id| *id != mount),
+        "renewals on a task of their own"
+    );
+}
