@@ -222,7 +222,7 @@ pub(crate) async fn take(
         delete.arg(name);
         for entry in range.ids {
             delete.arg(&entry.id);
-            if let Some(incoming) = fields::incoming(&entry.map) {
+            if let Some(incoming) = fields::incoming(entry.map) {
                 taken.push(DeadLetter::new(
                     incoming.payload,
                     incoming.headers,

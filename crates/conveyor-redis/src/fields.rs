@@ -46,7 +46,7 @@ pub(crate) struct Incoming {
 }
 
 /// The message of an entry's fields; `None` for an entry deleted while pending.
-pub(crate) fn incoming(map: &HashMap<String, Value>) -> Option<Incoming> {
+pub(crate) fn incoming(map: HashMap<String, Value>) -> Option<Incoming> {
     if map.is_empty() {
         return None;
     }
@@ -57,7 +57,8 @@ pub(crate) fn incoming(map: &HashMap<String, Value>) -> Option<Incoming> {
         attempts_before: 0,
     };
     for (name, value) in map {
-        let Some(bytes) = bytes_of(value) else {
+        // Taken, not copied: the payload's buffer becomes the delivery's.
+        let Some(bytes) = into_bytes(value) else {
             continue;
         };
         if name == PAYLOAD {
@@ -80,10 +81,10 @@ pub(crate) fn incoming(map: &HashMap<String, Value>) -> Option<Incoming> {
     Some(incoming)
 }
 
-fn bytes_of(value: &Value) -> Option<Vec<u8>> {
+fn into_bytes(value: Value) -> Option<Vec<u8>> {
     match value {
-        Value::BulkString(bytes) => Some(bytes.clone()),
-        Value::SimpleString(text) => Some(text.as_bytes().to_vec()),
+        Value::BulkString(bytes) => Some(bytes),
+        Value::SimpleString(text) => Some(text.into_bytes()),
         Value::Int(n) => Some(n.to_string().into_bytes()),
         _ => None,
     }
@@ -113,7 +114,7 @@ mod tests {
                 )
             })
             .collect();
-        let got = incoming(&map).expect("an entry");
+        let got = incoming(map).expect("an entry");
         assert_eq!(got.payload, binary);
         assert_eq!(got.key.as_ref().map(PartitionKey::as_str), Some("k0"));
         assert_eq!(got.headers.get("x-binary"), Some(&binary));
@@ -127,6 +128,6 @@ mod tests {
 
     #[test]
     fn an_entry_deleted_while_pending_has_no_message() {
-        assert!(incoming(&HashMap::new()).is_none());
+        assert!(incoming(HashMap::new()).is_none());
     }
 }

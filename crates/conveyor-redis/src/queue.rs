@@ -451,7 +451,7 @@ impl Receive for RedisReceive {
         let mut deliveries = Vec::with_capacity(entries.len());
         let mut gone = Vec::new();
         for (entry, delivered_before) in entries {
-            let Some(incoming) = fields::incoming(&entry.map) else {
+            let Some(incoming) = fields::incoming(entry.map) else {
                 // Deleted while pending: nothing to deliver; acknowledge it.
                 gone.push(entry.id);
                 continue;

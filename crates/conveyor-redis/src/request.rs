@@ -55,7 +55,7 @@ impl Requester {
                 for entry in entries {
                     last.clone_from(&entry.id);
                     seen.push(entry.id.clone());
-                    let Some(incoming) = fields::incoming(&entry.map) else {
+                    let Some(incoming) = fields::incoming(entry.map) else {
                         continue;
                     };
                     let Some(id) = incoming.headers.get_str(conveyor::CORRELATION_ID_HEADER) else {
