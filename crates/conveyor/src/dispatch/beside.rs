@@ -39,9 +39,18 @@ pub(super) async fn beside<T>(
     let (mut output, mut background_done) = (None, false);
     std::future::poll_fn(|cx| {
         shared.task.register(cx.waker());
+        let mut rounds = 0;
         loop {
             shared.polling.store(true, Ordering::SeqCst);
             loop {
+                rounds += 1;
+                if rounds > ROUNDS_PER_POLL {
+                    // Enough for one turn: the rest waits for the next, after the
+                    // runtime's other tasks had theirs.
+                    shared.polling.store(false, Ordering::SeqCst);
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
                 let mut polled = false;
                 if output.is_none() && shared.woken[0].swap(false, Ordering::AcqRel) {
                     polled = true;
@@ -77,6 +86,13 @@ pub(super) async fn beside<T>(
     })
     .await
 }
+
+/// How many times one poll goes round the two sides before it lets the runtime's other
+/// tasks run: a hand-over that needs another task (an answer from the broker) ends a
+/// poll long before that, but a side that yields by waking itself (a handler's own
+/// `yield_now`, a `FuturesUnordered` done with its turn) would otherwise be polled again
+/// and again, and on a current-thread runtime the task it waits for would never run.
+const ROUNDS_PER_POLL: usize = 32;
 
 /// What the two sides' wakers share with the poll.
 struct Shared {
@@ -115,16 +131,16 @@ mod tests {
 
     use super::*;
 
-    /// A thousand hand-overs each way, each a wake of the other side, cost the task no
-    /// wake at all: the whole exchange runs in the first poll. (A plain join has its task
-    /// woken for every one of them.)
+    /// Ten hand-overs each way, each a wake of the other side, cost the task no wake at
+    /// all: the whole exchange runs in the first poll. (A plain join has its task woken
+    /// for them.)
     #[test]
     fn hand_overs_between_the_sides_run_in_one_poll_without_waking_the_task() {
         let to_background = Arc::new(Notify::new());
         let to_dispatch = Arc::new(Notify::new());
         let (a, b) = (to_background.clone(), to_dispatch.clone());
         let dispatch = async move {
-            for _ in 0..1000 {
+            for _ in 0..10 {
                 let answered = b.notified();
                 a.notify_one();
                 answered.await;
@@ -132,7 +148,7 @@ mod tests {
             "done"
         };
         let background = async move {
-            for _ in 0..1000 {
+            for _ in 0..10 {
                 to_background.notified().await;
                 to_dispatch.notify_one();
             }
@@ -156,6 +172,28 @@ mod tests {
         fn wake(self: Arc<Self>) {
             self.0.fetch_add(1, Ordering::SeqCst);
         }
+    }
+
+    /// A side that yields by waking itself, waiting for another task, lets that task
+    /// run: on a current-thread runtime, polling it again within the same poll for ever
+    /// would never let the other task set the flag.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_side_that_yields_by_waking_itself_lets_the_other_tasks_run() {
+        let flag = Arc::new(AtomicBool::new(false));
+        let set = flag.clone();
+        tokio::spawn(async move { set.store(true, Ordering::SeqCst) });
+        let mut yields = 0u32;
+        let waiting = std::future::poll_fn(move |cx| {
+            if flag.load(Ordering::SeqCst) {
+                return Poll::Ready(yields);
+            }
+            yields += 1;
+            assert!(yields < 1_000_000, "the other task never ran");
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        });
+        let yields = beside(waiting, async {}).await;
+        assert!(yields > 0);
     }
 
     #[tokio::test]

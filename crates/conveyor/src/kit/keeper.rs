@@ -283,9 +283,13 @@ impl<K: Keep> Keeper<K> {
                 if held.is_empty() {
                     return true;
                 }
-                let renewed = self.renew_held(&held, retry).await;
-                self.leases.renewal_over(held.iter().map(|(tag, _)| *tag));
-                renewed
+                // Released however the call ends, a transport's `renew` that panics
+                // included: a settlement of one of these waits for the release.
+                let _claim = Claim {
+                    leases: &self.leases,
+                    tags: held.iter().map(|(tag, _)| *tag).collect(),
+                };
+                self.renew_held(&held, retry).await
             });
         join_all(calls).await.into_iter().all(|renewed| renewed)
     }
@@ -359,6 +363,18 @@ impl<K: Keep> Keeper<K> {
         } else {
             tracing::warn!(queue, %error, "cannot renew leases; trying again");
         }
+    }
+}
+
+/// Leases claimed for a renewal call, released when dropped.
+struct Claim<'a, D, O> {
+    leases: &'a Leases<D, O>,
+    tags: Vec<u64>,
+}
+
+impl<D, O> Drop for Claim<'_, D, O> {
+    fn drop(&mut self) {
+        self.leases.renewal_over(self.tags.drain(..));
     }
 }
 

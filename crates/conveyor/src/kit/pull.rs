@@ -164,7 +164,7 @@ impl<D: Send + 'static, O: Send + 'static> Pull<D, O> {
 
     /// The subscription, its pump and keeper ready: they start with the dispatcher that
     /// adopts its [`background`](Subscriber::background), or on a task of their own at its
-    /// first receive (or its stop or close) when none does.
+    /// first receive (or its stop, close or drop) when none does.
     pub fn start<R, K>(self, receive: R, keep: K, options: PullOptions) -> PullSubscriber
     where
         R: Receive,

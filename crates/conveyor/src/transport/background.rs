@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -12,8 +13,8 @@ use std::task::{Context, Poll};
 /// poll on the same task, not a wake-up of another task (and often of another thread).
 ///
 /// It finishes once the subscription has closed and its last settlement call is made.
-/// Dropped before that, it carries on in a task of its own (inside a Tokio runtime), so
-/// nothing it owes the broker is left undone.
+/// Dropped before that, it carries on in a task of its own, so nothing it owes the broker
+/// is left undone; outside a Tokio runtime (where nothing could run it) it is dropped.
 ///
 /// ```
 /// use conveyor::Background;
@@ -50,12 +51,19 @@ impl Background {
 impl Future for Background {
     type Output = ();
 
-    /// Runs the work; once it has finished, ready at once.
+    /// Runs the work; once it has finished, ready at once. Work that panics is
+    /// finished too: it is not run again when this is dropped.
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let Some(work) = self.work.as_mut() else {
             return Poll::Ready(());
         };
-        let done = work.as_mut().poll(cx);
+        let done = match catch_unwind(AssertUnwindSafe(|| work.as_mut().poll(cx))) {
+            Ok(done) => done,
+            Err(panic) => {
+                self.work = None;
+                resume_unwind(panic);
+            }
+        };
         if done.is_ready() {
             self.work = None;
         }
@@ -98,6 +106,25 @@ mod tests {
         drop(background);
         tokio::task::yield_now().await;
         assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_background_whose_work_panicked_is_not_run_again_when_dropped() {
+        let mut background = Background::new(async {
+            panic!("a transport bug");
+        });
+        let polled = catch_unwind(AssertUnwindSafe(|| {
+            futures_util::FutureExt::now_or_never(&mut background)
+        }));
+        assert!(polled.is_err(), "the panic goes on to the caller");
+        assert!(background.is_finished());
+        // Dropping it spawns nothing (the work would panic again, "resumed after
+        // panicking").
+        drop(background);
+        let tasks = tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks();
+        assert_eq!(tasks, 0);
     }
 
     #[tokio::test]

@@ -156,9 +156,10 @@ pub trait Subscriber: Send + 'static {
     /// open (receiving ahead, making settlement calls), for the dispatcher to run on the
     /// mount's own task, side by side with its handlers (see [`Background`]). Asked once,
     /// before the first receive; the dispatcher then polls it until it finishes, which it
-    /// does once [`close`](Self::close) is done. A subscription whose background is not
-    /// taken runs it on a task of its own. The default has none: the transport's client
-    /// does such work on its own tasks, or there is none.
+    /// does once [`close`](Self::close) is done (dropped before, it runs on in a task of
+    /// its own). A subscription whose background is not taken runs it on a task of its
+    /// own, from its first call or when it is dropped. The default has none: the
+    /// transport's client does such work on its own tasks, or there is none.
     fn background(&mut self) -> Option<Background> {
         None
     }

@@ -33,6 +33,8 @@ enum Answer {
     CallFailed,
     /// The call never answers (a connection gone quiet).
     Unanswered,
+    /// The transport's renewal panics (a bug).
+    Panics,
 }
 
 #[derive(Clone, Default)]
@@ -98,6 +100,7 @@ impl Keep for Script {
         if matches!(answer, Answer::Unanswered) {
             std::future::pending::<()>().await;
         }
+        assert!(!matches!(answer, Answer::Panics), "a renewal that panics");
         pass(self.renewal_gate.as_ref()).await;
         let arrived = Instant::now();
         self.record(Call::Renew(due.iter().map(|name| **name).collect()));
@@ -107,7 +110,7 @@ impl Keep for Script {
             Answer::Failed => Renewed::Failed("busy".into()),
             Answer::Lost => Renewed::Lost("handed out again".into()),
             Answer::CallFailed => return Err("refused".into()),
-            Answer::Unanswered => unreachable!("never answers"),
+            Answer::Unanswered | Answer::Panics => unreachable!("never answers"),
         };
         Ok(vec![each; due.len()])
     }
@@ -397,6 +400,28 @@ async fn a_settlement_made_during_its_renewal_reaches_the_broker_after_it() {
         [Call::Renew(vec!["a"]), Call::Settle(vec![("a", "ack")])]
     );
     running.close().await;
+}
+
+/// A transport's renewal that panics (on its own task) leaves the leases it had claimed
+/// free for their settlements: the settlement call is made and the keeper finishes.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_that_panics_holds_no_settlement_up() {
+    let script = Script::default();
+    script.answers.lock().unwrap().push_back(Answer::Panics);
+    let began = Instant::now();
+    let running = start(&script);
+    let tag = running.leases.insert("a", LEASE);
+    // The 20 s tick's renewal has panicked.
+    tokio::time::sleep(Duration::from_secs(21)).await;
+    assert!(running.leases.settle(tag, |_| "ack"));
+    tokio::time::timeout(Duration::from_secs(600), running.close())
+        .await
+        .expect("the keeper finishes");
+    let order: Vec<Call> = calls(&script, began)
+        .into_iter()
+        .map(|(_, call)| call)
+        .collect();
+    assert_eq!(order, [Call::Settle(vec![("a", "ack")]), Call::Finished]);
 }
 
 /// A message settled, and its call made, before its renewal is due is not renewed.
