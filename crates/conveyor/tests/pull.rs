@@ -23,6 +23,8 @@ struct Seen {
     renewals: Arc<Mutex<Vec<Id>>>,
     /// Notified at each renewal call.
     renewed: Arc<Notify>,
+    /// Notified at each handler run and settlement call.
+    progress: Arc<Notify>,
 }
 
 fn note(ids: &Mutex<Vec<Id>>) {
@@ -112,6 +114,7 @@ impl Keep for ScriptedKeep {
 
     async fn settle(&self, _: usize) {
         note(&self.seen.settlements);
+        self.seen.progress.notify_waiters();
     }
 
     async fn stopped_receiving(&self) {
@@ -165,6 +168,7 @@ async fn handle(Json(_): Json<u64>, State(seen): State<Seen>) {
     let renewed = seen.renewed.notified();
     let first = seen.handlers.lock().unwrap().is_empty();
     note(&seen.handlers);
+    seen.progress.notify_waiters();
     if first {
         renewed.await;
     }
@@ -189,14 +193,12 @@ async fn a_pulling_subscription_receives_and_settles_on_the_mounts_own_task_and_
         .start()
         .await
         .unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while ids(&seen.handlers).len() < 20 || ids(&seen.settlements).is_empty() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "20 deliveries handled and settled"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let handled_and_settled = conveyor::kit::wait_for(&seen.progress, || {
+        (ids(&seen.handlers).len() >= 20 && !ids(&seen.settlements).is_empty()).then_some(())
+    });
+    tokio::time::timeout(Duration::from_secs(60), handled_and_settled)
+        .await
+        .expect("20 deliveries handled and settled");
     app.shutdown().await.unwrap();
 
     let mount = ids(&seen.handlers)[0];
