@@ -16,8 +16,11 @@
 //! that a batch costs it one round trip.
 //!
 //! The raw loop does only that: no claiming of lapsed entries and no delayed retries,
-//! which Conveyor's receive checks for before each read (a script call and an
-//! `XPENDING`); that is part of what the comparison measures.
+//! which Conveyor's sweeps check for (a script call and an `XPENDING`, every 100 ms);
+//! that is part of what the comparison measures. It takes each reply as redis-rs's
+//! `StreamReadReply`, the type its own `xread_options` returns, which copies the reply
+//! before parsing it and puts each entry's fields in a map; conveyor-redis decodes the
+//! reply in place (`fields.rs`). BENCHMARKS.md counts what that difference is worth.
 //!
 //! The orders, Conveyor's run and the rounds are the harness it shares with the `nats`
 //! bench (`pairs.rs`).

@@ -5,11 +5,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use conveyor::{DeadLetter, DeadLetterPolicy, Error, QueueDepth, QueueSpec, Report};
-use redis::streams::StreamRangeReply;
 
 use crate::broker::{GROUP, Keys, RedisBroker, policy};
 use crate::error::failed;
-use crate::fields;
+use crate::fields::{Entries, Entry};
 
 /// What a queue's policy hash keeps.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -191,7 +190,7 @@ pub(crate) async fn take(
     let mut taken = Vec::new();
     while taken.len() < max {
         let wanted = (max - taken.len()).min(256);
-        let range: StreamRangeReply = redis::cmd("XRANGE")
+        let Entries(range) = redis::cmd("XRANGE")
             .arg(name)
             .arg("-")
             .arg("+")
@@ -200,11 +199,11 @@ pub(crate) async fn take(
             .query_async(&mut commands)
             .await
             .map_err(|e| failed("XRANGE", name, Report(&e)))?;
-        if range.ids.is_empty() {
+        if range.is_empty() {
             break;
         }
-        let got = range.ids.len();
-        let ids: Vec<&str> = range.ids.iter().map(|entry| entry.id.as_str()).collect();
+        let got = range.len();
+        let ids: Vec<&str> = range.iter().map(|entry| entry.id.as_str()).collect();
         // Acknowledged first, so that none stays pending in the group (a peek may have
         // read it), where depth would count it ready; a queue with no group has none.
         let acked: redis::RedisResult<()> = redis::cmd("XACK")
@@ -220,9 +219,9 @@ pub(crate) async fn take(
         }
         let mut delete = redis::cmd("XDEL");
         delete.arg(name);
-        for entry in range.ids {
-            delete.arg(&entry.id);
-            if let Some(incoming) = fields::incoming(entry.map) {
+        for Entry { id, message } in range {
+            delete.arg(&id);
+            if let Some(incoming) = message {
                 taken.push(DeadLetter::new(
                     incoming.payload,
                     incoming.headers,

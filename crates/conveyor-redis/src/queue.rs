@@ -17,13 +17,13 @@ use conveyor::{
     Delivery, Error, Publisher, Report, Settled, Settlement, Source, SubscribeSettings,
 };
 use redis::aio::ConnectionManager;
-use redis::streams::{StreamClaimReply, StreamId, StreamPendingCountReply, StreamReadReply};
+use redis::streams::StreamPendingCountReply;
 use tokio::time::Instant;
 
 use crate::admin::{self, Policy};
 use crate::broker::{GROUP, Keys, RedisBroker, epoch_ms, policy};
 use crate::error::call_error;
-use crate::fields;
+use crate::fields::{self, Entries, Entry, ReadEntries};
 use crate::scripts::{LEAVE, MOVE_DUE, RENEW, RETRY_LATER};
 
 /// A released message's idle time: past any lease, so the next receive claims it.
@@ -267,7 +267,7 @@ impl RedisReceive {
         type Replies = (
             redis::RedisResult<i64>,
             redis::RedisResult<StreamPendingCountReply>,
-            redis::RedisResult<Option<StreamReadReply>>,
+            redis::RedisResult<ReadEntries>,
         );
         let (moved, lapsed, fresh): Replies = pipe
             .query_async(&mut self.reads)
@@ -299,7 +299,7 @@ impl RedisReceive {
     async fn claim(
         &mut self,
         lapsed: StreamPendingCountReply,
-    ) -> Result<Vec<(StreamId, u32)>, ReceiveFailed> {
+    ) -> Result<Vec<(Entry, u32)>, ReceiveFailed> {
         if lapsed.ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -313,12 +313,11 @@ impl RedisReceive {
         for pending in &lapsed.ids {
             claim.arg(&pending.id);
         }
-        let claimed: StreamClaimReply = claim
+        let Entries(claimed) = claim
             .query_async(&mut self.reads)
             .await
             .map_err(|e| self.failed("XCLAIM", &e))?;
         Ok(claimed
-            .ids
             .into_iter()
             .map(|entry| {
                 let before = lapsed
@@ -357,7 +356,7 @@ impl RedisReceive {
         &mut self,
         block: Duration,
         put_back_seen: u64,
-    ) -> Result<Vec<(StreamId, u32)>, ReceiveFailed> {
+    ) -> Result<Vec<(Entry, u32)>, ReceiveFailed> {
         // A server that refuses `CLIENT ID` (an ACL) leaves the read unwakeable: it ends
         // after the fetch wait, as a read of new entries always would.
         let id: u64 = redis::cmd("CLIENT")
@@ -376,10 +375,7 @@ impl RedisReceive {
     }
 
     /// New entries: those there now, or blocking up to `block` for the first.
-    async fn read(
-        &mut self,
-        block: Option<Duration>,
-    ) -> Result<Vec<(StreamId, u32)>, ReceiveFailed> {
+    async fn read(&mut self, block: Option<Duration>) -> Result<Vec<(Entry, u32)>, ReceiveFailed> {
         let mut pipe = redis::pipe();
         self.read_command(block, &mut pipe);
         // A read that does not block shares the connection the settlements go on: an ack
@@ -389,7 +385,7 @@ impl RedisReceive {
         } else {
             &mut self.commands
         };
-        let (read,): (Option<StreamReadReply>,) = pipe
+        let (read,): (ReadEntries,) = pipe
             .query_async(connection)
             .await
             .map_err(|e| self.failed("XREADGROUP", &e))?;
@@ -404,16 +400,12 @@ struct Looked {
     /// Entries whose lease lapsed, or released, to claim.
     lapsed: StreamPendingCountReply,
     /// New entries read, never delivered before.
-    fresh: Vec<(StreamId, u32)>,
+    fresh: Vec<(Entry, u32)>,
 }
 
 /// The entries of a read, none delivered before.
-fn entries(read: Option<StreamReadReply>) -> Vec<(StreamId, u32)> {
-    read.into_iter()
-        .flat_map(|reply| reply.keys)
-        .flat_map(|key| key.ids)
-        .map(|entry| (entry, 0))
-        .collect()
+fn entries(ReadEntries(read): ReadEntries) -> Vec<(Entry, u32)> {
+    read.into_iter().map(|entry| (entry, 0)).collect()
 }
 
 impl Receive for RedisReceive {
@@ -451,7 +443,7 @@ impl Receive for RedisReceive {
         let mut deliveries = Vec::with_capacity(entries.len());
         let mut gone = Vec::new();
         for (entry, delivered_before) in entries {
-            let Some(incoming) = fields::incoming(entry.map) else {
+            let Some(incoming) = entry.message else {
                 // Deleted while pending: nothing to deliver; acknowledge it.
                 gone.push(entry.id);
                 continue;

@@ -7,11 +7,10 @@ use std::time::Duration;
 
 use conveyor::request::{ReplyReader, within};
 use conveyor::{Error, Message, Publisher, Report};
-use redis::streams::StreamReadReply;
 
 use crate::broker::RedisBroker;
 use crate::error::failed;
-use crate::fields;
+use crate::fields::ReadEntries;
 
 /// How long a reply stream outlives its last read.
 const EXPIRY_SECONDS: u64 = 3600;
@@ -35,7 +34,7 @@ impl Requester {
         let reader = ReplyReader::spawn(|waiting| async move {
             let mut last = "$".to_string();
             loop {
-                let read: redis::RedisResult<Option<StreamReadReply>> = redis::cmd("XREAD")
+                let read: redis::RedisResult<ReadEntries> = redis::cmd("XREAD")
                     .arg("BLOCK")
                     .arg(u64::try_from(wait.as_millis()).unwrap_or(1000))
                     .arg("STREAMS")
@@ -44,7 +43,7 @@ impl Requester {
                     .query_async(&mut reads)
                     .await;
                 let entries = match read {
-                    Ok(read) => read.into_iter().flat_map(|r| r.keys).flat_map(|k| k.ids),
+                    Ok(ReadEntries(entries)) => entries,
                     Err(error) => {
                         tracing::warn!(error = %Report(&error), "cannot read replies; trying again");
                         tokio::time::sleep(wait).await;
@@ -55,7 +54,7 @@ impl Requester {
                 for entry in entries {
                     last.clone_from(&entry.id);
                     seen.push(entry.id.clone());
-                    let Some(incoming) = fields::incoming(entry.map) else {
+                    let Some(incoming) = entry.message else {
                         continue;
                     };
                     let Some(id) = incoming.headers.get_str(conveyor::CORRELATION_ID_HEADER) else {
