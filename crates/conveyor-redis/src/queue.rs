@@ -136,6 +136,8 @@ impl Source for RedisQueue {
                 .saturating_add(Duration::from_secs(1)),
             health: conveyor::kit::CallHealth::default(),
         };
+        let mut read_now = redis::pipe();
+        read_command(&keys.stream, &consumer, wanted, None, &mut read_now);
         let receive = RedisReceive {
             reads,
             commands: self.broker.commands(),
@@ -143,6 +145,7 @@ impl Source for RedisQueue {
             name: self.name.as_str().into(),
             consumer,
             wanted,
+            read_now,
             lease,
             fetch_wait: broker_settings.fetch_wait,
             policy,
@@ -210,6 +213,9 @@ struct RedisReceive {
     name: Arc<str>,
     consumer: String,
     wanted: usize,
+    /// The read of new entries that does not block: the same every time, so built once
+    /// (building it took some 4 000 instructions a read, BENCHMARKS.md).
+    read_now: redis::Pipeline,
     lease: Duration,
     fetch_wait: Duration,
     policy: Policy,
@@ -335,18 +341,7 @@ impl RedisReceive {
     /// Adds to `pipe` the read of new entries: at once, or blocking up to `block` for
     /// the first.
     fn read_command(&self, block: Option<Duration>, pipe: &mut redis::Pipeline) {
-        let read = pipe
-            .cmd("XREADGROUP")
-            .arg("GROUP")
-            .arg(GROUP)
-            .arg(&self.consumer)
-            .arg("COUNT")
-            .arg(self.wanted);
-        if let Some(block) = block {
-            read.arg("BLOCK")
-                .arg(u64::try_from(block.as_millis()).unwrap_or(u64::MAX).max(1));
-        }
-        read.arg("STREAMS").arg(&self.keys.stream).arg(">");
+        read_command(&self.keys.stream, &self.consumer, self.wanted, block, pipe);
     }
 
     /// New entries, blocking up to `block` for the first, unless the keeper put a message
@@ -376,19 +371,16 @@ impl RedisReceive {
 
     /// New entries: those there now, or blocking up to `block` for the first.
     async fn read(&mut self, block: Option<Duration>) -> Result<Vec<(Entry, u32)>, ReceiveFailed> {
-        let mut pipe = redis::pipe();
-        self.read_command(block, &mut pipe);
         // A read that does not block shares the connection the settlements go on: an ack
         // and the next read then travel together, as a hand-written loop pipelines them.
-        let connection = if block.is_some() {
-            &mut self.reads
+        let read: redis::RedisResult<(ReadEntries,)> = if block.is_some() {
+            let mut pipe = redis::pipe();
+            self.read_command(block, &mut pipe);
+            pipe.query_async(&mut self.reads).await
         } else {
-            &mut self.commands
+            self.read_now.query_async(&mut self.commands).await
         };
-        let (read,): (ReadEntries,) = pipe
-            .query_async(connection)
-            .await
-            .map_err(|e| self.failed("XREADGROUP", &e))?;
+        let (read,) = read.map_err(|e| self.failed("XREADGROUP", &e))?;
         Ok(entries(read))
     }
 }
@@ -401,6 +393,29 @@ struct Looked {
     lapsed: StreamPendingCountReply,
     /// New entries read, never delivered before.
     fresh: Vec<(Entry, u32)>,
+}
+
+/// Adds to `pipe` the read of up to `wanted` new entries of `stream` for `consumer`: at
+/// once, or blocking up to `block` for the first.
+fn read_command(
+    stream: &str,
+    consumer: &str,
+    wanted: usize,
+    block: Option<Duration>,
+    pipe: &mut redis::Pipeline,
+) {
+    let read = pipe
+        .cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(GROUP)
+        .arg(consumer)
+        .arg("COUNT")
+        .arg(wanted);
+    if let Some(block) = block {
+        read.arg("BLOCK")
+            .arg(u64::try_from(block.as_millis()).unwrap_or(u64::MAX).max(1));
+    }
+    read.arg("STREAMS").arg(stream).arg(">");
 }
 
 /// The entries of a read, none delivered before.
