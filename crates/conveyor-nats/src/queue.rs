@@ -66,8 +66,9 @@ impl NatsQueue {
         self
     }
 
-    /// The most messages one fetch asks for (default: as many as the mount can hold and
-    /// one fetch more). Zero fails the app's start with [`Error::Config`].
+    /// The most messages one fetch asks for (default: as many as the mount can hold, its
+    /// batch size or else its `max_in_flight`; this only lowers it). Zero fails the app's
+    /// start with [`Error::Config`].
     pub fn fetch_batch(mut self, messages: usize) -> Self {
         self.fetch_batch = Some(messages);
         self
