@@ -15,7 +15,6 @@
 
 mod any_worker;
 mod batch;
-mod beside;
 mod lanes;
 mod sequential;
 mod settle;
@@ -36,6 +35,7 @@ use crate::error::{Error, Report};
 use crate::extract::Context;
 use crate::handler::{CallBatch, CallOne};
 use crate::kit::RetryPause;
+use crate::kit::beside::beside;
 use crate::mount::{Dispatch, MountOptions};
 use crate::transport::Subscriber;
 
@@ -164,7 +164,7 @@ impl Shutdown {
 
 /// Runs a single-delivery handler's mount in the dispatch mode its options name, with
 /// the subscription's background work, if it has some, on the same task (see
-/// [`Subscriber::background`] and [`beside::beside`]).
+/// [`Subscriber::background`] and [`beside`]).
 ///
 /// Not an `async fn`: a mount without background work is polled through no more frames
 /// than its dispatch mode's own (a debug build's handler futures, an AWS SDK call's say,
@@ -177,7 +177,7 @@ pub(crate) fn drive_one<H: CallOne, S: Subscriber>(
     let run = run.bounded_by(&subscriber);
     match subscriber.background() {
         None => Either::Left(dispatch_one(handler, subscriber, run)),
-        Some(background) => Either::Right(beside::beside(
+        Some(background) => Either::Right(beside(
             Box::pin(dispatch_one(handler, subscriber, run)),
             background,
         )),
@@ -220,7 +220,7 @@ pub(crate) fn drive_batch<H: CallBatch, S: Subscriber>(
 ) -> impl Future<Output = Result<(), Error>> + Send {
     match subscriber.background() {
         None => Either::Left(batch::drive(handler, subscriber, run)),
-        Some(background) => Either::Right(beside::beside(
+        Some(background) => Either::Right(beside(
             Box::pin(batch::drive(handler, subscriber, run)),
             background,
         )),

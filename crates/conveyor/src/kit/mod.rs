@@ -19,6 +19,7 @@
 //!   their password hidden ([`redact_url`], [`url_password`]), and ids no one else makes
 //!   ([`unique_id`]).
 
+pub(crate) mod beside;
 mod driver;
 mod keeper;
 mod lease;

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, oneshot, watch};
 
+use super::beside::beside;
 use super::keeper::{Keep, Keeper, KeeperSignals};
 use super::lease::Leases;
 use super::pace::RetryPause;
@@ -213,7 +214,9 @@ impl<D: Send + 'static, O: Send + 'static> Pull<D, O> {
         };
         let (finished, finished_watch) = oneshot::channel::<()>();
         let background = Background::new(async move {
-            tokio::join!(pump, keeper);
+            // Each polled only when woken: a settlement wakes the keeper, not the pump's
+            // wait too.
+            beside(pump, keeper).await;
             let _ = finished.send(());
         });
         PullSubscriber {

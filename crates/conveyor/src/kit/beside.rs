@@ -1,4 +1,6 @@
-//! A mount's dispatch and its subscription's background work, polled on one task.
+//! Two futures run to their ends on one task, each polled only when it was woken: a
+//! mount's dispatch and its subscription's background work; within that background, a
+//! pulling subscription's pump and keeper.
 //!
 //! The two hand each other work all the time: the dispatcher settles a delivery and the
 //! background makes the call, the background receives and the dispatcher takes what came.
@@ -7,7 +9,9 @@
 //! an idle worker thread woken to look at it: a futex wake and a context switch for a
 //! hand-over within one task. Here a wake made while the pair is being polled only marks
 //! the side woken, and the same poll goes round again for it; only a wake from outside
-//! (an answer from the broker, a timer) wakes the task.
+//! (an answer from the broker, a timer) wakes the task. A side not woken is not polled:
+//! a join that polls both every time would run the other's whole wait again (a keeper's
+//! select over four signals) for nothing.
 
 use std::future::Future;
 use std::pin::pin;
@@ -19,7 +23,7 @@ use futures_util::task::AtomicWaker;
 
 /// Runs `dispatch` and `background` to their ends on the calling task; the dispatch's
 /// output.
-pub(super) async fn beside<T>(
+pub(crate) async fn beside<T>(
     dispatch: impl Future<Output = T>,
     background: impl Future<Output = ()>,
 ) -> T {
