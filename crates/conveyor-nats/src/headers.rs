@@ -124,7 +124,7 @@ pub(crate) fn incoming(map: Option<&HeaderMap>) -> Incoming {
     // of the `&str` and hashes it (500 instructions a message more, BENCHMARKS.md).
     let binary: Vec<&str> = map
         .iter()
-        .find(|(name, _)| <_ as AsRef<str>>::as_ref(*name) == BINARY_HEADER)
+        .find(|(name, _)| AsRef::<str>::as_ref(name) == BINARY_HEADER)
         .and_then(|(_, values)| values.first())
         .map(|names| names.as_str().split(',').collect())
         .unwrap_or_default();

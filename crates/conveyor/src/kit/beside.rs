@@ -21,8 +21,8 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use futures_util::task::AtomicWaker;
 
-/// Runs `dispatch` and `background` to their ends on the calling task; the dispatch's
-/// output.
+/// Runs `dispatch` and `background` (for a pulling subscription's own background, its
+/// pump and its keeper) to their ends on the calling task; the first one's output.
 pub(crate) async fn beside<T>(
     dispatch: impl Future<Output = T>,
     background: impl Future<Output = ()>,
