@@ -5,8 +5,8 @@
 //! durable pull consumer that every subscription to it shares. The subscription runs on
 //! the core's kit ([`conveyor::kit::Pull`]):
 //!
-//! - **Receiving**: a fetch of up to what the mount can hold, which answers as soon as
-//!   any message is there.
+//! - **Receiving**: a pull request for up to what the mount can hold, which answers as
+//!   soon as any message is there, on an inbox each subscription keeps for its life.
 //! - **Leases**: a message is held for the consumer's ack wait; while its handler runs,
 //!   the subscription renews it with `in_progress`.
 //! - **Settling**: ack; retry and release are a nak (with the delay of a retry-after);
@@ -55,6 +55,7 @@ mod error;
 mod headers;
 mod names;
 mod queue;
+mod receive;
 mod request;
 mod shards;
 

@@ -10,17 +10,16 @@ use async_nats::jetstream::AckKind;
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::{Client, Subject};
 use conveyor::kit::{
-    Keep, LeaseSettler, LeaseTimes, Leases, Pull, PullOptions, PullSubscriber, Receive,
-    ReceiveFailed, Rejected, Renewed, Taken,
+    Keep, LeaseSettler, LeaseTimes, Pull, PullOptions, PullSubscriber, Rejected, Renewed, Taken,
 };
-use conveyor::{Bytes, Delivery, Error, Report, Settled, Settlement, Source, SubscribeSettings};
-use futures_util::StreamExt;
+use conveyor::{Bytes, Error, Report, Settled, Settlement, Source, SubscribeSettings};
 use tokio::time::Instant;
 
 use crate::admin::{self, Policy};
-use crate::broker::{DEFAULT_CONSUMER, NatsBroker, Settings};
+use crate::broker::{DEFAULT_CONSUMER, NatsBroker};
 use crate::error::NatsError;
 use crate::headers;
+use crate::receive::{ANSWER_MARGIN, NatsReceive, ReceiveSetup};
 use conveyor::Publisher;
 
 /// A NATS queue to mount a handler on, from [`NatsBroker::queue`].
@@ -150,27 +149,30 @@ impl Source for NatsQueue {
             linger: broker_settings.linger,
             receive_bound: broker_settings
                 .fetch_wait
-                .saturating_add(broker_settings.request_timeout)
+                .saturating_add(ANSWER_MARGIN)
                 .saturating_add(Duration::from_secs(1)),
             health,
         };
-        let receive = NatsReceive {
-            consumer,
+        let info = consumer.cached_info();
+        let receive = NatsReceive::new(ReceiveSetup {
+            client: self.broker.client().clone(),
             name: self.name.as_str().into(),
+            stream: info.stream_name.clone(),
+            consumer: info.name.clone(),
             wanted,
+            fetch_wait: broker_settings.fetch_wait,
             lease,
             policy,
-            settings: broker_settings,
             leases: pull.leases().clone(),
             settler: Arc::new(LeaseSettler::new(pull.leases().clone(), pull.alive(), op)),
-        };
+        });
         Ok(pull.start(receive, keep, options))
     }
 }
 
 /// What the subscription keeps of a message it holds: the subject its acks go to.
 pub(crate) struct Held {
-    reply: Subject,
+    pub(crate) reply: Subject,
 }
 
 /// What a settlement asks of JetStream.
@@ -182,8 +184,6 @@ pub(crate) enum Op {
     Reject(Box<Rejected>),
 }
 
-type NatsLeases = Leases<Held, Op>;
-
 /// What a settlement asks of JetStream.
 fn op(_: &Held, settled: Settled<'_>) -> Op {
     match settled.settlement {
@@ -191,97 +191,6 @@ fn op(_: &Held, settled: Settled<'_>) -> Op {
         Settlement::Retry | Settlement::Release => Op::Nak(None),
         Settlement::RetryAfter(delay) => Op::Nak(Some(delay)),
         Settlement::Reject { reason } => Op::Reject(Box::new(Rejected::new(reason, settled))),
-    }
-}
-
-/// The pump's fetch.
-struct NatsReceive {
-    consumer: PullConsumer,
-    name: Arc<str>,
-    wanted: usize,
-    lease: Duration,
-    policy: Policy,
-    settings: Settings,
-    leases: Arc<NatsLeases>,
-    settler: Arc<LeaseSettler<Held, Op>>,
-}
-
-impl Receive for NatsReceive {
-    /// One fetch: answers as soon as any message is there, or after the fetch wait with
-    /// none. A message delayed past now goes back with the rest of its delay; one
-    /// delivered more often than the queue's max receive count goes to its dead-letter
-    /// queue unhandled.
-    async fn receive(&mut self) -> Result<Vec<Delivery>, ReceiveFailed> {
-        let failed = |reason: String| {
-            let for_good =
-                reason.contains("consumer deleted") || reason.contains("Consumer Deleted");
-            ReceiveFailed {
-                error: Box::new(NatsError::call("fetch", &self.name, reason)),
-                for_good,
-            }
-        };
-        let mut batch = self
-            .consumer
-            .fetch()
-            .max_messages(self.wanted)
-            .expires(self.settings.fetch_wait)
-            .messages()
-            .await
-            .map_err(|e| failed(Report(&e).to_string()))?;
-        let mut deliveries = Vec::new();
-        while let Some(message) = batch.next().await {
-            let message = match message {
-                Ok(message) => message,
-                Err(e) if deliveries.is_empty() => return Err(failed(Report(&*e).to_string())),
-                // What came is kept; the next fetch reports the error if it lasts.
-                Err(_) => break,
-            };
-            let delivered = message
-                .info()
-                .map(|info| u32::try_from(info.delivered).unwrap_or(u32::MAX))
-                .unwrap_or(1);
-            let Some(reply) = message.reply.clone() else {
-                continue;
-            };
-            let incoming = headers::incoming(message.headers.as_ref());
-            let tag = self.leases.insert(Held { reply }, self.lease);
-            if let Some(left) = incoming.early_by {
-                self.leases.settle(tag, |_| Op::Nak(Some(left)));
-                continue;
-            }
-            // A delayed message came early once before this delivery: that one was no
-            // attempt.
-            let early_once = incoming.headers.contains(headers::NOT_BEFORE_HEADER);
-            let attempts = delivered.saturating_sub(u32::from(early_once && delivered > 1));
-            let over = self.policy.max_receive_count;
-            if self.policy.dead_letter_queue.is_some() && over > 0 && attempts > over {
-                let reason =
-                    format!("delivered {attempts} times; the queue's max receive count is {over}");
-                self.leases.settle(tag, |_| {
-                    Op::Reject(Box::new(Rejected {
-                        reason,
-                        payload: message.payload.clone(),
-                        headers: incoming.headers.clone(),
-                        partition_key: incoming.key.clone(),
-                    }))
-                });
-                continue;
-            }
-            deliveries.push(
-                Delivery::new(
-                    message.payload.clone(),
-                    self.name.clone(),
-                    self.settler.clone(),
-                    tag,
-                )
-                .with_headers(incoming.headers)
-                .with_partition_key(incoming.key)
-                .with_receive_count(attempts.max(1))
-                .with_redelivered(delivered > 1)
-                .arrived_now(),
-            );
-        }
-        Ok(deliveries)
     }
 }
 

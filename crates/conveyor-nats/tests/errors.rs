@@ -1,5 +1,7 @@
 //! Errors name what failed and never show a password.
 
+mod common;
+
 use std::time::Duration;
 
 use conveyor_nats::NatsBroker;
@@ -39,5 +41,52 @@ async fn a_queue_name_nats_cannot_take_is_refused_before_any_call() {
     assert!(
         matches!(refused, Err(conveyor::Error::Refused { .. })),
         "{refused:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_queue_ends_the_app_with_an_error_naming_it() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use conveyor::{App, Broker, Error, Publisher, QueueSpec, State};
+
+    async fn count(_: conveyor::Bytes, State(seen): State<Arc<AtomicU32>>) {
+        seen.fetch_add(1, Ordering::SeqCst);
+    }
+
+    let broker = common::broker().await;
+    let queue = common::unique("deleted");
+    broker
+        .declare_queue(&QueueSpec::new(queue.as_str()))
+        .await
+        .expect("declared");
+    broker
+        .publish(&queue, conveyor::Message::new("x"))
+        .await
+        .expect("published");
+    let seen = Arc::new(AtomicU32::new(0));
+    let app =
+        App::new("deleted")
+            .with_state(seen.clone())
+            .mount(broker.queue(&queue), count, |m| m);
+    let running = tokio::spawn(app.run_until(std::future::pending()));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while seen.load(Ordering::SeqCst) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "nothing handled in a minute"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    broker.delete_queue(&queue).await.expect("deleted");
+    let ended = tokio::time::timeout(Duration::from_secs(60), running)
+        .await
+        .expect("the app stops by itself")
+        .expect("the app's task");
+    let error = ended.expect_err("a deleted queue is an error");
+    assert!(
+        matches!(&error, Error::Subscribe { queue: q, .. } if *q == queue),
+        "{error:?}"
     );
 }

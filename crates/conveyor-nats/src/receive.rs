@@ -1,0 +1,293 @@
+//! The pump's receive: a pull request to the queue's durable consumer, answered on an
+//! inbox the subscription keeps for its whole life.
+//!
+//! async-nats's `fetch` makes a fresh inbox per batch: a subscribe and an unsubscribe
+//! around every pull request, which the server handles as changes to its subscription
+//! lists. On a mount that handles one message at a time that is most of the work of a
+//! receive; one inbox, subscribed once, takes a sequential mount from about the
+//! throughput of a raw `fetch` loop to well above it (BENCHMARKS.md, the NATS section).
+//!
+//! Each pull request asks for up to the mount's read-ahead with `no_wait`: JetStream
+//! answers at once with what it has, or waits up to the fetch wait for a first message,
+//! and ends a request it answers with fewer by a status (`404`, `408`). One request is
+//! out at a time, so what comes on the inbox belongs to it; a message that comes late
+//! (the request's answer was cut short by a reconnect, say) is taken by the next receive
+//! like any other: it is this consumer's, leased to it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::{Client, StatusCode, Subject, Subscriber};
+use conveyor::kit::{LeaseSettler, Leases, Receive, ReceiveFailed, Rejected};
+use conveyor::{Bytes, Delivery, Report};
+use futures_util::StreamExt;
+
+use crate::admin::Policy;
+use crate::error::NatsError;
+use crate::headers;
+use crate::queue::{Held, Op};
+
+/// How long past the fetch wait a receive waits for the server's answer before it gives
+/// the request up (async-nats's `fetch` allows the same): a request lost to a reconnect
+/// gets no answer.
+pub(crate) const ANSWER_MARGIN: Duration = Duration::from_secs(5);
+
+/// The pump's receive on one queue.
+pub(crate) struct NatsReceive {
+    client: Client,
+    /// The queue, as errors name it and deliveries carry it.
+    name: Arc<str>,
+    /// `$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`.
+    next_subject: Subject,
+    /// The pull request, the same every time.
+    request: Bytes,
+    /// The inbox and its subscription, made at the first receive (and again after the
+    /// client closed it).
+    inbox: Option<(Subject, Subscriber)>,
+    /// The most messages one request asks for.
+    wanted: usize,
+    /// How long a pull request waits on the server for a first message.
+    fetch_wait: Duration,
+    lease: Duration,
+    policy: Policy,
+    leases: Arc<Leases<Held, Op>>,
+    settler: Arc<LeaseSettler<Held, Op>>,
+}
+
+/// What [`NatsReceive::new`] takes.
+pub(crate) struct ReceiveSetup {
+    pub(crate) client: Client,
+    pub(crate) name: Arc<str>,
+    pub(crate) stream: String,
+    pub(crate) consumer: String,
+    pub(crate) wanted: usize,
+    pub(crate) fetch_wait: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) policy: Policy,
+    pub(crate) leases: Arc<Leases<Held, Op>>,
+    pub(crate) settler: Arc<LeaseSettler<Held, Op>>,
+}
+
+impl NatsReceive {
+    pub(crate) fn new(setup: ReceiveSetup) -> NatsReceive {
+        let ReceiveSetup {
+            client,
+            name,
+            stream,
+            consumer,
+            wanted,
+            fetch_wait,
+            lease,
+            policy,
+            leases,
+            settler,
+        } = setup;
+        let expires = u64::try_from(fetch_wait.as_nanos()).unwrap_or(u64::MAX);
+        let request = serde_json::json!({ "batch": wanted, "expires": expires, "no_wait": true });
+        NatsReceive {
+            client,
+            name,
+            next_subject: Subject::from(format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}")),
+            request: Bytes::from(request.to_string()),
+            inbox: None,
+            wanted,
+            fetch_wait,
+            lease,
+            policy,
+            leases,
+            settler,
+        }
+    }
+
+    fn failed(&self, reason: impl std::fmt::Display, for_good: bool) -> ReceiveFailed {
+        ReceiveFailed {
+            error: Box::new(NatsError::call("fetch", &self.name, reason)),
+            for_good,
+        }
+    }
+
+    /// A delivery of `message`, or `None` where the receive settles it itself: one that
+    /// came before its delay ended goes back with the rest of it; one delivered more often
+    /// than the queue's max receive count goes to its dead-letter queue unhandled.
+    fn delivery(&self, message: async_nats::Message) -> Option<Delivery> {
+        let reply = message.reply?;
+        let delivered = delivery_count(&reply).unwrap_or(1);
+        let incoming = headers::incoming(message.headers.as_ref());
+        let tag = self.leases.insert(Held { reply }, self.lease);
+        if let Some(left) = incoming.early_by {
+            self.leases.settle(tag, |_| Op::Nak(Some(left)));
+            return None;
+        }
+        // A delayed message came early once before this delivery: that one was no
+        // attempt.
+        let early_once = incoming.headers.contains(headers::NOT_BEFORE_HEADER);
+        let attempts = delivered.saturating_sub(u32::from(early_once && delivered > 1));
+        let over = self.policy.max_receive_count;
+        if self.policy.dead_letter_queue.is_some() && over > 0 && attempts > over {
+            let reason =
+                format!("delivered {attempts} times; the queue's max receive count is {over}");
+            self.leases.settle(tag, |_| {
+                Op::Reject(Box::new(Rejected {
+                    reason,
+                    payload: message.payload,
+                    headers: incoming.headers,
+                    partition_key: incoming.key,
+                }))
+            });
+            return None;
+        }
+        Some(
+            Delivery::new(
+                message.payload,
+                self.name.clone(),
+                self.settler.clone(),
+                tag,
+            )
+            .with_headers(incoming.headers)
+            .with_partition_key(incoming.key)
+            .with_receive_count(attempts.max(1))
+            .with_redelivered(delivered > 1)
+            .arrived_now(),
+        )
+    }
+}
+
+impl Receive for NatsReceive {
+    /// One pull request: answers as soon as any message is there, or after the fetch wait
+    /// with none.
+    async fn receive(&mut self) -> Result<Vec<Delivery>, ReceiveFailed> {
+        if self.inbox.is_none() {
+            let inbox = self.client.new_inbox();
+            let subscriber = self
+                .client
+                .subscribe(inbox.clone())
+                .await
+                .map_err(|e| self.failed(Report(&e), false))?;
+            self.inbox = Some((Subject::from(inbox), subscriber));
+        }
+        let Some((inbox, _)) = &self.inbox else {
+            return Ok(Vec::new());
+        };
+        self.client
+            .publish_with_reply(
+                self.next_subject.clone(),
+                inbox.clone(),
+                self.request.clone(),
+            )
+            .await
+            .map_err(|e| self.failed(Report(&e), false))?;
+        let gave_up = tokio::time::sleep(self.fetch_wait.saturating_add(ANSWER_MARGIN));
+        tokio::pin!(gave_up);
+        let mut deliveries = Vec::new();
+        let mut answered = 0;
+        while answered < self.wanted {
+            let Some((_, subscriber)) = self.inbox.as_mut() else {
+                break;
+            };
+            let message = tokio::select! {
+                biased;
+                message = subscriber.next() => message,
+                () = &mut gave_up => break,
+            };
+            let Some(message) = message else {
+                // The client closed the subscription: a new inbox next time.
+                self.inbox = None;
+                if deliveries.is_empty() {
+                    return Err(self.failed("the client closed the inbox subscription", false));
+                }
+                break;
+            };
+            match message.status {
+                None | Some(StatusCode::OK) => {}
+                Some(StatusCode::IDLE_HEARTBEAT) => continue,
+                // No message (now, or within the fetch wait): the request is over.
+                Some(StatusCode::NOT_FOUND | StatusCode::TIMEOUT) => break,
+                Some(status) => {
+                    let reason = format!(
+                        "{status}: {}",
+                        message.description.as_deref().unwrap_or("no description")
+                    );
+                    let for_good = reason.to_ascii_lowercase().contains("consumer deleted");
+                    if deliveries.is_empty() || for_good {
+                        return Err(self.failed(reason, for_good));
+                    }
+                    // What came is kept; the next request reports the error if it lasts.
+                    break;
+                }
+            }
+            answered += 1;
+            deliveries.extend(self.delivery(message));
+        }
+        Ok(deliveries)
+    }
+}
+
+/// How many times JetStream has delivered a message, read off its ack subject (ADR-15):
+/// `$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>`,
+/// or, from servers that know domains, `<domain>.<account hash>.` before the stream and
+/// possibly tokens after the pending count. `None` if it is not such a subject.
+///
+/// async-nats's `Message::info` reads every token, the time into a date included: about
+/// 2 000 instructions a message, a tenth of the mount's own work (BENCHMARKS.md).
+fn delivery_count(reply: &str) -> Option<u32> {
+    // One pass over the bytes: `str::split` looks for a `char`, several times slower on
+    // a subject this short.
+    let mut tokens = reply
+        .strip_prefix("$JS.ACK.")?
+        .as_bytes()
+        .split(|&byte| byte == b'.');
+    let mut first: [&[u8]; 5] = [&[]; 5];
+    for token in &mut first {
+        *token = tokens.next()?;
+    }
+    let delivered = match first.len() + tokens.count() {
+        7 => first[2],
+        count if count >= 9 => first[4],
+        _ => return None,
+    };
+    let delivered: u64 = std::str::from_utf8(delivered).ok()?.parse().ok()?;
+    Some(u32::try_from(delivered).unwrap_or(u32::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::delivery_count;
+
+    #[test]
+    fn delivery_count_reads_both_ack_subject_formats() {
+        // Before domains: stream, consumer, delivered, stream seq, consumer seq, time,
+        // pending.
+        assert_eq!(
+            delivery_count("$JS.ACK.orders.conveyor.3.17.12.1733580000000000000.4"),
+            Some(3)
+        );
+        // With a domain (`_` for none) and an account hash, with and without the trailing
+        // token.
+        assert_eq!(
+            delivery_count("$JS.ACK._.ACCHASH.orders.conveyor.2.17.12.1733580000000000000.4"),
+            Some(2)
+        );
+        assert_eq!(
+            delivery_count("$JS.ACK.hub.ACCHASH.orders.conveyor.5.17.12.1733580000000000000.0.x1"),
+            Some(5)
+        );
+    }
+
+    #[test]
+    fn delivery_count_is_none_for_what_is_not_an_ack_subject() {
+        assert_eq!(delivery_count("_INBOX.abc.def"), None);
+        assert_eq!(delivery_count("$JS.ACK.orders.conveyor.3"), None);
+        assert_eq!(
+            delivery_count("$JS.ACK.orders.conveyor.many.17.12.1.4"),
+            None
+        );
+    }
+
+    #[test]
+    fn delivery_count_saturates_past_u32() {
+        assert_eq!(
+            delivery_count("$JS.ACK.orders.conveyor.99999999999.17.12.1.4"),
+            Some(u32::MAX)
+        );
+    }
+}
