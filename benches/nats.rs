@@ -12,6 +12,13 @@
 //! the message's reply subject (async-nats's `Message::ack`), flushed once per fetched
 //! batch.
 //!
+//! The raw loop fetches with async-nats's `fetch()`, its API for a batch, which makes a
+//! fresh inbox for each (a subscribe and an unsubscribe around every pull request);
+//! conveyor-nats sends its pull requests on one inbox a subscription keeps. With
+//! `NATS_BENCH_RAW_INBOX=1` the raw loop does that too, by hand (the pull request's JSON
+//! on the consumer's `$JS.API.CONSUMER.MSG.NEXT` subject): the baseline of a user who
+//! writes JetStream's pull protocol themselves.
+//!
 //! The orders, Conveyor's run and the rounds are the harness it shares with the `redis`
 //! bench (`pairs.rs`).
 //!
@@ -19,7 +26,7 @@
 //! (`NATS_BENCH_MESSAGES` and `NATS_BENCH_ROUNDS` change the size; `NATS_BENCH_MODES=lanes`,
 //! say, runs only the modes listed, comma-separated, of `raw-sequential`, `sequential`,
 //! `raw-lanes` and `lanes`; `NATS_BENCH_LINGER_US` sets the broker's settle linger, to
-//! see what it costs).
+//! see what it costs; `NATS_BENCH_RAW_INBOX=1`, above).
 
 use std::time::{Duration, Instant};
 
@@ -97,6 +104,68 @@ async fn raw_loop(broker: &NatsBroker, queue: &str, n: u64, fetch: usize) -> Dur
     }
 }
 
+/// The raw loop with JetStream's pull protocol written by hand: one inbox subscribed for
+/// the whole run, a pull request of `fetch` messages (`no_wait`, as `fetch()` sends it)
+/// published to it each time, its answer read until `fetch` messages or the status that
+/// ends it. Decoding, acks and flushes as [`raw_loop`].
+async fn raw_inbox_loop(broker: &NatsBroker, queue: &str, n: u64, fetch: usize) -> Duration {
+    let client = broker.client().clone();
+    let jetstream = jetstream::ContextBuilder::new()
+        .timeout(REQUEST_TIMEOUT)
+        .build(client.clone());
+    let start = Instant::now();
+    let consumer: PullConsumer = jetstream
+        .get_stream(stream_name(queue))
+        .await
+        .expect("stream")
+        .get_or_create_consumer(DEFAULT_CONSUMER, consumer_config())
+        .await
+        .expect("consumer");
+    let info = consumer.cached_info();
+    let next = format!(
+        "$JS.API.CONSUMER.MSG.NEXT.{}.{}",
+        info.stream_name, info.name
+    );
+    let request = serde_json::json!({
+        "batch": fetch,
+        "expires": u64::try_from(FETCH_WAIT.as_nanos()).expect("nanoseconds"),
+        "no_wait": true,
+    });
+    let request = conveyor::Bytes::from(request.to_string());
+    let inbox = client.new_inbox();
+    let mut answers = client.subscribe(inbox.clone()).await.expect("subscribe");
+    let mut done = 0;
+    loop {
+        client
+            .publish_with_reply(next.clone(), inbox.clone(), request.clone())
+            .await
+            .expect("pull request");
+        for _ in 0..fetch {
+            let message = answers.next().await.expect("an answer");
+            if message
+                .status
+                .is_some_and(|status| status != async_nats::StatusCode::OK)
+            {
+                break;
+            }
+            let order: Order = serde_json::from_slice(&message.payload).expect("decode");
+            std::hint::black_box(order);
+            let reply = message.reply.expect("an ack subject");
+            client
+                .publish(reply, conveyor::Bytes::new())
+                .await
+                .expect("ack");
+            done += 1;
+        }
+        if done >= n {
+            let elapsed = start.elapsed();
+            client.flush().await.expect("flush");
+            return elapsed;
+        }
+        client.flush().await.expect("flush");
+    }
+}
+
 /// The largest fetch a Conveyor mount of this mode asks for: a short run of it (untimed)
 /// on a queue of its own, its pull requests read off the wire by a second connection.
 /// It is the raw loop's fetch size for that mode.
@@ -145,7 +214,7 @@ async fn main() {
     let rounds = conveyor_benches::env_or("NATS_BENCH_ROUNDS", 3);
     let mut builder = NatsBroker::builder().url(URL);
     // A diagnostic: how long Conveyor's settlements wait to share a flush (the broker's
-    // default, 5 ms, unless set).
+    // default, none, unless set).
     if let Ok(micros) = std::env::var("NATS_BENCH_LINGER_US") {
         let micros = micros.parse().expect("NATS_BENCH_LINGER_US: microseconds");
         builder = builder.settle_linger(Duration::from_micros(micros));
@@ -161,6 +230,10 @@ async fn main() {
         "fetch size (Conveyor's, the raw loop's too): sequential {sequential_fetch}, \
          workers({LANES}).by_key() {lanes_fetch}"
     );
+    let one_inbox = std::env::var("NATS_BENCH_RAW_INBOX").is_ok_and(|set| set == "1");
+    if one_inbox {
+        println!("raw loops: pull requests on one inbox, by hand");
+    }
     let medians = pairs::rounds(&broker, "NATS", n, rounds, move |broker, queue, mode| {
         let fetch = if mode.lanes {
             lanes_fetch
@@ -168,7 +241,9 @@ async fn main() {
             sequential_fetch
         };
         async move {
-            if mode.raw {
+            if mode.raw && one_inbox {
+                raw_inbox_loop(&broker, &queue, n, fetch).await
+            } else if mode.raw {
                 raw_loop(&broker, &queue, n, fetch).await
             } else {
                 conveyor_run(broker.queue(&queue), n, mode.lanes).await
@@ -178,7 +253,11 @@ async fn main() {
     .await;
     pairs::report(
         medians,
-        "raw async-nats loop, fetch",
+        if one_inbox {
+            "raw async-nats loop, one inbox, pull"
+        } else {
+            "raw async-nats loop, fetch"
+        },
         [sequential_fetch, lanes_fetch],
     );
 }

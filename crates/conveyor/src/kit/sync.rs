@@ -25,8 +25,11 @@ pub fn lock<T: ?Sized>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Waits until `check` finds something, checking again each time `notify` wakes its
 /// waiters.
 ///
-/// The waiter is registered before each check, so a `notify_waiters` that comes between
-/// the check and the wait is not lost.
+/// A first check is made before any waiter is registered: when what is waited for is
+/// there already (the common case on a busy subscription), the `Notify`'s own lock is
+/// never taken. After that, the waiter is registered before each check, so a
+/// `notify_waiters` that comes between the check and the wait is not lost. `check` may
+/// run once more than it finds nothing, so it must change nothing when it finds nothing.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -45,6 +48,9 @@ pub fn lock<T: ?Sized>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// # }
 /// ```
 pub async fn wait_for<T>(notify: &Notify, mut check: impl FnMut() -> Option<T>) -> T {
+    if let Some(found) = check() {
+        return found;
+    }
     loop {
         let notified = notify.notified();
         tokio::pin!(notified);
