@@ -155,7 +155,7 @@ impl NatsReceive {
 impl Receive for NatsReceive {
     /// One pull request: answers as soon as any message is there, or after the fetch wait
     /// with none.
-    async fn receive(&mut self) -> Result<Vec<Delivery>, ReceiveFailed> {
+    async fn receive(&mut self, into: &mut Vec<Delivery>) -> Result<(), ReceiveFailed> {
         if self.inbox.is_none() {
             let inbox = self.client.new_inbox();
             let subscriber = self
@@ -166,7 +166,7 @@ impl Receive for NatsReceive {
             self.inbox = Some((Subject::from(inbox), subscriber));
         }
         let Some((inbox, _)) = &self.inbox else {
-            return Ok(Vec::new());
+            return Ok(());
         };
         self.client
             .publish_with_reply(
@@ -178,7 +178,6 @@ impl Receive for NatsReceive {
             .map_err(|e| self.failed(Report(&e), false))?;
         let gave_up = tokio::time::sleep(self.fetch_wait.saturating_add(ANSWER_MARGIN));
         tokio::pin!(gave_up);
-        let mut deliveries = Vec::new();
         let mut answered = 0;
         while answered < self.wanted {
             let Some((_, subscriber)) = self.inbox.as_mut() else {
@@ -192,7 +191,7 @@ impl Receive for NatsReceive {
             let Some(message) = message else {
                 // The client closed the subscription: a new inbox next time.
                 self.inbox = None;
-                if deliveries.is_empty() {
+                if into.is_empty() {
                     return Err(self.failed("the client closed the inbox subscription", false));
                 }
                 break;
@@ -208,7 +207,7 @@ impl Receive for NatsReceive {
                         message.description.as_deref().unwrap_or("no description")
                     );
                     let for_good = reason.to_ascii_lowercase().contains("consumer deleted");
-                    if deliveries.is_empty() || for_good {
+                    if into.is_empty() || for_good {
                         return Err(self.failed(reason, for_good));
                     }
                     // What came is kept; the next request reports the error if it lasts.
@@ -216,9 +215,9 @@ impl Receive for NatsReceive {
                 }
             }
             answered += 1;
-            deliveries.extend(self.delivery(message));
+            into.extend(self.delivery(message));
         }
-        Ok(deliveries)
+        Ok(())
     }
 }
 

@@ -428,7 +428,7 @@ impl Receive for RedisReceive {
     /// that are due into the stream, claims lapsed or released entries and reads again;
     /// and when there are still none, blocks for them at most until the fetch wait ends or
     /// the next delayed message is due.
-    async fn receive(&mut self) -> Result<Vec<Delivery>, ReceiveFailed> {
+    async fn receive(&mut self, into: &mut Vec<Delivery>) -> Result<(), ReceiveFailed> {
         // What the keeper had put back before this receive's sweep, which sees it.
         let put_back_seen = self.wake.put_back.load(Ordering::SeqCst);
         let mut entries = if self.sweep_due() {
@@ -455,7 +455,6 @@ impl Receive for RedisReceive {
             }
             entries = self.block_for(block, put_back_seen).await?;
         }
-        let mut deliveries = Vec::with_capacity(entries.len());
         let mut gone = Vec::new();
         for (entry, delivered_before) in entries {
             let Some(incoming) = entry.message else {
@@ -486,7 +485,7 @@ impl Receive for RedisReceive {
                 });
                 continue;
             }
-            deliveries.push(
+            into.push(
                 Delivery::new(
                     incoming.payload,
                     self.name.clone(),
@@ -508,7 +507,7 @@ impl Receive for RedisReceive {
                 .query_async(&mut self.reads)
                 .await;
         }
-        Ok(deliveries)
+        Ok(())
     }
 }
 

@@ -31,7 +31,7 @@ impl Receive for SqsReceive {
     /// that they stay hidden while they wait. An error known never to succeed (the queue
     /// is gone, access or credentials refused: [`cannot_heal`]) is for good; one this
     /// transport does not recognise is tried again.
-    async fn receive(&mut self) -> Result<Vec<Delivery>, ReceiveFailed> {
+    async fn receive(&mut self, into: &mut Vec<Delivery>) -> Result<(), ReceiveFailed> {
         // The whole seconds SQS hides them for, and what the keeper records: one value, so
         // that its renewals are timed by the visibility SQS applies.
         let (seconds, visibility) = whole_seconds_down(self.settings.visibility_timeout);
@@ -55,7 +55,6 @@ impl Receive for SqsReceive {
             })?;
         let messages = output.messages.unwrap_or_default();
         let name: Arc<str> = self.queue.name.as_str().into();
-        let mut deliveries = Vec::with_capacity(messages.len());
         for message in messages {
             let attributes::Decoded {
                 payload,
@@ -77,7 +76,7 @@ impl Receive for SqsReceive {
                 types,
             };
             let tag = self.in_flight.insert(held, visibility);
-            deliveries.push(
+            into.push(
                 Delivery::new(payload, name.clone(), self.settler.clone(), tag)
                     .with_headers(headers)
                     .with_partition_key(key)
@@ -86,6 +85,6 @@ impl Receive for SqsReceive {
                     .arrived_now(),
             );
         }
-        Ok(deliveries)
+        Ok(())
     }
 }

@@ -54,19 +54,20 @@ struct ScriptedReceive {
 }
 
 impl Receive for ScriptedReceive {
-    async fn receive(&mut self) -> Result<Vec<Delivery>, ReceiveFailed> {
+    async fn receive(&mut self, into: &mut Vec<Delivery>) -> Result<(), ReceiveFailed> {
         note(&self.seen.receives);
         let Some(payload) = self.messages.pop_front() else {
             let _ = self.stopped.wait_for(|stopped| *stopped).await;
-            return Ok(Vec::new());
+            return Ok(());
         };
         let tag = self.leases.insert((), self.lease);
-        Ok(vec![Delivery::new(
+        into.push(Delivery::new(
             payload,
             "scripted".into(),
             self.settler.clone(),
             tag,
-        )])
+        ));
+        Ok(())
     }
 }
 

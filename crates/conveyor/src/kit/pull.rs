@@ -67,10 +67,16 @@ impl ConnectionProbe for CallHealth {
 
 /// A transport's receive call, made by the pump.
 pub trait Receive: Send + 'static {
-    /// One receive: the deliveries it brought, each already recorded in the
-    /// subscription's [`Leases`] (so that it stays leased while it waits) and settled
-    /// through them.
-    fn receive(&mut self) -> impl Future<Output = Result<Vec<Delivery>, ReceiveFailed>> + Send;
+    /// One receive: adds the deliveries it brought to `into` (empty when called), each
+    /// already recorded in the subscription's [`Leases`] (so that it stays leased while it
+    /// waits) and settled through them. The pump hands the same `Vec` to every receive,
+    /// so a receive allocates nothing for its list (a fresh one of a few deliveries is a
+    /// large allocation, the slow path of the allocator). What a failed receive added is
+    /// released.
+    fn receive(
+        &mut self,
+        into: &mut Vec<Delivery>,
+    ) -> impl Future<Output = Result<(), ReceiveFailed>> + Send;
 }
 
 /// A receive that failed.
@@ -298,15 +304,15 @@ impl Handover {
         Some(delivery)
     }
 
-    /// Adds a receive's deliveries; gives them back if receiving has stopped meanwhile
-    /// (dropping them releases them).
-    fn offer(&self, deliveries: Vec<Delivery>) -> Result<(), Vec<Delivery>> {
+    /// Moves a receive's deliveries in; leaves them where they are if receiving has
+    /// stopped meanwhile (dropping them releases them).
+    fn offer(&self, deliveries: &mut Vec<Delivery>) -> Result<(), ReceivingStopped> {
         {
             let mut waiting = self.lock();
             if waiting.closed {
-                return Err(deliveries);
+                return Err(ReceivingStopped);
             }
-            waiting.ready.extend(deliveries);
+            waiting.ready.extend(deliveries.drain(..));
         }
         self.arrived.notify_waiters();
         Ok(())
@@ -348,6 +354,9 @@ impl Handover {
     }
 }
 
+/// The hand-over takes no more deliveries.
+struct ReceivingStopped;
+
 /// Room for another receive: fewer than `limit` messages held.
 struct Room<D, O> {
     leases: Arc<Leases<D, O>>,
@@ -372,6 +381,7 @@ async fn pump<R: Receive, D, O>(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut pause = RetryPause::new();
+    let mut received = Vec::new();
     loop {
         let ready = async {
             handover.wait_empty().await;
@@ -382,19 +392,24 @@ async fn pump<R: Receive, D, O>(
             () = stopped(&mut stop) => return,
             () = ready => {}
         }
-        match receive.receive().await {
-            Ok(deliveries) => {
+        let result = receive.receive(&mut received).await;
+        if result.is_err() {
+            // Released (outside any lock: each drop settles).
+            received.clear();
+        }
+        match result {
+            Ok(()) => {
                 pause.reset();
                 health.succeeded();
-                let count = deliveries.len();
+                let count = received.len();
                 tracing::trace!(queue, count, "received");
-                if let Err(late) = handover.offer(deliveries) {
+                if handover.offer(&mut received).is_err() {
                     tracing::debug!(
                         queue,
                         count,
                         "received after receiving stopped; releasing them"
                     );
-                    drop(late);
+                    received.clear();
                     return;
                 }
             }
