@@ -108,6 +108,9 @@ pub(crate) struct Incoming {
     pub(crate) key: Option<PartitionKey>,
     /// How long it is still delayed for, if it came early.
     pub(crate) early_by: Option<Duration>,
+    /// It was published with a delay ([`NOT_BEFORE_HEADER`]): a delivery before the delay
+    /// ended was handed back, and was no attempt.
+    pub(crate) delayed: bool,
 }
 
 /// The headers of a received message, the transport's own taken out.
@@ -116,6 +119,7 @@ pub(crate) fn incoming(map: Option<&HeaderMap>) -> Incoming {
         headers: Headers::new(),
         key: None,
         early_by: None,
+        delayed: false,
     };
     let Some(map) = map else {
         return incoming;
@@ -134,6 +138,7 @@ pub(crate) fn incoming(map: Option<&HeaderMap>) -> Incoming {
         if name.eq_ignore_ascii_case(PARTITION_KEY_HEADER) {
             incoming.key = Some(PartitionKey::new(value.as_str()));
         } else if name.eq_ignore_ascii_case(NOT_BEFORE_HEADER) {
+            incoming.delayed = true;
             incoming.early_by = early_by(value.as_str());
         } else if name.eq_ignore_ascii_case(BINARY_HEADER) || name.starts_with("Nats-") {
             // The transport's own, and JetStream's.
@@ -220,7 +225,10 @@ mod tests {
         let message = Message::builder()
             .delay(Duration::from_secs(60))
             .payload("p");
-        let early = round_trip(message).early_by.expect("early");
+        let incoming = round_trip(message);
+        assert!(incoming.delayed);
+        assert!(!incoming.headers.contains(NOT_BEFORE_HEADER));
+        let early = incoming.early_by.expect("early");
         assert!(early > Duration::from_secs(50) && early <= Duration::from_secs(60));
         assert_eq!(early_by("0"), None);
         assert_eq!(early_by("not a number"), None);

@@ -120,8 +120,8 @@ impl NatsReceive {
         }
         // A delayed message came early once before this delivery: that one was no
         // attempt.
-        let early_once = incoming.headers.contains(headers::NOT_BEFORE_HEADER);
-        let attempts = delivered.saturating_sub(u32::from(early_once && delivered > 1));
+        let early_once = incoming.delayed && delivered > 1;
+        let attempts = delivered.saturating_sub(u32::from(early_once));
         let over = self.policy.max_receive_count;
         if self.policy.dead_letter_queue.is_some() && over > 0 && attempts > over {
             let reason =
@@ -146,7 +146,7 @@ impl NatsReceive {
             .with_headers(incoming.headers)
             .with_partition_key(incoming.key)
             .with_receive_count(attempts.max(1))
-            .with_redelivered(delivered > 1)
+            .with_redelivered(attempts > 1)
             .arrived_now(),
         )
     }
