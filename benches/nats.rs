@@ -61,10 +61,12 @@ fn consumer_config() -> pull::Config {
     }
 }
 
-/// A hand-written consumer on the broker's own client: fetches of `fetch` messages, each
-/// decoded and acked with a plain publish to its reply subject, the acks flushed once
-/// per batch. The clock runs from opening the consumer to the last message's ack.
-async fn raw_loop(broker: &NatsBroker, queue: &str, n: u64, fetch: usize) -> Duration {
+/// A raw loop's start: the broker's client, and the queue's durable consumer looked up
+/// as conveyor-nats declares it, the clock started before the lookup.
+async fn raw_consumer(
+    broker: &NatsBroker,
+    queue: &str,
+) -> (async_nats::Client, PullConsumer, Instant) {
     let client = broker.client().clone();
     let jetstream = jetstream::ContextBuilder::new()
         .timeout(REQUEST_TIMEOUT)
@@ -77,6 +79,14 @@ async fn raw_loop(broker: &NatsBroker, queue: &str, n: u64, fetch: usize) -> Dur
         .get_or_create_consumer(DEFAULT_CONSUMER, consumer_config())
         .await
         .expect("consumer");
+    (client, consumer, start)
+}
+
+/// A hand-written consumer on the broker's own client: fetches of `fetch` messages, each
+/// decoded and acked with a plain publish to its reply subject, the acks flushed once
+/// per batch. The clock runs from opening the consumer to the last message's ack.
+async fn raw_loop(broker: &NatsBroker, queue: &str, n: u64, fetch: usize) -> Duration {
+    let (client, consumer, start) = raw_consumer(broker, queue).await;
     let mut done = 0;
     loop {
         let mut batch = consumer
@@ -109,18 +119,7 @@ async fn raw_loop(broker: &NatsBroker, queue: &str, n: u64, fetch: usize) -> Dur
 /// published to it each time, its answer read until `fetch` messages or the status that
 /// ends it. Decoding, acks and flushes as [`raw_loop`].
 async fn raw_inbox_loop(broker: &NatsBroker, queue: &str, n: u64, fetch: usize) -> Duration {
-    let client = broker.client().clone();
-    let jetstream = jetstream::ContextBuilder::new()
-        .timeout(REQUEST_TIMEOUT)
-        .build(client.clone());
-    let start = Instant::now();
-    let consumer: PullConsumer = jetstream
-        .get_stream(stream_name(queue))
-        .await
-        .expect("stream")
-        .get_or_create_consumer(DEFAULT_CONSUMER, consumer_config())
-        .await
-        .expect("consumer");
+    let (client, consumer, start) = raw_consumer(broker, queue).await;
     let info = consumer.cached_info();
     let next = format!(
         "$JS.API.CONSUMER.MSG.NEXT.{}.{}",

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::{Client, StatusCode, Subject, Subscriber};
-use conveyor::kit::{LeaseSettler, Leases, Receive, ReceiveFailed, Rejected};
+use conveyor::kit::{LeaseSettler, Leases, Receive, ReceiveFailed, Rejected, past_max_receives};
 use conveyor::{Bytes, Delivery, Report};
 use futures_util::StreamExt;
 
@@ -32,35 +32,16 @@ use crate::queue::{Held, Op};
 /// gets no answer.
 pub(crate) const ANSWER_MARGIN: Duration = Duration::from_secs(5);
 
-/// The pump's receive on one queue.
-pub(crate) struct NatsReceive {
-    client: Client,
-    /// The queue, as errors name it and deliveries carry it.
-    name: Arc<str>,
-    /// `$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`.
-    next_subject: Subject,
-    /// The pull request, the same every time.
-    request: Bytes,
-    /// The inbox and its subscription, made at the first receive (and again after the
-    /// client closed it).
-    inbox: Option<(Subject, Subscriber)>,
-    /// The most messages one request asks for.
-    wanted: usize,
-    /// How long a pull request waits on the server for a first message.
-    fetch_wait: Duration,
-    lease: Duration,
-    policy: Policy,
-    leases: Arc<Leases<Held, Op>>,
-    settler: Arc<LeaseSettler<Held, Op>>,
-}
-
-/// What [`NatsReceive::new`] takes.
+/// What a subscription's receive works with, from `NatsQueue::subscribe`.
 pub(crate) struct ReceiveSetup {
     pub(crate) client: Client,
+    /// The queue, as errors name it and deliveries carry it.
     pub(crate) name: Arc<str>,
     pub(crate) stream: String,
     pub(crate) consumer: String,
+    /// The most messages one pull request asks for.
     pub(crate) wanted: usize,
+    /// How long a pull request waits on the server for a first message.
     pub(crate) fetch_wait: Duration,
     pub(crate) lease: Duration,
     pub(crate) policy: Policy,
@@ -68,40 +49,38 @@ pub(crate) struct ReceiveSetup {
     pub(crate) settler: Arc<LeaseSettler<Held, Op>>,
 }
 
+/// The pump's receive on one queue.
+pub(crate) struct NatsReceive {
+    setup: ReceiveSetup,
+    /// `$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`.
+    next_subject: Subject,
+    /// The pull request, the same every time.
+    request: Bytes,
+    /// The inbox and its subscription, made at the first receive (and again after the
+    /// client closed it).
+    inbox: Option<(Subject, Subscriber)>,
+}
+
 impl NatsReceive {
     pub(crate) fn new(setup: ReceiveSetup) -> NatsReceive {
-        let ReceiveSetup {
-            client,
-            name,
-            stream,
-            consumer,
-            wanted,
-            fetch_wait,
-            lease,
-            policy,
-            leases,
-            settler,
-        } = setup;
-        let expires = u64::try_from(fetch_wait.as_nanos()).unwrap_or(u64::MAX);
-        let request = serde_json::json!({ "batch": wanted, "expires": expires, "no_wait": true });
+        let expires = u64::try_from(setup.fetch_wait.as_nanos()).unwrap_or(u64::MAX);
+        let request =
+            serde_json::json!({ "batch": setup.wanted, "expires": expires, "no_wait": true });
+        let next_subject = format!(
+            "$JS.API.CONSUMER.MSG.NEXT.{}.{}",
+            setup.stream, setup.consumer
+        );
         NatsReceive {
-            client,
-            name,
-            next_subject: Subject::from(format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}")),
+            setup,
+            next_subject: Subject::from(next_subject),
             request: Bytes::from(request.to_string()),
             inbox: None,
-            wanted,
-            fetch_wait,
-            lease,
-            policy,
-            leases,
-            settler,
         }
     }
 
     fn failed(&self, reason: impl std::fmt::Display, for_good: bool) -> ReceiveFailed {
         ReceiveFailed {
-            error: Box::new(NatsError::call("fetch", &self.name, reason)),
+            error: Box::new(NatsError::call("fetch", &self.setup.name, reason)),
             for_good,
         }
     }
@@ -113,20 +92,20 @@ impl NatsReceive {
         let reply = message.reply?;
         let delivered = delivery_count(&reply).unwrap_or(1);
         let incoming = headers::incoming(message.headers.as_ref());
-        let tag = self.leases.insert(Held { reply }, self.lease);
+        let tag = self.setup.leases.insert(Held { reply }, self.setup.lease);
         if let Some(left) = incoming.early_by {
-            self.leases.settle(tag, |_| Op::Nak(Some(left)));
+            self.setup.leases.settle(tag, |_| Op::Nak(Some(left)));
             return None;
         }
         // A delayed message came early once before this delivery: that one was no
         // attempt.
         let early_once = incoming.delayed && delivered > 1;
         let attempts = delivered.saturating_sub(u32::from(early_once));
-        let over = self.policy.max_receive_count;
-        if self.policy.dead_letter_queue.is_some() && over > 0 && attempts > over {
-            let reason =
-                format!("delivered {attempts} times; the queue's max receive count is {over}");
-            self.leases.settle(tag, |_| {
+        let policy = &self.setup.policy;
+        if policy.dead_letter_queue.is_some()
+            && let Some(reason) = past_max_receives(attempts, policy.max_receive_count)
+        {
+            self.setup.leases.settle(tag, |_| {
                 Op::Reject(Box::new(Rejected {
                     reason,
                     payload: message.payload,
@@ -139,8 +118,8 @@ impl NatsReceive {
         Some(
             Delivery::new(
                 message.payload,
-                self.name.clone(),
-                self.settler.clone(),
+                self.setup.name.clone(),
+                self.setup.settler.clone(),
                 tag,
             )
             .with_headers(incoming.headers)
@@ -157,8 +136,9 @@ impl Receive for NatsReceive {
     /// with none.
     async fn receive(&mut self, into: &mut Vec<Delivery>) -> Result<(), ReceiveFailed> {
         if self.inbox.is_none() {
-            let inbox = self.client.new_inbox();
+            let inbox = self.setup.client.new_inbox();
             let subscriber = self
+                .setup
                 .client
                 .subscribe(inbox.clone())
                 .await
@@ -168,7 +148,8 @@ impl Receive for NatsReceive {
         let Some((inbox, _)) = &self.inbox else {
             return Ok(());
         };
-        self.client
+        self.setup
+            .client
             .publish_with_reply(
                 self.next_subject.clone(),
                 inbox.clone(),
@@ -176,10 +157,10 @@ impl Receive for NatsReceive {
             )
             .await
             .map_err(|e| self.failed(Report(&e), false))?;
-        let gave_up = tokio::time::sleep(self.fetch_wait.saturating_add(ANSWER_MARGIN));
+        let gave_up = tokio::time::sleep(self.setup.fetch_wait.saturating_add(ANSWER_MARGIN));
         tokio::pin!(gave_up);
         let mut answered = 0;
-        while answered < self.wanted {
+        while answered < self.setup.wanted {
             let Some((_, subscriber)) = self.inbox.as_mut() else {
                 break;
             };

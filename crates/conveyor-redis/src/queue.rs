@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use conveyor::kit::{
     Keep, LeaseSettler, LeaseTimes, Leases, Pull, PullOptions, PullSubscriber, Receive,
-    ReceiveFailed, Rejected, Renewed, Taken,
+    ReceiveFailed, Rejected, Renewed, Taken, past_max_receives,
 };
 use conveyor::{
     Delivery, Error, Publisher, Report, Settled, Settlement, Source, SubscribeSettings,
@@ -471,10 +471,9 @@ impl Receive for RedisReceive {
                 attempts,
             };
             let tag = self.leases.insert(held, self.lease);
-            let over = self.policy.max_receive_count;
-            if self.policy.dead_letter_queue.is_some() && over > 0 && attempts > over {
-                let reason =
-                    format!("delivered {attempts} times; the queue's max receive count is {over}");
+            if self.policy.dead_letter_queue.is_some()
+                && let Some(reason) = past_max_receives(attempts, self.policy.max_receive_count)
+            {
                 self.leases.settle(tag, |_| {
                     Op::Reject(Box::new(Rejected {
                         reason,

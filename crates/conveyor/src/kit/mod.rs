@@ -36,6 +36,6 @@ pub use lease::{LeaseTimes, Leases, Taken};
 pub use pace::{RetryPause, due_after, jittered};
 pub use pull::{Alive, CallHealth, Pull, PullOptions, PullSubscriber, Receive, ReceiveFailed};
 pub use settle::{SettleQueue, TagTable};
-pub use settler::{LeaseSettler, Rejected};
+pub use settler::{LeaseSettler, Rejected, past_max_receives};
 pub use sync::{lock, wait_for};
 pub use text::{bounded, redact_url, unique_id, url_password, without_password};

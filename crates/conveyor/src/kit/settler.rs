@@ -40,6 +40,27 @@ impl<D: Send + 'static, O: Send + 'static> Settle for LeaseSettler<D, O> {
     }
 }
 
+/// Why a message delivered `attempts` times goes to its dead-letter queue without running
+/// again, where its queue allows at most `max_receive_count` receives (0: no limit);
+/// `None` while it may run. For transports that count receives themselves (JetStream's
+/// delivery count, a Redis entry's), as SQS's redrive policy does on the broker.
+///
+/// ```
+/// use conveyor::kit::past_max_receives;
+///
+/// assert_eq!(past_max_receives(3, 3), None);
+/// assert_eq!(
+///     past_max_receives(4, 3).as_deref(),
+///     Some("delivered 4 times; the queue's max receive count is 3")
+/// );
+/// assert_eq!(past_max_receives(99, 0), None); // no limit
+/// ```
+pub fn past_max_receives(attempts: u32, max_receive_count: u32) -> Option<String> {
+    (max_receive_count > 0 && attempts > max_receive_count).then(|| {
+        format!("delivered {attempts} times; the queue's max receive count is {max_receive_count}")
+    })
+}
+
 /// A rejected message, kept until it is in its dead-letter queue.
 #[derive(Debug)]
 pub struct Rejected {
