@@ -82,6 +82,19 @@ async fn raw_consumer(
     (client, consumer, start)
 }
 
+/// A raw loop's end of a batch: its acks flushed; the time to the last ack once all `n`
+/// messages are done.
+async fn flushed(
+    client: &async_nats::Client,
+    done: u64,
+    n: u64,
+    start: Instant,
+) -> Option<Duration> {
+    let elapsed = (done >= n).then(|| start.elapsed());
+    client.flush().await.expect("flush");
+    elapsed
+}
+
 /// A hand-written consumer on the broker's own client: fetches of `fetch` messages, each
 /// decoded and acked with a plain publish to its reply subject, the acks flushed once
 /// per batch. The clock runs from opening the consumer to the last message's ack.
@@ -105,12 +118,9 @@ async fn raw_loop(broker: &NatsBroker, queue: &str, n: u64, fetch: usize) -> Dur
             message.ack().await.expect("ack");
             done += 1;
         }
-        if done >= n {
-            let elapsed = start.elapsed();
-            client.flush().await.expect("flush");
+        if let Some(elapsed) = flushed(&client, done, n, start).await {
             return elapsed;
         }
-        client.flush().await.expect("flush");
     }
 }
 
@@ -156,12 +166,9 @@ async fn raw_inbox_loop(broker: &NatsBroker, queue: &str, n: u64, fetch: usize) 
                 .expect("ack");
             done += 1;
         }
-        if done >= n {
-            let elapsed = start.elapsed();
-            client.flush().await.expect("flush");
+        if let Some(elapsed) = flushed(&client, done, n, start).await {
             return elapsed;
         }
-        client.flush().await.expect("flush");
     }
 }
 
