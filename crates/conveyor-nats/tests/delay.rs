@@ -7,7 +7,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use conveyor::{App, Broker, Bytes, DeliveryInfo, Message, Publisher, QueueSpec, State};
+use conveyor::{App, Broker, Bytes, DeliveryInfo, Message, Publisher, State};
 
 type Seen = Arc<Mutex<Vec<(Option<u32>, bool)>>>;
 
@@ -20,11 +20,7 @@ async fn record(_: Bytes, info: DeliveryInfo, State(seen): State<Seen>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delayed_message_is_handled_as_its_first_attempt() {
     let broker = common::broker().await;
-    let queue = common::unique("delayed");
-    broker
-        .declare_queue(&QueueSpec::new(queue.as_str()))
-        .await
-        .expect("declared");
+    let queue = common::declared_queue(&broker, "delayed").await;
     let seen = Seen::default();
     let running = App::new("delayed")
         .with_state(seen.clone())

@@ -49,18 +49,14 @@ async fn a_deleted_queue_ends_the_app_with_an_error_naming_it() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU32, Ordering};
 
-    use conveyor::{App, Broker, Error, Publisher, QueueSpec, State};
+    use conveyor::{App, Broker, Error, Publisher, State};
 
     async fn count(_: conveyor::Bytes, State(seen): State<Arc<AtomicU32>>) {
         seen.fetch_add(1, Ordering::SeqCst);
     }
 
     let broker = common::broker().await;
-    let queue = common::unique("deleted");
-    broker
-        .declare_queue(&QueueSpec::new(queue.as_str()))
-        .await
-        .expect("declared");
+    let queue = common::declared_queue(&broker, "deleted").await;
     broker
         .publish(&queue, conveyor::Message::new("x"))
         .await

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use conveyor::{App, Broker, QueueSpec};
+use conveyor::{App, Broker};
 use conveyor_nats::DEFAULT_CONSUMER;
 use futures_util::StreamExt;
 
@@ -18,11 +18,7 @@ async fn an_idle_subscription_asks_about_once_per_fetch_wait() {
     // The fetch wait is 1 s (`common::broker`).
     const WATCHED: Duration = Duration::from_secs(3);
     let broker = common::broker().await;
-    let queue = common::unique("idle");
-    broker
-        .declare_queue(&QueueSpec::new(queue.as_str()))
-        .await
-        .expect("declared");
+    let queue = common::declared_queue(&broker, "idle").await;
     let watcher = async_nats::connect(common::URL)
         .await
         .expect("second connection");

@@ -36,3 +36,14 @@ pub fn unique(name: &str) -> String {
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     format!("{name}-{}-{nanos:x}-{n}", std::process::id())
 }
+
+/// A queue of its own for one test, declared: its name from [`unique`].
+pub async fn declared_queue(broker: &NatsBroker, name: &str) -> String {
+    use conveyor::Broker;
+    let queue = unique(name);
+    broker
+        .declare_queue(&conveyor::QueueSpec::new(queue.as_str()))
+        .await
+        .expect("declared");
+    queue
+}
