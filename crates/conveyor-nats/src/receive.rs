@@ -77,10 +77,12 @@ impl NatsReceive {
             inbox: None,
         }
     }
+}
 
+impl ReceiveSetup {
     fn failed(&self, reason: impl std::fmt::Display, for_good: bool) -> ReceiveFailed {
         ReceiveFailed {
-            error: Box::new(NatsError::call("fetch", &self.setup.name, reason)),
+            error: Box::new(NatsError::call("fetch", &self.name, reason)),
             for_good,
         }
     }
@@ -92,20 +94,20 @@ impl NatsReceive {
         let reply = message.reply?;
         let delivered = delivery_count(&reply).unwrap_or(1);
         let incoming = headers::incoming(message.headers.as_ref());
-        let tag = self.setup.leases.insert(Held { reply }, self.setup.lease);
+        let tag = self.leases.insert(Held { reply }, self.lease);
         if let Some(left) = incoming.early_by {
-            self.setup.leases.settle(tag, |_| Op::Nak(Some(left)));
+            self.leases.settle(tag, |_| Op::Nak(Some(left)));
             return None;
         }
         // A delayed message came early once before this delivery: that one was no
         // attempt.
         let early_once = incoming.delayed && delivered > 1;
         let attempts = delivered.saturating_sub(u32::from(early_once));
-        let policy = &self.setup.policy;
+        let policy = &self.policy;
         if policy.dead_letter_queue.is_some()
             && let Some(reason) = past_max_receives(attempts, policy.max_receive_count)
         {
-            self.setup.leases.settle(tag, |_| {
+            self.leases.settle(tag, |_| {
                 Op::Reject(Box::new(Rejected {
                     reason,
                     payload: message.payload,
@@ -118,8 +120,8 @@ impl NatsReceive {
         Some(
             Delivery::new(
                 message.payload,
-                self.setup.name.clone(),
-                self.setup.settler.clone(),
+                self.name.clone(),
+                self.settler.clone(),
                 tag,
             )
             .with_headers(incoming.headers)
@@ -135,20 +137,20 @@ impl Receive for NatsReceive {
     /// One pull request: answers as soon as any message is there, or after the fetch wait
     /// with none.
     async fn receive(&mut self, into: &mut Vec<Delivery>) -> Result<(), ReceiveFailed> {
-        if self.inbox.is_none() {
-            let inbox = self.setup.client.new_inbox();
-            let subscriber = self
-                .setup
-                .client
-                .subscribe(inbox.clone())
-                .await
-                .map_err(|e| self.failed(Report(&e), false))?;
-            self.inbox = Some((Subject::from(inbox), subscriber));
-        }
-        let Some((inbox, _)) = &self.inbox else {
-            return Ok(());
+        let setup = &self.setup;
+        let (inbox, answers) = match &mut self.inbox {
+            Some(inbox) => inbox,
+            none => {
+                let inbox = Subject::from(setup.client.new_inbox());
+                let answers = setup
+                    .client
+                    .subscribe(inbox.clone())
+                    .await
+                    .map_err(|e| setup.failed(Report(&e), false))?;
+                none.insert((inbox, answers))
+            }
         };
-        self.setup
+        setup
             .client
             .publish_with_reply(
                 self.next_subject.clone(),
@@ -156,24 +158,21 @@ impl Receive for NatsReceive {
                 self.request.clone(),
             )
             .await
-            .map_err(|e| self.failed(Report(&e), false))?;
-        let gave_up = tokio::time::sleep(self.setup.fetch_wait.saturating_add(ANSWER_MARGIN));
+            .map_err(|e| setup.failed(Report(&e), false))?;
+        let gave_up = tokio::time::sleep(setup.fetch_wait.saturating_add(ANSWER_MARGIN));
         tokio::pin!(gave_up);
         let mut answered = 0;
-        while answered < self.setup.wanted {
-            let Some((_, subscriber)) = self.inbox.as_mut() else {
-                break;
-            };
+        while answered < setup.wanted {
             let message = tokio::select! {
                 biased;
-                message = subscriber.next() => message,
+                message = answers.next() => message,
                 () = &mut gave_up => break,
             };
             let Some(message) = message else {
                 // The client closed the subscription: a new inbox next time.
                 self.inbox = None;
                 if into.is_empty() {
-                    return Err(self.failed("the client closed the inbox subscription", false));
+                    return Err(setup.failed("the client closed the inbox subscription", false));
                 }
                 break;
             };
@@ -189,14 +188,14 @@ impl Receive for NatsReceive {
                     );
                     let for_good = reason.to_ascii_lowercase().contains("consumer deleted");
                     if into.is_empty() || for_good {
-                        return Err(self.failed(reason, for_good));
+                        return Err(setup.failed(reason, for_good));
                     }
                     // What came is kept; the next request reports the error if it lasts.
                     break;
                 }
             }
             answered += 1;
-            into.extend(self.delivery(message));
+            into.extend(setup.delivery(message));
         }
         Ok(())
     }

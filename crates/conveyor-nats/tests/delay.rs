@@ -37,14 +37,12 @@ async fn a_delayed_message_is_handled_as_its_first_attempt() {
         )
         .await
         .expect("published");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    let handled = loop {
-        let handled = seen.lock().map(|seen| seen.clone()).unwrap_or_default();
-        if !handled.is_empty() || tokio::time::Instant::now() > deadline {
-            break handled;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let handled = || seen.lock().map(|seen| seen.clone()).unwrap_or_default();
+    conveyor_conformance::eventually("the delayed message handled", || async {
+        !handled().is_empty()
+    })
+    .await;
+    let handled = handled();
     running.shutdown().await.expect("shut down");
     broker.delete_queue(&queue).await.expect("deleted");
     assert_eq!(
