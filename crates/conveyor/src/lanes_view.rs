@@ -2,12 +2,12 @@
 //! runs and holds, and which partition keys are hot.
 //! [`RunningApp::lanes`](crate::RunningApp::lanes) takes it.
 //!
-//! The counters are kept as the lanes run, with relaxed atomics (a handful of
-//! instructions per delivery). The hot keys come from a sample of the deliveries (one in
-//! 4, spread pseudo-randomly) counted in a fixed table of [`HOT_KEY_SLOTS`] keys (the
-//! Space-Saving algorithm): memory stays the same whatever the number of keys, and a key
-//! that takes a large share of the traffic is in the table. Counts are halved every
-//! 1,024 samples, so the table follows what is hot now rather than since the start.
+//! The counters are kept as the lanes run, with relaxed atomics. The hot keys come from a
+//! sample of the deliveries (one in 4, spread pseudo-randomly) counted in a fixed table of
+//! [`HOT_KEY_SLOTS`] keys (the Space-Saving algorithm): memory stays the same whatever the
+//! number of keys, and a key that takes a large share of the traffic is in the table.
+//! Counts are halved every 1,024 samples, so the table follows what is hot now rather
+//! than since the start.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -67,11 +67,12 @@ impl ConnectionProbe for CallHealth {
 
 /// A transport's receive call, made by the pump.
 pub trait Receive: Send + 'static {
+    // The one `Vec` for every receive: a fresh list of a few deliveries is a large
+    // allocation, the slow path of the allocator.
     /// One receive: adds the deliveries it brought to `into` (empty when called), each
     /// already recorded in the subscription's [`Leases`] (so that it stays leased while it
     /// waits) and settled through them. The pump hands the same `Vec` to every receive,
-    /// so a receive allocates nothing for its list (a fresh one of a few deliveries is a
-    /// large allocation, the slow path of the allocator). What a failed receive added is
+    /// so a receive allocates nothing for its list. What a failed receive added is
     /// released.
     fn receive(
         &mut self,
