@@ -15,14 +15,30 @@ pub fn assert_says_each_part_once(label: &str, how: &str, text: &str) {
     }
 }
 
-/// Checks that each of `errors` (a label, and the error) says every part once: by
-/// `Display`, by [`conveyor::Report`], and as the reason a handler's message is rejected
-/// with when the handler fails with it. `again` is the same errors, made again in the
-/// same order (errors do not clone): the handlers return those.
+/// An error and every one of its sources, joined by `: ` with nothing left out, as
+/// anyhow's `{:#}`, eyre and `std::error::Report` show a chain.
+pub fn chain_walked(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut next = error.source();
+    while let Some(cause) = next {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        next = cause.source();
+    }
+    text
+}
+
+/// Checks that each of `errors` (a label, and the error) follows the Rust error
+/// convention and says every part once: by `Display`, by its chain walked through
+/// `source()` as anyhow does ([`chain_walked`]), by [`conveyor::Report`], and as the
+/// reason a handler's message is rejected with when the handler fails with it. `again` is
+/// the same errors, made again in the same order (errors do not clone): the handlers
+/// return those.
 pub async fn assert_each_cause_said_once(errors: Vec<(String, BoxError)>, again: Vec<BoxError>) {
     assert_eq!(errors.len(), again.len(), "`again` is the same errors");
     for (label, error) in &errors {
         assert_says_each_part_once(label, "Display", &error.to_string());
+        assert_says_each_part_once(label, "its sources walked", &chain_walked(error.as_ref()));
         let report = conveyor::Report(error.as_ref()).to_string();
         assert_says_each_part_once(label, "Report", &report);
     }

@@ -274,7 +274,7 @@ impl Dialer {
             Phase::First { .. } => {
                 // Said once, so that a service waiting for its broker tells why.
                 if state.last_failure.is_none() {
-                    tracing::warn!(url = %self.url, %error, "cannot reach RabbitMQ yet; retrying");
+                    tracing::warn!(url = %self.url, error = %conveyor::Report(&error), "cannot reach RabbitMQ yet; retrying");
                 }
                 state.last_failure = Some(Failure::Failed(error));
                 if fatal {
@@ -282,7 +282,7 @@ impl Dialer {
                 }
             }
             Phase::Connected => {
-                tracing::debug!(url = %self.url, %error, "cannot reach RabbitMQ yet; retrying");
+                tracing::debug!(url = %self.url, error = %conveyor::Report(&error), "cannot reach RabbitMQ yet; retrying");
             }
             Phase::GivenUp => {}
         }

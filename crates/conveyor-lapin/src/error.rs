@@ -499,7 +499,8 @@ mod tests {
     }
 
     /// Every error this crate makes, and every core error it wraps one in, says each
-    /// cause once: by `Display`, by [`conveyor::Report`], and as the reason a handler's
+    /// cause once: by `Display`, by its sources walked as anyhow does, by
+    /// [`conveyor::Report`], and as the reason a handler's
     /// message is rejected with when the handler fails with it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn every_error_says_each_cause_once_however_it_is_shown() {

@@ -388,8 +388,8 @@ impl Member {
                     },
                     // The channel's connection was lost: lapin recovers it and the
                     // stream goes on, unless the channel is gone for good.
-                    Some(Err(error)) if !can_publish(&listening) => break Ended::Lost(error.to_string()),
-                    Some(Err(error)) => tracing::debug!(group = %self.exchange, %error, "the heartbeat consumer waits for its connection"),
+                    Some(Err(error)) if !can_publish(&listening) => break Ended::Lost(conveyor::Report(&error).to_string()),
+                    Some(Err(error)) => tracing::debug!(group = %self.exchange, error = %conveyor::Report(&error), "the heartbeat consumer waits for its connection"),
                     None => break Ended::Lost("the heartbeat consumer ended".to_string()),
                 },
             }
@@ -422,7 +422,7 @@ impl Member {
                 .queue_delete(queue_name, QueueDeleteOptions::default())
                 .await;
             if let Err(error) = deleted {
-                tracing::debug!(group = %self.exchange, %error, "deleting the membership queue failed; it expires unused");
+                tracing::debug!(group = %self.exchange, error = %conveyor::Report(&error), "deleting the membership queue failed; it expires unused");
             }
         }
         let _ = listening.close(200, "left the replica group".into()).await;
@@ -469,8 +469,8 @@ impl Member {
     }
 }
 
-fn text(error: impl std::fmt::Display) -> String {
-    error.to_string()
+fn text(error: impl std::error::Error + 'static) -> String {
+    conveyor::Report(&error).to_string()
 }
 
 /// A heartbeat as received.

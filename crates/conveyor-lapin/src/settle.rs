@@ -127,7 +127,7 @@ impl Routes {
             .broker
             .open_publishing_channel("republishing")
             .await
-            .map_err(|error| error.to_string())?;
+            .map_err(|error| conveyor::Report(&error).to_string())?;
         *channel = Some(opened.clone());
         Ok(opened)
     }
@@ -516,7 +516,7 @@ fn report(queue: &str, result: lapin::Result<bool>) {
         // again (a handled one twice).
         Err(error) => tracing::error!(
             queue,
-            %error,
+            error = %conveyor::Report(&error),
             "settling failed; the broker delivers the message again"
         ),
     }
@@ -568,7 +568,7 @@ async fn publish(routes: &Routes, copy: Copy, payload: &[u8]) -> Result<Publishe
             copy.properties,
         )
         .await
-        .map_err(|e| e.to_string())
+        .map_err(|error| conveyor::Report(&error).to_string())
 }
 
 /// Waits up to `timeout` for the broker to take a republished copy.
@@ -579,7 +579,7 @@ async fn confirmed(confirm: PublisherConfirm, timeout: Duration) -> Result<(), S
             Err(format!("returned unroutable: {}", returned.reply_text))
         }
         Ok(Ok(other)) => Err(format!("the broker did not take it: {other:?}")),
-        Ok(Err(e)) => Err(e.to_string()),
+        Ok(Err(error)) => Err(conveyor::Report(&error).to_string()),
         Err(_) => Err(format!("no confirm within {timeout:?}")),
     }
 }

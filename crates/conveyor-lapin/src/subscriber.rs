@@ -357,14 +357,14 @@ impl LapinSubscriber {
         {
             Ok(()) => self.cancelled = true,
             Err(error) => {
-                tracing::debug!(queue = %self.queue, %error, "cancelling the consumer failed");
+                tracing::debug!(queue = %self.queue, error = %conveyor::Report(&error), "cancelling the consumer failed");
             }
         }
     }
 
     /// Waits for the client to recover the channel after `error`, or gives up with it.
     async fn recover(&mut self, error: lapin::Error) -> Result<(), conveyor::Error> {
-        tracing::warn!(queue = %self.queue, %error, "subscription channel lost; waiting for recovery");
+        tracing::warn!(queue = %self.queue, error = %conveyor::Report(&error), "subscription channel lost; waiting for recovery");
         match self.channel.wait_for_recovery(error).await {
             Ok(()) => {
                 tracing::info!(queue = %self.queue, "subscription recovered");
@@ -424,7 +424,7 @@ async fn cancel_when_restored(
                     tracing::info!(queue = %queue, "cancelled the consumer lapin restored after the subscription stopped receiving");
                 }
                 Err(error) => {
-                    tracing::debug!(queue = %queue, %error, "cancelling the restored consumer failed");
+                    tracing::debug!(queue = %queue, error = %conveyor::Report(&error), "cancelling the restored consumer failed");
                 }
             }
         }
@@ -432,7 +432,7 @@ async fn cancel_when_restored(
             Ok(true) => released += 1,
             Ok(false) => {}
             Err(error) => {
-                tracing::debug!(queue = %queue, %error, "releasing a delivery of the restored consumer failed");
+                tracing::debug!(queue = %queue, error = %conveyor::Report(&error), "releasing a delivery of the restored consumer failed");
             }
         }
     }
@@ -440,7 +440,7 @@ async fn cancel_when_restored(
     if closed.load(Ordering::SeqCst)
         && let Err(error) = channel.close(200, "subscription closed".into()).await
     {
-        tracing::debug!(queue = %queue, %error, "closing the subscription channel failed");
+        tracing::debug!(queue = %queue, error = %conveyor::Report(&error), "closing the subscription channel failed");
     }
 }
 
@@ -469,7 +469,7 @@ async fn close_when_restored(channel: Channel, mut consumer: Consumer, queue: Ar
             "closed the channel lapin restored after the subscription closed"
         ),
         Err(error) => {
-            tracing::debug!(queue = %queue, %error, "closing the restored subscription channel failed");
+            tracing::debug!(queue = %queue, error = %conveyor::Report(&error), "closing the restored subscription channel failed");
         }
     }
 }
@@ -584,7 +584,7 @@ impl Subscriber for LapinSubscriber {
                 Ok(true) => released += 1,
                 Ok(false) => {}
                 Err(error) => {
-                    tracing::debug!(queue = %self.queue, %error, "releasing a buffered delivery failed");
+                    tracing::debug!(queue = %self.queue, error = %conveyor::Report(&error), "releasing a buffered delivery failed");
                 }
             }
         }
@@ -641,7 +641,7 @@ impl Subscriber for LapinSubscriber {
                 tokio::spawn(close_when_restored(channel, consumer, queue.clone()));
             }
             Err(error) => {
-                tracing::debug!(queue = %queue, %error, "closing the subscription channel failed");
+                tracing::debug!(queue = %queue, error = %conveyor::Report(&error), "closing the subscription channel failed");
                 drop(consumer);
             }
         }

@@ -288,7 +288,12 @@ async fn redeclaring_a_queue_with_other_arguments_is_a_transport_error_and_the_b
             && matches!(source, Some(LapinError::Declare { .. })),
         "{error:?}"
     );
-    assert!(error.to_string().contains("PRECONDITION_FAILED"), "{error}");
+    assert!(
+        conveyor::Report(&error)
+            .to_string()
+            .contains("PRECONDITION_FAILED"),
+        "{error}"
+    );
 
     let next = unique("after-refusal");
     broker
@@ -348,7 +353,12 @@ async fn queue_depth_counts_the_delay_queue_and_delete_queue_takes_it_along() {
     let other = common::broker().await;
     for gone in [queue.clone(), format!("{queue}.delay")] {
         let error = other.queue_depth(&gone).await.unwrap_err();
-        assert!(error.to_string().contains("does not exist"), "{error}");
+        assert!(
+            conveyor::Report(&error)
+                .to_string()
+                .contains("does not exist"),
+            "{error}"
+        );
     }
     broker.delete_queue(&queue).await.unwrap();
 }
@@ -405,7 +415,7 @@ async fn taking_dead_letters_from_a_missing_queue_is_an_error_naming_it() {
     let broker = broker().await;
     let dlq = unique("take-missing");
     let error = broker.take_dead_letters(&dlq, 1).await.unwrap_err();
-    let text = error.to_string();
+    let text = conveyor::Report(&error).to_string();
     assert!(
         text.contains(&dlq) && text.contains("does not exist"),
         "{text}"

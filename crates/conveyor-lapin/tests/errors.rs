@@ -125,7 +125,7 @@ async fn a_refused_first_connect_says_refused_and_leaves_nothing_running() {
         std::io::ErrorKind::ConnectionRefused,
         "{error:?}"
     );
-    let text = conveyor::Error::from(error).to_string();
+    let text = conveyor::Report(&conveyor::Error::from(error)).to_string();
     assert!(text.to_lowercase().contains("refused"), "{text}");
     assert!(!text.contains("within"), "not a timeout: {text}");
     assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
@@ -157,7 +157,7 @@ async fn a_handshake_without_answer_times_out_and_is_cut() {
         ),
         "{error:?}"
     );
-    let text = error.to_string();
+    let text = conveyor::Report(&error).to_string();
     assert!(text.contains("did not answer within 1s"), "{text}");
 
     // The connections it opened (consuming, publishing) were closed: the server's end
@@ -199,7 +199,7 @@ async fn a_refused_login_says_so_and_leaves_nothing_running() {
         .connect()
         .await
         .expect_err("the password is wrong");
-    let text = error.to_string() + &format!(" {error:?}");
+    let text = conveyor::Report(&error).to_string() + &format!(" {error:?}");
     assert!(text.contains("ACCESS_REFUSED"), "{text}");
     assert!(
         !text.contains("wrong-password"),
@@ -264,7 +264,7 @@ async fn headers_over_the_frame_limit_are_refused_and_the_connection_goes_on() {
         .publish(&target, with_header_of(200_000))
         .await
         .expect_err("the headers are over the frame limit");
-    let text = error.to_string();
+    let text = conveyor::Report(&error).to_string();
     let source = std::error::Error::source(&error).and_then(|e| e.downcast_ref::<LapinError>());
     let Some(&LapinError::HeadersTooLarge { size, limit, .. }) = source else {
         panic!("not HeadersTooLarge: {error:?}");
@@ -379,20 +379,20 @@ async fn error_texts_say_each_thing_once_and_quote_oversize_names_by_their_start
     // Returned unroutable: no such queue.
     let error = broker.publish_json(&missing, &1u32).await.unwrap_err();
     assert_eq!(
-        error.to_string(),
+        conveyor::Report(&error).to_string(),
         format!("cannot publish to `{missing}`: the message was returned unroutable: 312 NO_ROUTE")
     );
-    texts.push(error.to_string());
+    texts.push(conveyor::Report(&error).to_string());
     // Nacked: the queue is full and refuses more.
     let error = broker.publish_json(&full, &2u32).await.unwrap_err();
     assert_eq!(
-        error.to_string(),
+        conveyor::Report(&error).to_string(),
         format!("cannot publish to `{full}`: the broker refused the message (basic.nack)")
     );
-    texts.push(error.to_string());
+    texts.push(conveyor::Report(&error).to_string());
     // A queue name too long for AMQP, and a header name too.
     let error = broker.publish_json(&oversize, &1u32).await.unwrap_err();
-    texts.push(error.to_string());
+    texts.push(conveyor::Report(&error).to_string());
     let error = broker
         .publish(
             &queue,
@@ -402,8 +402,13 @@ async fn error_texts_say_each_thing_once_and_quote_oversize_names_by_their_start
         )
         .await
         .unwrap_err();
-    assert!(error.to_string().contains("invalid header name"), "{error}");
-    texts.push(error.to_string());
+    assert!(
+        conveyor::Report(&error)
+            .to_string()
+            .contains("invalid header name"),
+        "{error}"
+    );
+    texts.push(conveyor::Report(&error).to_string());
     // A delivery delay, which RabbitMQ cannot do.
     let error = broker
         .publish(
@@ -415,12 +420,12 @@ async fn error_texts_say_each_thing_once_and_quote_oversize_names_by_their_start
         .await
         .unwrap_err();
     assert_eq!(
-        error.to_string(),
+        conveyor::Report(&error).to_string(),
         format!(
             "cannot publish to `{queue}`: invalid message: it asks for a delivery delay, which plain RabbitMQ cannot do"
         )
     );
-    texts.push(error.to_string());
+    texts.push(conveyor::Report(&error).to_string());
     // Subscribing, passively, to a missing queue; and with an oversize name.
     for name in [missing.as_str(), oversize.as_str()] {
         let source: LapinQueue = broker.queue(name).passive();
@@ -428,23 +433,23 @@ async fn error_texts_say_each_thing_once_and_quote_oversize_names_by_their_start
         let Err(error) = app.start().await else {
             panic!("subscribed to `{name}`, which does not exist");
         };
-        texts.push(error.to_string());
+        texts.push(conveyor::Report(&error).to_string());
     }
     // Declaring with an oversize name, and reading its depth.
     let error = broker
         .declare_queue(&QueueSpec::new(oversize.as_str()))
         .await
         .unwrap_err();
-    texts.push(error.to_string());
+    texts.push(conveyor::Report(&error).to_string());
     let error = broker.queue_depth(&oversize).await.unwrap_err();
-    texts.push(error.to_string());
+    texts.push(conveyor::Report(&error).to_string());
     // A refused connection.
     let error = LapinBroker::builder(format!("amqp://127.0.0.1:{}", closed_port()))
         .first_connect_timeout(Duration::from_millis(200))
         .connect()
         .await
         .unwrap_err();
-    texts.push(conveyor::Error::from(error).to_string());
+    texts.push(conveyor::Report(&conveyor::Error::from(error)).to_string());
 
     for text in &texts {
         says_nothing_twice(text);
@@ -490,7 +495,7 @@ async fn a_body_over_the_brokers_message_size_limit_is_refused_and_the_next_publ
         matches!(error, conveyor::Error::Publish { .. }),
         "{error:?}"
     );
-    let text = error.to_string();
+    let text = conveyor::Report(&error).to_string();
     assert!(
         text.contains("is larger than configured max size"),
         "{text}"

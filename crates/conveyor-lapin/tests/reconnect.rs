@@ -632,7 +632,7 @@ async fn a_publish_fails_as_unavailable_while_the_connection_stays_lost_and_succ
             "never Unavailable; last: {error:?}"
         );
     };
-    let shown = error.to_string();
+    let shown = conveyor::Report(&error).to_string();
     println!("{shown}");
     assert_eq!(
         shown,

@@ -51,3 +51,84 @@ impl NatsError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One error of each variant, by variant. The match has no wildcard: a new variant
+    /// does not compile until it is named there.
+    fn every_variant() -> Vec<(&'static str, NatsError)> {
+        [
+            NatsError::Connect {
+                url: "nats://user:***@127.0.0.1:4222".into(),
+                reason: "connection refused".into(),
+            },
+            NatsError::call("fetch", "orders", "timed out"),
+            NatsError::Name {
+                name: "a b".into(),
+                why: "a space",
+            },
+            NatsError::NoReply {
+                destination: "prices".into(),
+                after: std::time::Duration::from_secs(5),
+            },
+        ]
+        .into_iter()
+        .map(|error| {
+            let variant = match &error {
+                NatsError::Connect { .. } => "Connect",
+                NatsError::Call { .. } => "Call",
+                NatsError::Name { .. } => "Name",
+                NatsError::NoReply { .. } => "NoReply",
+            };
+            (variant, error)
+        })
+        .collect()
+    }
+
+    /// Every variant alone, and as every core error the crate wraps one in.
+    fn every_error() -> Vec<(String, conveyor::BoxError)> {
+        type Wrap = fn(NatsError) -> conveyor::Error;
+        let ways: [(&str, Wrap); 4] = [
+            ("Subscribe", |error| conveyor::Error::Subscribe {
+                queue: "orders".into(),
+                source: Box::new(error),
+            }),
+            ("Publish", |error| conveyor::Error::Publish {
+                destination: "orders".into(),
+                source: Box::new(error),
+            }),
+            ("Refused", |error| conveyor::Error::Refused {
+                destination: "orders".into(),
+                source: Box::new(error),
+            }),
+            ("Transport", |error| conveyor::Error::Transport {
+                transport: "nats",
+                source: Box::new(error),
+            }),
+        ];
+        let mut all: Vec<(String, conveyor::BoxError)> = Vec::new();
+        for (how, wrap) in ways {
+            for (variant, error) in every_variant() {
+                all.push((
+                    format!("NatsError::{variant} in {how}"),
+                    Box::new(wrap(error)),
+                ));
+            }
+        }
+        for (variant, error) in every_variant() {
+            all.push((format!("NatsError::{variant}"), Box::new(error)));
+        }
+        all
+    }
+
+    /// Every error this crate makes, and every core error it wraps one in, says each
+    /// cause once: by `Display`, by its sources walked as anyhow does, by
+    /// [`conveyor::Report`], and as the reason a handler's message is rejected with.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_error_says_each_cause_once_however_it_is_shown() {
+        let again = every_error().into_iter().map(|(_, error)| error).collect();
+        conveyor_conformance::errors::assert_each_cause_said_once(every_error(), again).await;
+    }
+}

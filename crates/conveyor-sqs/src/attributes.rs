@@ -417,7 +417,7 @@ pub(crate) fn decode(message: &SqsMessage) -> Decoded {
             match aws_smithy_types::base64::decode(body) {
                 Ok(decoded) => Bytes::from(decoded),
                 Err(error) => {
-                    tracing::warn!(%error, "a body marked base64 is not; handing it over as received");
+                    tracing::warn!(error = %conveyor::Report(&error), "a body marked base64 is not; handing it over as received");
                     Bytes::copy_from_slice(body.as_bytes())
                 }
             }

@@ -13,8 +13,8 @@ use crate::broker::is_url;
 ///
 /// An SDK error stays whole, as the [`source`](std::error::Error::source) of
 /// [`SqsError::Call`], so it can be downcast (to `SdkError<CreateQueueError, HttpResponse>`,
-/// say); `Display` shows this error alone, and [`conveyor::Error`]'s `Display` shows it with
-/// its causes. The texts quote a queue name of at most 80 characters (SQS's longest) or a
+/// say); `Display` shows this error alone, and [`conveyor::Report`] shows it with its
+/// causes. The texts quote a queue name of at most 80 characters (SQS's longest) or a
 /// queue URL of at most 200 whole, and only the start of a longer one, ending in `…`; the
 /// fields keep it whole. Neither keeps the password of a queue URL that has one (user
 /// information, for a gateway in front of SQS): it is `***`.
@@ -691,7 +691,8 @@ mod tests {
     }
 
     /// Every error this crate makes, and every core error it wraps one in, says each
-    /// cause once: by `Display`, by [`conveyor::Report`], and as the reason a handler's
+    /// cause once: by `Display`, by its sources walked as anyhow does, by
+    /// [`conveyor::Report`], and as the reason a handler's
     /// message is rejected with when the handler fails with it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn every_error_says_each_cause_once_however_it_is_shown() {

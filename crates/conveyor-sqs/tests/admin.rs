@@ -595,7 +595,7 @@ async fn broker_with_secrets(endpoint: &str) -> SqsBroker {
 }
 
 fn assert_no_secrets(error: &Error) {
-    for text in [error.to_string(), format!("{error:?}")] {
+    for text in [conveyor::Report(error).to_string(), format!("{error:?}")] {
         assert!(!text.contains(SECRET) && !text.contains(KEY_ID), "{text}");
     }
 }
@@ -630,7 +630,7 @@ async fn errors_keep_the_sdk_error_as_their_source_and_show_no_credentials() {
         sdk.as_service_error()
             .is_some_and(|e| e.is_queue_does_not_exist())
     );
-    let text = error.to_string();
+    let text = conveyor::Report(&error).to_string();
     assert!(
         text.contains("QueueDoesNotExist") || text.contains("NonExistentQueue"),
         "the causes show: {text}"
@@ -674,7 +674,10 @@ async fn sqs_settings_on_the_portable_spec_reach_the_queue() {
         .partition_key("k")
         .payload(vec![b'x'; 4096]);
     let error = broker.publish(&queue, big).await.expect_err("too large");
-    assert!(error.to_string().contains("2048"), "{error}");
+    assert!(
+        conveyor::Report(&error).to_string().contains("2048"),
+        "{error}"
+    );
     delete(&broker, &[&queue]).await;
 }
 

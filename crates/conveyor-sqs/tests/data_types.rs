@@ -221,7 +221,7 @@ async fn a_type_sqs_would_refuse_is_refused_before_the_call() {
             matches!(source.downcast_ref(), Some(SqsError::InvalidMessage { .. })),
             "{error}"
         );
-        let text = error.to_string();
+        let text = conveyor::Report(&error).to_string();
         assert!(text.contains("`price`") && text.contains(why), "{text}");
     }
     assert!(

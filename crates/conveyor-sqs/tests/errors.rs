@@ -1,5 +1,5 @@
 //! Errors as a service sees them: made by real calls against the emulator on
-//! 127.0.0.1:4566, rendered whole by `conveyor::Error`'s `Display` (which shows the causes),
+//! 127.0.0.1:4566, rendered whole by `conveyor::Report` (the error and its causes),
 //! and checked for what they quote: no phrase twice, and only the start of an oversize name.
 
 mod common;
@@ -52,7 +52,7 @@ async fn publish_errors_say_why_once_and_cut_an_oversize_name() {
     let crowded = crowded.payload("x");
     let refused = broker.publish(&queue, crowded.clone()).await.unwrap_err();
     assert_eq!(
-        refused.to_string(),
+        conveyor::Report(&refused).to_string(),
         format!(
             "cannot publish to `{queue}`: 11 message attributes (headers and properties); SQS carries at most 10"
         )
@@ -62,7 +62,7 @@ async fn publish_errors_say_why_once_and_cut_an_oversize_name() {
         .await
         .unwrap_err();
     assert_eq!(
-        refused.to_string(),
+        conveyor::Report(&refused).to_string(),
         format!(
             "cannot publish to `{queue}`: 11 message attributes (headers and properties); SQS carries at most 10"
         )
@@ -71,7 +71,7 @@ async fn publish_errors_say_why_once_and_cut_an_oversize_name() {
     let reserved = Message::builder().header("AWS.trace", "1").payload("x");
     let refused = broker.publish(&queue, reserved).await.unwrap_err();
     assert_eq!(
-        refused.to_string(),
+        conveyor::Report(&refused).to_string(),
         format!(
             "cannot publish to `{queue}`: header `AWS.trace` cannot be an SQS message attribute: its name starts with `AWS.` or `Amazon.` (in any case), which SQS reserves"
         )
@@ -80,7 +80,7 @@ async fn publish_errors_say_why_once_and_cut_an_oversize_name() {
     let oversize_header = Message::builder().header(long.clone(), "1").payload("x");
     let refused = broker.publish(&queue, oversize_header).await.unwrap_err();
     assert_eq!(
-        refused.to_string(),
+        conveyor::Report(&refused).to_string(),
         format!(
             "cannot publish to `{queue}`: header `{}` cannot be an SQS message attribute: its name is longer than the 256 characters SQS takes",
             cut(&long)
@@ -93,7 +93,7 @@ async fn publish_errors_say_why_once_and_cut_an_oversize_name() {
         .payload("x");
     let refused = broker.publish(&fifo, other_group).await.unwrap_err();
     assert_eq!(
-        refused.to_string(),
+        conveyor::Report(&refused).to_string(),
         format!(
             "cannot publish to `{fifo}`: header `MessageGroupId` is not the partition key: on a FIFO queue the message group is the partition key, which a delivery carries in that header; set `partition_key` rather than the header"
         )
@@ -101,7 +101,7 @@ async fn publish_errors_say_why_once_and_cut_an_oversize_name() {
 
     // The emulator answers that no such queue exists; the SDK's causes follow.
     let missing = broker.publish(&long, Message::new("x")).await.unwrap_err();
-    let text = missing.to_string();
+    let text = conveyor::Report(&missing).to_string();
     assert!(
         text.starts_with(&format!(
             "cannot publish to `{}`: SQS queue `{}` does not exist: ",
@@ -116,7 +116,7 @@ async fn publish_errors_say_why_once_and_cut_an_oversize_name() {
     );
 
     for error in [refused, missing] {
-        assert_readable(&error.to_string(), &long);
+        assert_readable(&conveyor::Report(&error).to_string(), &long);
     }
     delete(&broker, &[&queue, &fifo]).await;
 }
@@ -130,13 +130,13 @@ async fn errors_about_an_oversize_queue_name_quote_only_its_start() {
     let declared = broker.declare_queue(&QueueSpec::new(long.clone())).await;
     let error = declared.expect_err("an oversize name");
     assert_eq!(
-        error.to_string(),
+        conveyor::Report(&error).to_string(),
         format!(
             "invalid configuration: SQS queue `{}`: a queue name has 1 to 80 characters, `.fifo` included",
             cut(&long)
         )
     );
-    texts.push(error.to_string());
+    texts.push(conveyor::Report(&error).to_string());
 
     let queue = unique("texts-dead", false);
     let spec = QueueSpec::new(queue.clone()).dead_letter_queue(long.clone(), 5);
@@ -145,13 +145,13 @@ async fn errors_about_an_oversize_queue_name_quote_only_its_start() {
         .await
         .expect_err("no such queue");
     assert_eq!(
-        error.to_string(),
+        conveyor::Report(&error).to_string(),
         format!(
             "invalid configuration: the dead-letter queue `{}` of SQS queue `{queue}` does not exist: declare it first",
             cut(&long)
         )
     );
-    texts.push(error.to_string());
+    texts.push(conveyor::Report(&error).to_string());
 
     // Refused before any call: a queue of that name can never exist.
     let started = App::new("texts")
@@ -162,29 +162,29 @@ async fn errors_about_an_oversize_queue_name_quote_only_its_start() {
         panic!("an oversize name does not start");
     };
     assert_eq!(
-        error.to_string(),
+        conveyor::Report(&error).to_string(),
         format!(
             "invalid configuration: SQS queue `{}`: a queue name has 1 to 80 characters, `.fifo` included",
             cut(&long)
         )
     );
-    texts.push(error.to_string());
+    texts.push(conveyor::Report(&error).to_string());
 
     let error = broker.queue_depth(&long).await.expect_err("no such queue");
     assert!(
-        error.to_string().starts_with(&format!(
+        conveyor::Report(&error).to_string().starts_with(&format!(
             "transport `sqs` failed: SQS queue `{}` does not exist: ",
             cut(&long)
         )),
         "{error}"
     );
-    texts.push(error.to_string());
+    texts.push(conveyor::Report(&error).to_string());
 
     let error = broker
         .take_dead_letters(&long, 1)
         .await
         .expect_err("no such queue");
-    texts.push(error.to_string());
+    texts.push(conveyor::Report(&error).to_string());
 
     for text in texts {
         assert_readable(&text, &long);

@@ -184,7 +184,7 @@ async fn headers_named_like_sqs_system_attributes_come_back_or_are_refused() {
         "{refused:?}"
     );
     assert!(
-        refused
+        conveyor::Report(&refused)
             .to_string()
             .contains("header `MessageGroupId` is not the partition key"),
         "{refused}"

@@ -240,7 +240,12 @@ async fn a_message_a_fifo_topic_cannot_take_is_refused_before_any_call() {
         matches!(&refused, conveyor::Error::Refused { .. }),
         "{refused:?}"
     );
-    assert!(refused.to_string().contains("message group"), "{refused}");
+    assert!(
+        conveyor::Report(&refused)
+            .to_string()
+            .contains("message group"),
+        "{refused}"
+    );
 }
 
 /// `publish_typed` gives a header its SNS data type (`Number`, for a filter policy's

@@ -11,7 +11,7 @@ use tokio::task::JoinSet;
 
 use crate::asyncapi::QueueDescription;
 use crate::dispatch::{MAX_WORKERS, Phase, Run, Shutdown};
-use crate::error::Error;
+use crate::error::{Error, Report};
 use crate::extract::Context;
 use crate::handler::{Endpoint, Handler, Unlayered};
 use crate::health::{Health, MountHealth, MountStatus};
@@ -258,7 +258,7 @@ impl<L: Layer + Clone> App<L> {
                     let mut ended = EndGuard(Some(run.status.clone()));
                     let task: MountTask = Box::pin(async move {
                         let result = endpoint.drive(subscriber, run).await;
-                        ended.ended(result.as_ref().err().map(ToString::to_string));
+                        ended.ended(result.as_ref().err().map(|error| Report(error).to_string()));
                         result
                     });
                     Ok(task)
@@ -297,7 +297,7 @@ impl<L: Layer + Clone> App<L> {
             Some(Ok(Ok(()))) | None => Ok(()),
         };
         if let Err(error) = &result {
-            tracing::error!(app = running.name, %error, "shutting down after a mount failed");
+            tracing::error!(app = running.name, error = %Report(error), "shutting down after a mount failed");
         }
         let shut = running.shutdown().await;
         result.and(shut)
@@ -558,7 +558,7 @@ impl RunningApp {
         }
         for close in self.brokers.drain(..) {
             if let Err(error) = close().await {
-                tracing::warn!(app = self.name, %error, "closing a broker failed");
+                tracing::warn!(app = self.name, error = %Report(&error), "closing a broker failed");
                 first_error.get_or_insert(error);
             }
         }

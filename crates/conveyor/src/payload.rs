@@ -25,7 +25,7 @@ use crate::message::{CONTENT_TYPE_HEADER, JSON_CONTENT_TYPE};
 /// A payload that could not be decoded. The delivery is rejected (dead-lettered where the
 /// queue has a dead-letter queue) with this as the reason, and one error is logged.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot decode payload as {format}: {source}")]
+#[error("cannot decode payload as {format}")]
 pub struct DecodeError {
     format: &'static str,
     #[source]

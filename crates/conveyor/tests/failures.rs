@@ -320,8 +320,9 @@ async fn a_subscription_that_cannot_start_fails_startup() {
         .run_until(std::future::pending())
         .await
         .unwrap_err();
+    assert_eq!(error.to_string(), "cannot subscribe to queue `scripted`");
     assert_eq!(
-        error.to_string(),
+        conveyor::Report(&error).to_string(),
         "cannot subscribe to queue `scripted`: no such queue"
     );
 }

@@ -169,7 +169,7 @@ impl Channels {
             return;
         }
 
-        error!(%error, "Connection error");
+        error!(error = &error as &dyn std::error::Error, "Connection error");
         if let Some(resolver) = self.frames.connection_resolver(0) {
             resolver.reject(error.clone());
         }

@@ -282,7 +282,7 @@ impl Consumer {
     pub(crate) fn set_error(&self, error: Error) {
         trace!(consumer_tag=%self.consumer_tag, "set_error");
         if let Err(cascading) = self.error.set(error.clone()) {
-            error!(%cascading, consumer_tag=%self.consumer_tag, "consumer already has an error");
+            error!(cascading = &cascading as &dyn std::error::Error, consumer_tag=%self.consumer_tag, "consumer already has an error");
         }
         self.send_error(error);
         self.cancel();

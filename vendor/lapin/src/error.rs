@@ -189,11 +189,13 @@ impl fmt::Display for Error {
                 write!(f, "invalid connection state: {state:?}")
             }
 
-            ErrorKind::IOError(e) => write!(f, "IO error: {e}"),
-            ErrorKind::RuntimeShutdownError(e) => write!(f, "runtime shutdown error: {e}"),
-            ErrorKind::ParsingError(e) => write!(f, "failed to parse: {e}"),
-            ErrorKind::ProtocolError(e) => write!(f, "protocol error: {e}"),
-            ErrorKind::SerialisationError(e) => write!(f, "failed to serialise: {e}"),
+            // The cause is the source (`Error::source`), as the Rust error convention has
+            // it, so that a reporter walking the sources shows it once.
+            ErrorKind::IOError(_) => write!(f, "IO error"),
+            ErrorKind::RuntimeShutdownError(_) => write!(f, "runtime shutdown error"),
+            ErrorKind::ParsingError(_) => write!(f, "failed to parse"),
+            ErrorKind::ProtocolError(_) => write!(f, "protocol error"),
+            ErrorKind::SerialisationError(_) => write!(f, "failed to serialise"),
             ErrorKind::AuthProviderError(e) => write!(f, "failure during authentication: {e}"),
             ErrorKind::FutureCompleted => write!(f, "future polled after completion"),
             ErrorKind::NoDefaultRuntime => write!(f, "no default configured runtime"),

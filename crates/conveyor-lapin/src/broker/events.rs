@@ -31,10 +31,10 @@ pub(super) async fn log_events(
             // it returns the error (a passive check's answer, most of the time): nothing
             // for the connection's log to warn about.
             lapin::Event::Error(error) if crate::error::is_not_found(&error) => {
-                tracing::debug!(url = %url, %error, "RabbitMQ closed a channel: not found");
+                tracing::debug!(url = %url, error = %conveyor::Report(&error), "RabbitMQ closed a channel: not found");
             }
             lapin::Event::Error(error) => {
-                tracing::warn!(url = %url, node = %node(), %error, "RabbitMQ connection error");
+                tracing::warn!(url = %url, node = %node(), error = %conveyor::Report(&error), "RabbitMQ connection error");
             }
             lapin::Event::ConnectionBlocked(reason) => {
                 tracing::warn!(url = %url, node = %node(), reason, "RabbitMQ blocked the connection");

@@ -11,7 +11,7 @@ use super::unwind::CatchDropPanic;
 use super::{End, PREALLOCATED_MAX, Run, StopOnDrain, finish, pause_after, settle};
 use crate::batch::{Batch, BatchOutcome, IntoBatchOutcome, Metadata};
 use crate::delivery::Delivery;
-use crate::error::Error;
+use crate::error::{Error, Report};
 use crate::handler::CallBatch;
 use crate::kit::RetryPause;
 use crate::mount::DEFAULT_BATCH_SIZE;
@@ -96,15 +96,14 @@ async fn decode_and_run<H: CallBatch>(handler: &H, gathered: &mut Vec<Delivery>,
                 deliveries.push(delivery);
             }
             Ok(Err(error)) => {
-                tracing::error!(queue = run.cx.queue(), %error, "rejecting a message the handler cannot take");
-                run.metrics.decode_failed();
-                settle(
-                    delivery,
-                    Settlement::Reject {
-                        reason: &error.to_string(),
-                    },
-                    run,
+                let reason = Report(&error).to_string();
+                tracing::error!(
+                    queue = run.cx.queue(),
+                    error = reason,
+                    "rejecting a message the handler cannot take"
                 );
+                run.metrics.decode_failed();
+                settle(delivery, Settlement::Reject { reason: &reason }, run);
             }
             Err(panic) => {
                 run.metrics.panicked();
@@ -133,8 +132,12 @@ async fn decode_and_run<H: CallBatch>(handler: &H, gathered: &mut Vec<Delivery>,
             return;
         }
         Ok(Err(rejection)) => {
-            tracing::error!(queue = run.cx.queue(), error = %rejection, "rejecting a batch the handler cannot take");
-            let reason = rejection.to_string();
+            let reason = Report(&rejection).to_string();
+            tracing::error!(
+                queue = run.cx.queue(),
+                error = reason,
+                "rejecting a batch the handler cannot take"
+            );
             for delivery in gathered.drain(..) {
                 settle(delivery, Settlement::Reject { reason: &reason }, run);
             }

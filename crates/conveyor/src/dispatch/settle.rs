@@ -236,12 +236,13 @@ fn asked_again(delivery: &Delivery, delay: Option<Duration>, run: &Run) -> Fate 
 
 fn refused(refusal: &Refusal, run: &Run) -> Fate {
     run.metrics.decode_failed();
+    let reason = Report(refusal).to_string();
     tracing::error!(
         queue = run.cx.queue(),
-        error = %refusal,
+        error = reason,
         "rejecting a message the handler cannot take"
     );
-    Fate::Reject(Cow::Owned(refusal.to_string()))
+    Fate::Reject(Cow::Owned(reason))
 }
 
 /// Why a handler did not produce an outcome.
@@ -259,8 +260,7 @@ pub(crate) enum Failure {
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            // Each cause once: a core error's text already quotes its causes, which a
-            // walk of its sources would add again.
+            // The error and its causes, each once.
             Failure::Error(error) => Report(error.as_ref()).fmt(f),
             Failure::Panic(panic) => {
                 let message = panic

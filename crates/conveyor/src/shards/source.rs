@@ -358,7 +358,7 @@ async fn open<S: Source + Clone>(
         match source.clone().subscribe(settings.clone()).await {
             Ok(subscriber) => return (shard, subscriber),
             Err(error) => {
-                tracing::warn!(shards = %name, shard, %error, ?wait, "opening the shard failed; trying again");
+                tracing::warn!(shards = %name, shard, error = %crate::Report(&error), ?wait, "opening the shard failed; trying again");
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(OPEN_RETRY.1);
             }
