@@ -3,7 +3,7 @@
 //! A queue is the subject of its name and the JetStream stream that takes it (named
 //! alike, each `.` as `~`, since a stream's name has no dots), with work-queue retention (a message is gone once acknowledged), read through one
 //! durable pull consumer that every subscription to it shares. The subscription runs on
-//! the core's kit ([`conveyor::kit::Pull`]):
+//! the core's kit ([`conveyor::kit::PullSubscriber`]):
 //!
 //! - **Receiving**: a pull request for up to what the mount can hold, which answers as
 //!   soon as any message is there, on an inbox each subscription keeps for its life.

@@ -3,16 +3,13 @@
 //! leases with `in_progress` and settles with acks, naks (with delay) and terms.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::AckKind;
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::{Client, Subject};
-use conveyor::kit::{
-    Keep, LeaseSettler, LeaseTimes, Pull, PullOptions, PullSubscriber, Rejected, Renewed, Taken,
-};
-use conveyor::{Bytes, Error, Report, Settled, Settlement, Source, SubscribeSettings};
+use conveyor::kit::{Keep, LeaseTimes, PullOptions, PullSubscriber, Renewed, Taken, Verdict};
+use conveyor::{Bytes, Error, Report, Source, SubscribeSettings};
 use tokio::time::Instant;
 
 use crate::admin::{self, Policy};
@@ -132,8 +129,6 @@ impl Source for NatsQueue {
             .map_or(held, |size| size.max(1))
             .min(self.fetch_batch.unwrap_or(usize::MAX))
             .max(1);
-        let health = conveyor::kit::CallHealth::default();
-        let pull = Pull::new();
         let dead_letter_queue = policy.dead_letter_queue.clone();
         let keep = NatsKeep {
             client: self.broker.client().clone(),
@@ -144,14 +139,14 @@ impl Source for NatsQueue {
         };
         let options = PullOptions {
             queue: self.name.clone(),
-            // What the dispatcher can hold, plus one fetch.
-            limit: held.saturating_add(wanted),
-            linger: broker_settings.linger,
+            lease,
+            receive_batch: wanted,
             receive_bound: broker_settings
                 .fetch_wait
                 .saturating_add(ANSWER_MARGIN)
                 .saturating_add(Duration::from_secs(1)),
-            health,
+            settle_linger: broker_settings.linger,
+            settle_batch: 256,
         };
         let info = consumer.cached_info();
         let receive = NatsReceive::new(ReceiveSetup {
@@ -163,35 +158,14 @@ impl Source for NatsQueue {
             fetch_wait: broker_settings.fetch_wait,
             lease,
             policy,
-            leases: pull.leases().clone(),
-            settler: Arc::new(LeaseSettler::new(pull.leases().clone(), pull.alive(), op)),
         });
-        Ok(pull.start(receive, keep, options))
+        Ok(PullSubscriber::start(receive, keep, options, &settings))
     }
 }
 
 /// What the subscription keeps of a message it holds: the subject its acks go to.
 pub(crate) struct Held {
     pub(crate) reply: Subject,
-}
-
-/// What a settlement asks of JetStream.
-pub(crate) enum Op {
-    Ack,
-    /// Deliver again, after the delay if any.
-    Nak(Option<Duration>),
-    /// Send to the dead-letter queue, then acknowledge.
-    Reject(Box<Rejected>),
-}
-
-/// What a settlement asks of JetStream.
-fn op(_: &Held, settled: Settled<'_>) -> Op {
-    match settled.settlement {
-        Settlement::Ack => Op::Ack,
-        Settlement::Retry | Settlement::Release => Op::Nak(None),
-        Settlement::RetryAfter(delay) => Op::Nak(Some(delay)),
-        Settlement::Reject { reason } => Op::Reject(Box::new(Rejected::new(reason, settled))),
-    }
 }
 
 /// The keeper's calls: each an ack-subject publish, flushed per batch.
@@ -221,22 +195,9 @@ impl NatsKeep {
 
 impl Keep for NatsKeep {
     type Data = Held;
-    type Op = Op;
     type Renewal = Subject;
     type Drawn = Subject;
     type Prepared = Vec<(Subject, Bytes)>;
-
-    fn queue(&self) -> &str {
-        &self.queue
-    }
-
-    fn lease(&self) -> Duration {
-        self.lease
-    }
-
-    fn batch(&self) -> usize {
-        256
-    }
 
     fn renewal(&self, _tag: u64, held: &Held, _times: LeaseTimes) -> Option<Subject> {
         Some(held.reply.clone())
@@ -267,16 +228,18 @@ impl Keep for NatsKeep {
     /// is acknowledged; one that could not be stored is delivered again a second later
     /// (nothing is lost, and the handler's rejection comes again). With no dead-letter
     /// queue a reject is a term: JetStream drops the message.
-    async fn prepare(&self, taken: Vec<Taken<Subject, Op>>) -> Vec<(Subject, Bytes)> {
+    async fn prepare(&self, taken: Vec<Taken<Subject>>) -> Vec<(Subject, Bytes)> {
         let mut acks = Vec::with_capacity(taken.len());
         for Taken {
-            data: subject, op, ..
+            data: subject,
+            verdict,
+            ..
         } in taken
         {
-            let kind = match op {
-                Op::Ack => AckKind::Ack,
-                Op::Nak(delay) => AckKind::Nak(delay),
-                Op::Reject(rejected) => match &self.dead_letter_queue {
+            let kind = match verdict {
+                Verdict::Ack => AckKind::Ack,
+                Verdict::Retry { after } => AckKind::Nak(after),
+                Verdict::Reject(rejected) => match &self.dead_letter_queue {
                     None => {
                         tracing::warn!(
                             queue = self.queue,
@@ -312,15 +275,17 @@ impl Keep for NatsKeep {
 
     /// Sends the acks; ones that fail to go out leave their messages to come back after
     /// the ack wait, so nothing is lost.
-    async fn settle(&self, acks: Vec<(Subject, Bytes)>) {
+    async fn settle(&self, acks: Vec<(Subject, Bytes)>) -> bool {
         let count = acks.len();
-        if let Err(error) = self.send(acks).await {
-            tracing::error!(
-                queue = self.queue,
-                count,
-                error,
-                "cannot send settlements; JetStream delivers these messages again after their ack wait"
-            );
-        }
+        let Err(error) = self.send(acks).await else {
+            return true;
+        };
+        tracing::error!(
+            queue = self.queue,
+            count,
+            error,
+            "cannot send settlements; JetStream delivers these messages again after their ack wait"
+        );
+        false
     }
 }

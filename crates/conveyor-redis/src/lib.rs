@@ -2,7 +2,7 @@
 //!
 //! A queue is a stream of its name, read through the consumer group `conveyor`; each
 //! subscription is a consumer of its own in it. The subscription runs on the core's kit
-//! ([`conveyor::kit::Pull`]):
+//! ([`conveyor::kit::PullSubscriber`]):
 //!
 //! - **Receiving**: delayed messages that are due move into the stream; entries whose
 //!   lease lapsed (a consumer died) or that were released are claimed first (`XPENDING`

@@ -10,12 +10,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use conveyor::kit::{
-    Keep, LeaseSettler, LeaseTimes, Leases, Pull, PullOptions, PullSubscriber, Receive,
-    ReceiveFailed, Rejected, Renewed, Taken, past_max_receives,
+    Keep, LeaseTimes, PullOptions, PullSubscriber, Receive, ReceiveFailed, Received, Rejected,
+    Renewed, Taken, Verdict, past_max_receives,
 };
-use conveyor::{
-    Delivery, Error, Publisher, Report, Settled, Settlement, Source, SubscribeSettings,
-};
+use conveyor::{Error, Publisher, Report, Source, SubscribeSettings};
 use redis::aio::ConnectionManager;
 use redis::streams::StreamPendingCountReply;
 use tokio::time::Instant;
@@ -116,7 +114,6 @@ impl Source for RedisQueue {
         let consumer = conveyor::kit::unique_id();
         let held = settings.max_in_flight.max(1);
         let wanted = settings.batch_size.map_or(held, |size| size.max(1)).max(1);
-        let pull = Pull::new();
         let wake = Arc::new(Wake::default());
         let keep = RedisKeep {
             wake: wake.clone(),
@@ -128,13 +125,14 @@ impl Source for RedisQueue {
         };
         let options = PullOptions {
             queue: self.name.clone(),
-            limit: held.saturating_add(wanted),
-            linger: broker_settings.linger,
+            lease,
+            receive_batch: wanted,
             receive_bound: broker_settings
                 .fetch_wait
                 .saturating_add(broker_settings.response_timeout)
                 .saturating_add(Duration::from_secs(1)),
-            health: conveyor::kit::CallHealth::default(),
+            settle_linger: broker_settings.linger,
+            settle_batch: 256,
         };
         let mut read_now = redis::pipe();
         read_command(&keys.stream, &consumer, wanted, None, &mut read_now);
@@ -149,13 +147,11 @@ impl Source for RedisQueue {
             lease,
             fetch_wait: broker_settings.fetch_wait,
             policy,
-            leases: pull.leases().clone(),
-            settler: Arc::new(LeaseSettler::new(pull.leases().clone(), pull.alive(), op)),
             swept_at: None,
             next_due: None,
             wake,
         };
-        Ok(pull.start(receive, keep, options))
+        Ok(PullSubscriber::start(receive, keep, options, &settings))
     }
 }
 
@@ -184,27 +180,6 @@ pub(crate) struct Held {
     attempts: u32,
 }
 
-pub(crate) enum Op {
-    Ack,
-    /// Claimable by the next receive at once.
-    Release,
-    /// Back in the delayed set, due after the delay.
-    Later(Duration),
-    Reject(Box<Rejected>),
-}
-
-type RedisLeases = Leases<Held, Op>;
-
-/// What a settlement asks of Redis.
-fn op(_: &Held, settled: Settled<'_>) -> Op {
-    match settled.settlement {
-        Settlement::Ack => Op::Ack,
-        Settlement::Retry | Settlement::Release => Op::Release,
-        Settlement::RetryAfter(delay) => Op::Later(delay),
-        Settlement::Reject { reason } => Op::Reject(Box::new(Rejected::new(reason, settled))),
-    }
-}
-
 struct RedisReceive {
     reads: ConnectionManager,
     /// The broker's connection, for the calls that do not block.
@@ -213,14 +188,11 @@ struct RedisReceive {
     name: Arc<str>,
     consumer: String,
     wanted: usize,
-    /// The read of new entries that does not block: the same every time, so built once
-    /// (building it took some 4 000 instructions a read, BENCHMARKS.md).
+    /// The read of new entries that does not block: the same every time, so built once.
     read_now: redis::Pipeline,
     lease: Duration,
     fetch_wait: Duration,
     policy: Policy,
-    leases: Arc<RedisLeases>,
-    settler: Arc<LeaseSettler<Held, Op>>,
     /// When this consumer last swept, if it has.
     swept_at: Option<Instant>,
     /// When the next delayed message is due (ms since the epoch), as the last sweep found.
@@ -424,11 +396,13 @@ fn entries(ReadEntries(read): ReadEntries) -> Vec<(Entry, u32)> {
 }
 
 impl Receive for RedisReceive {
+    type Data = Held;
+
     /// Reads new entries; when a sweep is due or there are none, moves delayed messages
     /// that are due into the stream, claims lapsed or released entries and reads again;
     /// and when there are still none, blocks for them at most until the fetch wait ends or
     /// the next delayed message is due.
-    async fn receive(&mut self, into: &mut Vec<Delivery>) -> Result<(), ReceiveFailed> {
+    async fn receive(&mut self, into: &mut Received<'_, Held>) -> Result<(), ReceiveFailed> {
         // What the keeper had put back before this receive's sweep, which sees it.
         let put_back_seen = self.wake.put_back.load(Ordering::SeqCst);
         let mut entries = if self.sweep_due() {
@@ -470,32 +444,27 @@ impl Receive for RedisReceive {
                 id: entry.id,
                 attempts,
             };
-            let tag = self.leases.insert(held, self.lease);
+            let tag = into.hold(held, self.lease);
             if self.policy.dead_letter_queue.is_some()
                 && let Some(reason) = past_max_receives(attempts, self.policy.max_receive_count)
             {
-                self.leases.settle(tag, |_| {
-                    Op::Reject(Box::new(Rejected {
-                        reason,
-                        payload: incoming.payload.clone(),
-                        headers: incoming.headers.clone(),
-                        partition_key: incoming.key.clone(),
-                    }))
-                });
+                let rejected = Rejected {
+                    reason,
+                    attempt: attempts,
+                    payload: incoming.payload,
+                    headers: incoming.headers,
+                    partition_key: incoming.key,
+                };
+                into.settle(tag, Verdict::Reject(Box::new(rejected)));
                 continue;
             }
             into.push(
-                Delivery::new(
-                    incoming.payload,
-                    self.name.clone(),
-                    self.settler.clone(),
-                    tag,
-                )
-                .with_headers(incoming.headers)
-                .with_partition_key(incoming.key)
-                .with_receive_count(attempts)
-                .with_redelivered(attempts > 1)
-                .arrived_now(),
+                into.delivery(tag, incoming.payload)
+                    .with_headers(incoming.headers)
+                    .with_partition_key(incoming.key)
+                    .with_receive_count(attempts)
+                    .with_redelivered(attempts > 1)
+                    .arrived_now(),
             );
         }
         if !gone.is_empty() {
@@ -568,22 +537,9 @@ impl RedisKeep {
 
 impl Keep for RedisKeep {
     type Data = Held;
-    type Op = Op;
     type Renewal = String;
     type Drawn = (String, u32);
     type Prepared = Calls;
-
-    fn queue(&self) -> &str {
-        &self.keys.stream
-    }
-
-    fn lease(&self) -> Duration {
-        self.lease
-    }
-
-    fn batch(&self) -> usize {
-        256
-    }
 
     fn renewal(&self, _tag: u64, held: &Held, _times: LeaseTimes) -> Option<String> {
         Some(held.id.clone())
@@ -616,21 +572,23 @@ impl Keep for RedisKeep {
         (held.id.clone(), held.attempts)
     }
 
-    async fn prepare(&self, taken: Vec<Taken<(String, u32), Op>>) -> Calls {
+    async fn prepare(&self, taken: Vec<Taken<(String, u32)>>) -> Calls {
         let mut calls = Calls::default();
         for Taken {
             data: (id, attempts),
-            op,
+            verdict,
             ..
         } in taken
         {
-            match op {
-                Op::Ack => calls.done.push(id),
-                Op::Release => calls.released.push(id),
-                Op::Later(delay) => {
+            match verdict {
+                Verdict::Ack => calls.done.push(id),
+                // Claimable by the next receive at once.
+                Verdict::Retry { after: None } => calls.released.push(id),
+                // Back in the delayed set, due after the delay.
+                Verdict::Retry { after: Some(delay) } => {
                     calls.later.push((id, epoch_ms(delay), attempts));
                 }
-                Op::Reject(rejected) => match &self.dead_letter_queue {
+                Verdict::Reject(rejected) => match &self.dead_letter_queue {
                     None => {
                         tracing::warn!(
                             queue = self.keys.stream,
@@ -665,7 +623,7 @@ impl Keep for RedisKeep {
 
     /// Acks (and deletes) in one round trip, releases in another, retries for later one
     /// script each. What fails comes back after its lease: nothing is lost.
-    async fn settle(&self, calls: Calls) {
+    async fn settle(&self, calls: Calls) -> bool {
         let mut commands = self.broker.commands();
         let stream = &self.keys.stream;
         let mut pipe = redis::pipe();
@@ -723,6 +681,7 @@ impl Keep for RedisKeep {
         if put_back {
             self.wake_pump().await;
         }
+        failures.is_empty()
     }
 
     /// Ends a blocking read under way, so that closing does not wait for its fetch wait.

@@ -1,17 +1,13 @@
 //! What SQS keeps of each message it holds, in the kit's lease table: the receipt handle
-//! (the lease is the visibility timeout), the message id and attribute types a dead
-//! letter needs, and what a settlement asks of SQS.
+//! (the lease is the visibility timeout), and the message id and attribute types a dead
+//! letter needs.
 
 use std::time::Duration;
 
-use conveyor::kit::{LeaseTimes, Leases};
-use conveyor::{Bytes, Headers, PartitionKey};
+use conveyor::kit::LeaseTimes;
 use tokio::time::Instant;
 
 use crate::data_types::AttributeTypes;
-
-/// Every message received and not yet finished with.
-pub(crate) type InFlight = Leases<Held, Op>;
 
 /// One message received and not finished with.
 #[derive(Debug)]
@@ -21,31 +17,6 @@ pub(crate) struct Held {
     pub(crate) message_id: Option<String>,
     /// The types of its attributes, for a dead-lettered or redriven copy.
     pub(crate) types: AttributeTypes,
-}
-
-/// What a settlement asks of SQS.
-#[derive(Debug)]
-pub(crate) enum Op {
-    /// `DeleteMessageBatch`.
-    Delete,
-    /// `ChangeMessageVisibilityBatch` hiding it for `delay` (zero: visible again now),
-    /// rounded up to whole seconds and capped at 12 h from receipt when the call is made.
-    Hide { delay: Duration },
-    /// Send to the dead-letter queue, then delete.
-    Reject(Box<Rejected>),
-}
-
-/// A rejected message, kept until it is in the dead-letter queue.
-#[derive(Debug)]
-pub(crate) struct Rejected {
-    pub(crate) reason: String,
-    /// The attempt that ended in the rejection.
-    pub(crate) attempt: u32,
-    pub(crate) payload: Bytes,
-    pub(crate) headers: Headers,
-    /// The types its attributes came with, where their values alone would not say them.
-    pub(crate) types: AttributeTypes,
-    pub(crate) partition_key: Option<PartitionKey>,
 }
 
 /// The timeout to renew a message due to show to: `visibility`, cut so that no message
@@ -71,11 +42,12 @@ pub(crate) fn renewal(times: LeaseTimes, visibility: Duration, cap: Duration) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+    use conveyor::kit::Leases;
 
     const HOUR: Duration = Duration::from_secs(3600);
 
     /// A message received now with the receipt `receipt`, hidden for 30 s.
-    fn receive(in_flight: &InFlight, receipt: &str) -> u64 {
+    fn receive(in_flight: &Leases<Held>, receipt: &str) -> u64 {
         let held = Held {
             receipt: receipt.into(),
             message_id: None,
@@ -85,7 +57,7 @@ mod tests {
     }
 
     /// What is due with a 30 s visibility, renewed within 15 s of showing, up to 12 h.
-    fn due_now(in_flight: &InFlight) -> Vec<(u64, String, Duration)> {
+    fn due_now(in_flight: &Leases<Held>) -> Vec<(u64, String, Duration)> {
         in_flight.due(Duration::from_secs(15), |tag, held, times| {
             let renew = renewal(times, Duration::from_secs(30), 12 * HOUR)?;
             Some((tag, held.receipt.clone(), renew))
@@ -94,7 +66,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn only_messages_close_to_visible_are_renewed() {
-        let in_flight = InFlight::default();
+        let in_flight = Leases::<Held>::default();
         let tag = receive(&in_flight, "r");
         assert!(due_now(&in_flight).is_empty());
         tokio::time::advance(Duration::from_secs(16)).await;
@@ -104,7 +76,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn renewals_never_reach_past_twelve_hours_from_receipt() {
-        let in_flight = InFlight::default();
+        let in_flight = Leases::<Held>::default();
         let tag = receive(&in_flight, "r");
         tokio::time::advance(12 * HOUR - Duration::from_secs(10)).await;
         let due = due_now(&in_flight);
@@ -115,7 +87,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_renewal_cut_at_twelve_hours_is_whole_seconds() {
-        let in_flight = InFlight::default();
+        let in_flight = Leases::<Held>::default();
         let tag = receive(&in_flight, "r");
         tokio::time::advance(12 * HOUR - Duration::from_millis(10_500)).await;
         let due = due_now(&in_flight);
@@ -129,7 +101,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_message_hidden_up_to_twelve_hours_is_not_renewed_again() {
         for left in [Duration::from_secs(10), Duration::from_millis(10_500)] {
-            let in_flight = InFlight::default();
+            let in_flight = Leases::<Held>::default();
             let tag = receive(&in_flight, "r");
             tokio::time::advance(12 * HOUR - left).await;
             let due = due_now(&in_flight);

@@ -1,4 +1,4 @@
-//! SQS's side of the kit's keeper ([`conveyor::kit::Keeper`]): renewals are
+//! SQS's settle side for the kit's keeper ([`conveyor::kit::Keep`]): renewals are
 //! `ChangeMessageVisibilityBatch` calls, ten messages each, never past 12 hours from
 //! receipt; settlements are `DeleteMessageBatch` for acks, `ChangeMessageVisibilityBatch`
 //! for retries and releases (0, or the retry-after delay), and for rejects a
@@ -9,19 +9,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conveyor::Report;
-use conveyor::kit::{Keep, LeaseTimes, Renewed, Taken};
+use conveyor::kit::{Keep, LeaseTimes, Rejected, Renewed, Taken, Verdict};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use crate::attributes::{self, Outgoing};
 use crate::calls::{Calls, Failed, send_built, send_entry};
+use crate::data_types::AttributeTypes;
 use crate::error::SqsError;
-use crate::inflight::{Held, Op, Rejected, renewal};
+use crate::inflight::{Held, renewal};
 use crate::publisher::{chunk_lengths, unique_id};
 use crate::queue::{DeadLetter, QueueInfo};
 use crate::settle::{
-    BATCH_LIMIT, BatchCall, ChangeVisibility, Delete, Hide, MAX_VISIBILITY, RECEIPT_SLACK,
-    settle_all, stale_receipt, whole_seconds_down, with_retries,
+    BatchCall, ChangeVisibility, Delete, Hide, MAX_VISIBILITY, RECEIPT_SLACK, settle_all,
+    stale_receipt, whole_seconds_down, with_retries,
 };
 
 /// The longest reject reason a dead letter carries; a longer one is cut (at a character
@@ -44,10 +45,20 @@ pub(crate) struct Renewal {
     renew: Duration,
 }
 
-/// A settlement taken: the receipt, and the message id a FIFO dead letter needs.
+/// A settlement taken: the receipt, and what a dead letter needs: the message id (a FIFO
+/// dead-letter queue deduplicates by it) and the types of its attributes.
 pub(crate) struct Drawn {
     receipt: String,
     message_id: Option<String>,
+    types: AttributeTypes,
+}
+
+/// A rejected message taken for its dead-letter queue.
+struct Reject {
+    receipt: String,
+    message_id: Option<String>,
+    types: AttributeTypes,
+    rejected: Box<Rejected>,
 }
 
 /// A batch of settlements ready for their calls.
@@ -93,22 +104,9 @@ impl<C: Calls> BatchCall<DeadLetterMessage> for SendDeadLetters<'_, C> {
 
 impl<C: Calls> Keep for SqsKeep<C> {
     type Data = Held;
-    type Op = Op;
     type Renewal = Renewal;
     type Drawn = Drawn;
     type Prepared = SettleCalls;
-
-    fn queue(&self) -> &str {
-        &self.queue.name
-    }
-
-    fn lease(&self) -> Duration {
-        self.visibility
-    }
-
-    fn batch(&self) -> usize {
-        BATCH_LIMIT
-    }
 
     fn renewal(&self, _: u64, held: &Held, times: LeaseTimes) -> Option<Renewal> {
         let cap = MAX_VISIBILITY.saturating_sub(RECEIPT_SLACK);
@@ -158,35 +156,51 @@ impl<C: Calls> Keep for SqsKeep<C> {
         Ok(renewed.collect())
     }
 
+    /// Its renewals need the receipt alone: the rest is taken, not copied.
     fn draw(held: &mut Held) -> Drawn {
         Drawn {
             receipt: held.receipt.clone(),
             message_id: held.message_id.take(),
+            types: std::mem::take(&mut held.types),
         }
     }
 
-    /// Sorts the settlements by call, and sends the rejects' dead letters.
-    async fn prepare(&self, taken: Vec<Taken<Drawn, Op>>) -> SettleCalls {
+    /// The types its attributes came with ([`crate::attribute_types`]).
+    fn record(held: &Held) -> Option<Box<dyn std::any::Any + Send>> {
+        Some(Box::new(held.types.clone()))
+    }
+
+    /// Sorts the settlements by call (an ack is a delete, a retry a change of visibility,
+    /// capped at 12 h from receipt when its call is made), and sends the rejects' dead
+    /// letters.
+    async fn prepare(&self, taken: Vec<Taken<Drawn>>) -> SettleCalls {
         let mut calls = SettleCalls::default();
         let mut rejects = Vec::new();
         for Taken {
-            data: Drawn {
-                receipt,
-                message_id,
-            },
+            data:
+                Drawn {
+                    receipt,
+                    message_id,
+                    types,
+                },
             received_at,
-            op,
+            verdict,
             ..
         } in taken
         {
-            match op {
-                Op::Delete => calls.deletes.push(receipt),
-                Op::Hide { delay } => calls.hides.push(Hide {
+            match verdict {
+                Verdict::Ack => calls.deletes.push(receipt),
+                Verdict::Retry { after } => calls.hides.push(Hide {
                     receipt,
-                    delay,
+                    delay: after.unwrap_or_default(),
                     received_at,
                 }),
-                Op::Reject(rejected) => rejects.push((receipt, message_id, rejected)),
+                Verdict::Reject(rejected) => rejects.push(Reject {
+                    receipt,
+                    message_id,
+                    types,
+                    rejected,
+                }),
             }
         }
         if !rejects.is_empty() {
@@ -196,9 +210,9 @@ impl<C: Calls> Keep for SqsKeep<C> {
         calls
     }
 
-    async fn settle(&self, calls: SettleCalls) {
+    async fn settle(&self, calls: SettleCalls) -> bool {
         let (client, queue) = (&self.calls, &*self.queue);
-        settle_all(
+        let deleted = settle_all(
             &Delete {
                 calls: client,
                 queue,
@@ -206,7 +220,7 @@ impl<C: Calls> Keep for SqsKeep<C> {
             calls.deletes,
         )
         .await;
-        settle_all(
+        let hidden = settle_all(
             &ChangeVisibility {
                 calls: client,
                 queue,
@@ -214,6 +228,7 @@ impl<C: Calls> Keep for SqsKeep<C> {
             calls.hides,
         )
         .await;
+        deleted && hidden
     }
 }
 
@@ -224,7 +239,7 @@ impl<C: Calls> SqsKeep<C> {
     /// not lost (the queue's redrive policy still moves it after `maxReceiveCount`).
     async fn dead_letter(
         &self,
-        rejects: Vec<(String, Option<String>, Box<Rejected>)>,
+        rejects: Vec<Reject>,
         deletes: &mut Vec<String>,
         hides: &mut Vec<Hide>,
     ) {
@@ -232,7 +247,10 @@ impl<C: Calls> SqsKeep<C> {
         let dead_letter_queue = match self.dead_letter_queue().await {
             Ok(Some(dead_letter_queue)) => dead_letter_queue,
             Ok(None) => {
-                for (receipt, _, rejected) in rejects {
+                for Reject {
+                    receipt, rejected, ..
+                } in rejects
+                {
                     tracing::error!(
                         queue = queue.name,
                         reason = rejected.reason,
@@ -244,7 +262,10 @@ impl<C: Calls> SqsKeep<C> {
                 return;
             }
             Err(error) => {
-                for (receipt, _, rejected) in rejects {
+                for Reject {
+                    receipt, rejected, ..
+                } in rejects
+                {
                     tracing::error!(
                         queue = queue.name,
                         reason = rejected.reason,
@@ -258,8 +279,8 @@ impl<C: Calls> SqsKeep<C> {
             }
         };
         let mut ready = Vec::with_capacity(rejects.len());
-        for (receipt, message_id, rejected) in rejects {
-            match dead_letter_message(&queue, &dead_letter_queue, receipt, message_id, rejected) {
+        for reject in rejects {
+            match dead_letter_message(&queue, &dead_letter_queue, reject) {
                 Ok(message) => ready.push(message),
                 Err((receipt, rejected, error)) => {
                     tracing::error!(
@@ -346,10 +367,14 @@ type Refused = (String, Box<Rejected>, Box<SqsError>);
 fn dead_letter_message(
     queue: &QueueInfo,
     dead_letter_queue: &QueueInfo,
-    receipt: String,
-    message_id: Option<String>,
-    rejected: Box<Rejected>,
+    reject: Reject,
 ) -> Result<DeadLetterMessage, Refused> {
+    let Reject {
+        receipt,
+        message_id,
+        types,
+        rejected,
+    } = reject;
     let reason = cut(&rejected.reason, MAX_REASON_BYTES);
     let (group, deduplication) = if dead_letter_queue.fifo {
         let group = rejected
@@ -366,7 +391,7 @@ fn dead_letter_message(
             group.as_deref(),
             &rejected.payload,
             &rejected.headers,
-            &rejected.types,
+            &types,
             reason,
         )
     };
@@ -426,15 +451,13 @@ mod tests {
 
     use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 
-    use conveyor::kit::{Alive, Keeper, KeeperSignals};
-    use conveyor::{Headers, PartitionKey, REJECT_REASON_HEADER, Settle, Settled, Settlement};
+    use conveyor::kit::{Alive, CallHealth, Keeper, KeeperSignals, Leases, PullOptions};
+    use conveyor::{Headers, PartitionKey, REJECT_REASON_HEADER, Settled, Settlement};
     use tokio::sync::watch;
 
     use super::*;
-    use crate::data_types::AttributeTypes;
-    use crate::inflight::InFlight;
     use crate::queue::DeadLetterTarget;
-    use crate::settle::{ATTEMPTS, Settler};
+    use crate::settle::{ATTEMPTS, BATCH_LIMIT};
 
     /// One call the keeper made.
     #[derive(Clone, Debug, PartialEq, Eq)]
@@ -550,8 +573,9 @@ mod tests {
     }
 
     struct Running {
-        in_flight: Arc<InFlight>,
-        settler: Arc<Settler>,
+        in_flight: Arc<Leases<Held>>,
+        /// The deliveries' settler, in the keeper's eyes.
+        alive: Alive,
         closing: watch::Sender<bool>,
         /// Kept: a dropped sender would mean the subscription drains.
         _draining: watch::Sender<bool>,
@@ -570,20 +594,27 @@ mod tests {
     }
 
     fn start(script: &Script, queue: QueueInfo) -> Running {
-        let in_flight = Arc::new(InFlight::default());
+        let in_flight = Arc::new(Leases::default());
         let (alive, alive_rx) = Alive::new();
         let (closing, closing_rx) = watch::channel(false);
         let (draining, draining_rx) = watch::channel(false);
-        let health = queue.calls.clone();
+        let options = PullOptions {
+            queue: queue.name.clone(),
+            lease: VISIBILITY,
+            receive_batch: BATCH_LIMIT,
+            receive_bound: Duration::from_secs(25),
+            settle_linger: Duration::from_millis(5),
+            settle_batch: BATCH_LIMIT,
+        };
         let keep = sqs_keep(script, queue);
-        let keeper = Keeper::new(keep, in_flight.clone(), Duration::from_millis(5), health);
+        let keeper = Keeper::new(keep, in_flight.clone(), &options, CallHealth::default());
         let keeper = tokio::spawn(keeper.run(KeeperSignals {
             closing: closing_rx,
             draining: draining_rx,
             alive: alive_rx,
         }));
         Running {
-            settler: Arc::new(Settler::new(in_flight.clone(), alive)),
+            alive,
             in_flight,
             closing,
             _draining: draining,
@@ -602,12 +633,17 @@ mod tests {
         }
 
         fn settle(&self, tag: u64, settlement: Settlement<'_>) {
-            self.settler.settle(Settled::new(tag, settlement));
+            self.settle_as(Settled::new(tag, settlement));
+        }
+
+        /// Settles as the subscription's settler does.
+        fn settle_as(&self, settled: Settled<'_>) {
+            assert!(self.in_flight.settle(settled.tag, Verdict::of(settled)));
         }
 
         async fn close(self) {
             self.closing.send_replace(true);
-            drop(self.settler);
+            drop(self.alive);
             self.keeper.await.unwrap();
         }
     }
@@ -878,7 +914,7 @@ mod tests {
         settled.payload = conveyor::Bytes::copy_from_slice(body.as_bytes());
         settled.headers = Headers::new();
         settled.partition_key = key.map(PartitionKey::from);
-        running.settler.settle(settled);
+        running.settle_as(settled);
     }
 
     /// A rejected message stays renewed while its dead letter is sent, however long that

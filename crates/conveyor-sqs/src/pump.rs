@@ -1,19 +1,18 @@
-//! SQS's receive call for the kit's pump ([`conveyor::kit::Pull`]): one `ReceiveMessage`
-//! long poll, its messages leased (hidden for the visibility timeout) and made deliveries.
+//! SQS's receive side for the kit's pulling subscription: one `ReceiveMessage` long poll,
+//! its messages leased (hidden for the visibility timeout) and made deliveries.
 
 use std::sync::Arc;
 
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::types::MessageSystemAttributeName;
-use conveyor::Delivery;
-use conveyor::kit::{Receive, ReceiveFailed};
+use conveyor::kit::{Receive, ReceiveFailed, Received};
 
 use crate::attributes;
 use crate::broker::Settings;
 use crate::error::{SqsError, cannot_heal};
-use crate::inflight::{Held, InFlight};
+use crate::inflight::Held;
 use crate::queue::QueueInfo;
-use crate::settle::{Settler, whole_seconds_down};
+use crate::settle::whole_seconds_down;
 
 /// What a receive needs.
 pub(crate) struct SqsReceive {
@@ -22,16 +21,16 @@ pub(crate) struct SqsReceive {
     pub(crate) settings: Settings,
     /// How many messages each receive asks for (1 to 10).
     pub(crate) wanted: usize,
-    pub(crate) in_flight: Arc<InFlight>,
-    pub(crate) settler: Arc<Settler>,
 }
 
 impl Receive for SqsReceive {
+    type Data = Held;
+
     /// One `ReceiveMessage`; its messages become deliveries, recorded as held first so
     /// that they stay hidden while they wait. An error known never to succeed (the queue
     /// is gone, access or credentials refused: [`cannot_heal`]) is for good; one this
     /// transport does not recognise is tried again.
-    async fn receive(&mut self, into: &mut Vec<Delivery>) -> Result<(), ReceiveFailed> {
+    async fn receive(&mut self, into: &mut Received<'_, Held>) -> Result<(), ReceiveFailed> {
         // The whole seconds SQS hides them for, and what the keeper records: one value, so
         // that its renewals are timed by the visibility SQS applies.
         let (seconds, visibility) = whole_seconds_down(self.settings.visibility_timeout);
@@ -54,7 +53,6 @@ impl Receive for SqsReceive {
                 error: Box::new(SqsError::call("ReceiveMessage", &self.queue.name, e)),
             })?;
         let messages = output.messages.unwrap_or_default();
-        let name: Arc<str> = self.queue.name.as_str().into();
         for message in messages {
             let attributes::Decoded {
                 payload,
@@ -75,9 +73,9 @@ impl Receive for SqsReceive {
                 message_id: message.message_id,
                 types,
             };
-            let tag = self.in_flight.insert(held, visibility);
+            let tag = into.hold(held, visibility);
             into.push(
-                Delivery::new(payload, name.clone(), self.settler.clone(), tag)
+                into.delivery(tag, payload)
                     .with_headers(headers)
                     .with_partition_key(key)
                     .with_receive_count(receive_count)

@@ -1,6 +1,5 @@
 //! Queues: what the transport learns about one when it resolves it.
 
-use conveyor::kit::CallHealth;
 use std::collections::HashMap;
 
 use aws_sdk_sqs::types::QueueAttributeName;
@@ -22,8 +21,6 @@ pub(crate) struct QueueInfo {
     pub(crate) dead_letter: DeadLetter,
     /// The largest message it accepts, in bytes.
     pub(crate) max_message_size: usize,
-    /// Whether the last call to it failed, for the health of the mounts on it.
-    pub(crate) calls: CallHealth,
 }
 
 /// A queue's dead-letter queue, as its redrive policy names it.
@@ -96,7 +93,6 @@ impl QueueInfo {
                 .unwrap_or(DEFAULT_MAX_MESSAGE_SIZE),
             name,
             url,
-            calls: CallHealth::default(),
         }
     }
 
@@ -111,7 +107,6 @@ impl QueueInfo {
             content_based_deduplication: false,
             dead_letter: DeadLetter::None,
             max_message_size: 1024,
-            calls: CallHealth::default(),
         }
     }
 }

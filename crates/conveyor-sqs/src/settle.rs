@@ -1,22 +1,16 @@
-//! Settling SQS deliveries: a settlement is recorded on its message's in-flight entry at
-//! once (settling never blocks), and the subscription's keeper makes the call: acks become
-//! `DeleteMessageBatch`, retries and releases `ChangeMessageVisibilityBatch`, rejects a
-//! `SendMessageBatch` to the dead-letter queue followed by a delete.
+//! SQS's settlement calls, in batches of ten with their failed entries tried again: acks
+//! become `DeleteMessageBatch`, retries and releases `ChangeMessageVisibilityBatch`, rejects
+//! a `SendMessageBatch` to the dead-letter queue followed by a delete.
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_sqs::types::BatchResultErrorEntry;
-use conveyor::kit::Alive;
-use conveyor::{Settle, Settled, Settlement};
+use conveyor::Report;
 use tokio::time::Instant;
 
 use crate::calls::{Calls, Failed};
-use conveyor::Report;
-
 use crate::error::SqsError;
-use crate::inflight::{InFlight, Op, Rejected};
 use crate::queue::QueueInfo;
 
 /// The most entries one SQS batch call takes.
@@ -61,64 +55,6 @@ pub(crate) fn retry_after_seconds(delay: Duration, elapsed: Duration) -> i32 {
         .saturating_sub(elapsed)
         .as_secs();
     i32::try_from(whole_seconds_up(delay).min(left)).unwrap_or(i32::MAX)
-}
-
-/// Settles one subscription's deliveries. `settle` records the settlement on the
-/// message's in-flight entry and wakes the keeper, which makes the call.
-pub(crate) struct Settler {
-    in_flight: Arc<InFlight>,
-    /// Dropped with the last settler (the pump's and the deliveries'), telling the keeper
-    /// that nothing more will be settled.
-    _alive: Alive,
-}
-
-impl Settler {
-    pub(crate) fn new(in_flight: Arc<InFlight>, alive: Alive) -> Self {
-        Settler {
-            in_flight,
-            _alive: alive,
-        }
-    }
-}
-
-impl Settle for Settler {
-    fn settle(&self, settled: Settled<'_>) {
-        let Settled {
-            tag,
-            settlement,
-            attempt,
-            payload,
-            headers,
-            partition_key,
-            ..
-        } = settled;
-        let known = self.in_flight.settle(tag, |held| match settlement {
-            Settlement::Ack => Op::Delete,
-            // Capped at 12 h from receipt when its call is made (see `Hide`).
-            Settlement::RetryAfter(delay) => Op::Hide { delay },
-            Settlement::Reject { reason } => Op::Reject(Box::new(Rejected {
-                reason: reason.to_string(),
-                attempt,
-                payload,
-                headers,
-                types: held.types.clone(),
-                partition_key,
-            })),
-            Settlement::Retry | Settlement::Release => Op::Hide {
-                delay: Duration::ZERO,
-            },
-        });
-        if !known {
-            tracing::debug!(tag, "settled a message this subscription no longer holds");
-        }
-    }
-
-    /// The types its attributes came with ([`crate::attribute_types`]).
-    fn record(&self, tag: u64) -> Option<Box<dyn std::any::Any + Send>> {
-        Some(Box::new(
-            self.in_flight.with(tag, |held| held.types.clone())?,
-        ))
-    }
 }
 
 /// A batch call that [`with_retries`] makes and repeats for the entries that failed.
@@ -216,15 +152,19 @@ impl<C: Calls> BatchCall<Hide> for ChangeVisibility<'_, C> {
 
 /// Makes `call` for `entries`, ten per batch call, and tries the entries that fail again;
 /// reports those that keep failing (SQS redelivers their messages once their visibility
-/// timeout lapses, so nothing is lost).
-pub(crate) async fn settle_all<T: Send, B: BatchCall<T>>(call: &B, entries: Vec<T>) {
+/// timeout lapses, so nothing is lost). Whether SQS carried out every entry it could (one
+/// whose receipt it no longer takes aside).
+pub(crate) async fn settle_all<T: Send, B: BatchCall<T>>(call: &B, entries: Vec<T>) -> bool {
     let mut entries = entries.into_iter();
+    let mut took_all = true;
     loop {
         let batch: Vec<T> = entries.by_ref().take(BATCH_LIMIT).collect();
         if batch.is_empty() {
-            return;
+            return took_all;
         }
-        let failed = with_retries(call, batch, |_| {}).await.all();
+        let failures = with_retries(call, batch, |_| {}).await;
+        took_all &= failures.entries.is_empty();
+        let failed = failures.all();
         if let Some((_, first)) = failed.first() {
             tracing::error!(
                 queue = call.queue().name,
@@ -275,7 +215,6 @@ pub(crate) async fn with_retries<T: Send, B: BatchCall<T>>(
         let mut call_failed = false;
         match call.call(&batch).await {
             Ok(failed) => {
-                call.queue().calls.succeeded();
                 for (index, reason) in failed {
                     if let Some(slot) = reasons.get_mut(index) {
                         *slot = Some(reason);
@@ -283,7 +222,6 @@ pub(crate) async fn with_retries<T: Send, B: BatchCall<T>>(
                 }
             }
             Err(error) => {
-                call.queue().calls.failed();
                 reasons.fill(Some(Report(&error).to_string()));
                 call_failed = true;
             }
@@ -348,9 +286,6 @@ mod tests {
     //! scripted results.
     use std::collections::VecDeque;
     use std::sync::Mutex;
-
-    use crate::data_types::AttributeTypes;
-    use crate::inflight::Held;
 
     use super::*;
 
@@ -491,48 +426,6 @@ mod tests {
         let sizes: Vec<usize> = call.batches().iter().map(Vec::len).collect();
         assert_eq!(sizes, vec![10, 1, 10, 3]);
         assert_eq!(call.batches()[1], receipts(&["r0"]));
-    }
-
-    fn settled(settlement: Settlement<'_>) -> Op {
-        let in_flight = Arc::new(InFlight::default());
-        let (alive, _) = Alive::new();
-        let settler = Settler::new(in_flight.clone(), alive);
-        let held = Held {
-            receipt: "r".into(),
-            message_id: None,
-            types: AttributeTypes::new(),
-        };
-        let tag = in_flight.insert(held, Duration::from_secs(30));
-        settler.settle(Settled::new(tag, settlement));
-        settler.settle(Settled::new(tag, Settlement::Ack)); // a second settle of the same tag is ignored
-        let mut taken = in_flight.take_settled(usize::MAX, |_| ());
-        assert_eq!(taken.len(), 1);
-        taken.remove(0).op
-    }
-
-    #[test]
-    fn each_settlement_becomes_its_sqs_call() {
-        assert!(matches!(settled(Settlement::Ack), Op::Delete));
-        assert!(matches!(
-            settled(Settlement::Retry),
-            Op::Hide {
-                delay: Duration::ZERO
-            }
-        ));
-        assert!(matches!(
-            settled(Settlement::Release),
-            Op::Hide {
-                delay: Duration::ZERO
-            }
-        ));
-        assert!(matches!(
-            settled(Settlement::RetryAfter(Duration::from_secs(90))),
-            Op::Hide { delay } if delay == Duration::from_secs(90)
-        ));
-        assert!(matches!(
-            settled(Settlement::Reject { reason: "bad" }),
-            Op::Reject(rejected) if rejected.reason == "bad" && rejected.attempt == 1
-        ));
     }
 
     #[test]

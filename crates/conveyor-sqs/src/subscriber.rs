@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_sqs::types::QueueAttributeName;
-use conveyor::kit::{Pull, PullOptions, PullSubscriber};
+use conveyor::kit::{PullOptions, PullSubscriber};
 use conveyor::{Error, Source, SubscribeSettings};
 
 use crate::broker::{Created, SqsBroker, is_url};
@@ -15,7 +15,7 @@ use crate::error::{SqsError, redacted, shown};
 use crate::keeper::SqsKeep;
 use crate::pump::SqsReceive;
 use crate::queue::{DeadLetter, QueueInfo};
-use crate::settle::{BATCH_LIMIT, Settler};
+use crate::settle::BATCH_LIMIT;
 use crate::spec::check_name;
 
 /// An SQS queue to mount a handler on, from [`SqsBroker::queue`].
@@ -167,8 +167,6 @@ impl Source for SqsQueue {
             }
         };
         let broker_settings = self.broker.settings().clone();
-        let health = queue.calls.clone();
-        let pull = Pull::new();
         let keep = SqsKeep {
             calls: self.broker.clone(),
             queue: queue.clone(),
@@ -181,27 +179,22 @@ impl Source for SqsQueue {
             .clamp(1, BATCH_LIMIT);
         let options = PullOptions {
             queue: shown(&queue.name).into_owned(),
-            // What the dispatcher can hold, plus one receive: the pump receives while the
-            // dispatcher still runs the last receive's messages, and stops once
-            // settlements it has not sent yet pile up.
-            // Saturating: the core allows any size (`batch(usize::MAX)`).
-            limit: settings.max_in_flight.max(1).saturating_add(wanted),
-            linger: broker_settings.flush_interval,
+            lease: broker_settings.visibility_timeout,
+            receive_batch: wanted,
             receive_bound: broker_settings
                 .wait_time
                 .saturating_add(broker_settings.request_timeout)
                 .saturating_add(PUMP_GRACE),
-            health,
+            settle_linger: broker_settings.flush_interval,
+            settle_batch: BATCH_LIMIT,
         };
         let receive = SqsReceive {
             client: self.broker.client().clone(),
             queue,
             wanted,
-            in_flight: pull.leases().clone(),
-            settler: Arc::new(Settler::new(pull.leases().clone(), pull.alive())),
             settings: broker_settings,
         };
-        Ok(pull.start(receive, keep, options))
+        Ok(PullSubscriber::start(receive, keep, options, &settings))
     }
 }
 

@@ -7,10 +7,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use conveyor::kit::{
-    Keep, LeaseSettler, LeaseTimes, Leases, Pull, PullOptions, PullSubscriber, Receive,
-    ReceiveFailed, Renewed, Taken,
+    Keep, LeaseTimes, PullOptions, PullSubscriber, Receive, ReceiveFailed, Received, Renewed, Taken,
 };
-use conveyor::{App, Delivery, Error, Json, Settled, Settlement, Source, State, SubscribeSettings};
+use conveyor::{App, Error, Json, Source, State, SubscribeSettings};
 use tokio::sync::{Notify, watch};
 use tokio::task::Id;
 
@@ -45,8 +44,6 @@ struct Scripted {
 
 struct ScriptedReceive {
     messages: VecDeque<Bytes>,
-    leases: Arc<Leases<(), &'static str>>,
-    settler: Arc<LeaseSettler<(), &'static str>>,
     lease: Duration,
     seen: Seen,
     /// Set once the subscription stops receiving: a receive of an empty queue ends then.
@@ -54,19 +51,16 @@ struct ScriptedReceive {
 }
 
 impl Receive for ScriptedReceive {
-    async fn receive(&mut self, into: &mut Vec<Delivery>) -> Result<(), ReceiveFailed> {
+    type Data = ();
+
+    async fn receive(&mut self, into: &mut Received<'_, ()>) -> Result<(), ReceiveFailed> {
         note(&self.seen.receives);
         let Some(payload) = self.messages.pop_front() else {
             let _ = self.stopped.wait_for(|stopped| *stopped).await;
             return Ok(());
         };
-        let tag = self.leases.insert((), self.lease);
-        into.push(Delivery::new(
-            payload,
-            "scripted".into(),
-            self.settler.clone(),
-            tag,
-        ));
+        let tag = into.hold((), self.lease);
+        into.push(into.delivery(tag, payload));
         Ok(())
     }
 }
@@ -79,22 +73,9 @@ struct ScriptedKeep {
 
 impl Keep for ScriptedKeep {
     type Data = ();
-    type Op = &'static str;
     type Renewal = ();
     type Drawn = ();
     type Prepared = usize;
-
-    fn queue(&self) -> &str {
-        "scripted"
-    }
-
-    fn lease(&self) -> Duration {
-        self.lease
-    }
-
-    fn batch(&self) -> usize {
-        10
-    }
 
     fn renewal(&self, _: u64, (): &(), _: LeaseTimes) -> Option<()> {
         Some(())
@@ -109,24 +90,18 @@ impl Keep for ScriptedKeep {
 
     fn draw((): &mut ()) {}
 
-    async fn prepare(&self, taken: Vec<Taken<(), &'static str>>) -> usize {
+    async fn prepare(&self, taken: Vec<Taken<()>>) -> usize {
         taken.len()
     }
 
-    async fn settle(&self, _: usize) {
+    async fn settle(&self, _: usize) -> bool {
         note(&self.seen.settlements);
         self.seen.progress.notify_waiters();
+        true
     }
 
     async fn stopped_receiving(&self) {
         self.stopped.send_replace(true);
-    }
-}
-
-fn ack((): &(), settled: Settled<'_>) -> &'static str {
-    match settled.settlement {
-        Settlement::Ack => "ack",
-        _ => "other",
     }
 }
 
@@ -138,12 +113,9 @@ impl Source for Scripted {
     }
 
     async fn subscribe(self, settings: SubscribeSettings) -> Result<PullSubscriber, Error> {
-        let pull = Pull::new();
         let (stopped_tx, stopped) = watch::channel(false);
         let receive = ScriptedReceive {
             messages: self.messages,
-            leases: pull.leases().clone(),
-            settler: Arc::new(LeaseSettler::new(pull.leases().clone(), pull.alive(), ack)),
             lease: self.lease,
             seen: self.seen.clone(),
             stopped,
@@ -155,12 +127,13 @@ impl Source for Scripted {
         };
         let options = PullOptions {
             queue: "scripted".into(),
-            limit: settings.max_in_flight.saturating_add(1),
-            linger: Duration::ZERO,
+            lease: self.lease,
+            receive_batch: 1,
             receive_bound: Duration::from_secs(60),
-            health: Default::default(),
+            settle_linger: Duration::ZERO,
+            settle_batch: 10,
         };
-        Ok(pull.start(receive, keep, options))
+        Ok(PullSubscriber::start(receive, keep, options, &settings))
     }
 }
 

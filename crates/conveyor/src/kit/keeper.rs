@@ -19,23 +19,23 @@ use futures_util::future::join_all;
 use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 
+use super::health::CallHealth;
 use super::lease::{LeaseTimes, Leases, Taken};
+use super::options::PullOptions;
 use super::pace::RetryPause;
-use super::pull::CallHealth;
 use super::settle::SettleQueue;
 
-/// A transport's side of the keeper: its broker's renewal and settlement calls.
+/// A transport's settle side: how its broker renews a lease, and how each
+/// [`Verdict`](super::Verdict) becomes the broker's calls.
 ///
-/// The keeper renews, every third of the [`lease`](Self::lease), the leases that lapse
-/// within half of it, a [`batch`](Self::batch) per [`renew`](Self::renew) call, the calls
-/// side by side. It takes settlements a batch at a time, runs
-/// [`prepare`](Self::prepare) while their leases are still renewed, then
+/// The keeper renews, every third of the [`lease`](PullOptions::lease), the leases that
+/// lapse within half of it, a [`settle_batch`](PullOptions::settle_batch) per
+/// [`renew`](Self::renew) call, the calls side by side. It takes settlements a batch at a
+/// time, runs [`prepare`](Self::prepare) while their leases are still renewed, then
 /// [`settle`](Self::settle) once no renewal covers them any more.
 pub trait Keep: Send + Sync + 'static {
     /// What the transport keeps of each message held (a receipt handle, an entry id).
     type Data: Send + 'static;
-    /// What a settlement asks of the broker.
-    type Op: Send + 'static;
     /// A lease due, as the renewal call takes it.
     type Renewal: Send + Sync + 'static;
     /// What a taken settlement carries out of its message's data.
@@ -43,12 +43,6 @@ pub trait Keep: Send + Sync + 'static {
     /// What [`prepare`](Self::prepare) hands to [`settle`](Self::settle).
     type Prepared: Send + 'static;
 
-    /// The queue, as logs name it.
-    fn queue(&self) -> &str;
-    /// How long a receive leases a message for, and a renewal renews it for.
-    fn lease(&self) -> Duration;
-    /// The most leases one renewal call takes, and the most settlements one flush takes.
-    fn batch(&self) -> usize;
     /// The renewal of a lease due (`tag`'s, with `data`), or `None` to leave it out (one
     /// renewed as far as the broker allows, say).
     fn renewal(&self, tag: u64, data: &Self::Data, times: LeaseTimes) -> Option<Self::Renewal>;
@@ -65,10 +59,20 @@ pub trait Keep: Send + Sync + 'static {
     /// dead letter's send before the original is removed).
     fn prepare(
         &self,
-        taken: Vec<Taken<Self::Drawn, Self::Op>>,
+        taken: Vec<Taken<Self::Drawn>>,
     ) -> impl Future<Output = Self::Prepared> + Send;
-    /// The settlement calls, made once no renewal covers their messages.
-    fn settle(&self, prepared: Self::Prepared) -> impl Future<Output = ()> + Send;
+    /// The settlement calls, made once no renewal covers their messages. Whether the
+    /// broker took every call (the keeper marks the queue's [`CallHealth`] by it); one
+    /// whose calls failed for good leaves its messages to come back once their leases
+    /// lapse.
+    fn settle(&self, prepared: Self::Prepared) -> impl Future<Output = bool> + Send;
+    /// The transport's own record of a message it holds, for
+    /// [`Delivery::transport_record`](crate::Delivery::transport_record): what the core's
+    /// view leaves out. `None` by default.
+    fn record(data: &Self::Data) -> Option<Box<dyn std::any::Any + Send>> {
+        let _ = data;
+        None
+    }
     /// Called once the subscription stops receiving: a receive that waits on the broker
     /// for new messages (a long poll, a blocking read) can be cut short here, so that
     /// closing does not wait it out. Nothing by default.
@@ -111,25 +115,33 @@ pub struct KeeperSignals {
 /// A subscription's keeper: renews its leases and makes its settlement calls.
 pub struct Keeper<K: Keep> {
     keep: K,
-    leases: Arc<Leases<K::Data, K::Op>>,
+    leases: Arc<Leases<K::Data>>,
+    /// The queue, as logs name it.
+    queue: String,
+    lease: Duration,
     /// How long a settlement waits for others to share its call.
     linger: Duration,
+    /// The most settlements (and leases due) one call takes.
+    batch: usize,
     health: CallHealth,
 }
 
 impl<K: Keep> Keeper<K> {
-    /// A keeper of `leases` making `keep`'s calls; a settlement waits up to `linger` for a
-    /// batch to share its call; renewal calls mark `health`.
+    /// A keeper of `leases` making `keep`'s calls, as `options` say; renewal and
+    /// settlement calls mark `health`.
     pub fn new(
         keep: K,
-        leases: Arc<Leases<K::Data, K::Op>>,
-        linger: Duration,
+        leases: Arc<Leases<K::Data>>,
+        options: &PullOptions,
         health: CallHealth,
     ) -> Self {
         Keeper {
             keep,
             leases,
-            linger,
+            queue: options.queue.clone(),
+            lease: options.lease,
+            linger: options.settle_linger,
+            batch: options.settle_batch.max(1),
             health,
         }
     }
@@ -169,7 +181,7 @@ impl<K: Keep> Keeper<K> {
     /// would add up to half a tick, the ticks take over (a failure that lasts, a
     /// permission missing say, costs a few calls a tick, not one every 100 ms).
     async fn renew_every_tick(&self) {
-        let tick = (self.keep.lease() / 3).max(Duration::from_millis(200));
+        let tick = (self.lease / 3).max(Duration::from_millis(200));
         let mut renewals = tokio::time::interval_at(Instant::now() + tick, tick);
         renewals.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
@@ -235,7 +247,7 @@ impl<K: Keep> Keeper<K> {
     /// How many settlements waiting are worth a call without lingering: a batch, or fewer
     /// when the pump waits for room (under `room_wanted`) and that many would make it.
     fn enough(&self, room_wanted: Option<usize>) -> usize {
-        let batch = self.keep.batch().max(1);
+        let batch = self.batch;
         let Some(limit) = room_wanted else {
             return batch;
         };
@@ -253,7 +265,7 @@ impl<K: Keep> Keeper<K> {
     /// messages. The others stay renewed meanwhile, however long the calls take, and so
     /// do these while they are prepared.
     async fn flush(&self) {
-        let taken = self.leases.take_settled(self.keep.batch(), K::draw);
+        let taken = self.leases.take_settled(self.batch, K::draw);
         if taken.is_empty() {
             return;
         }
@@ -261,7 +273,11 @@ impl<K: Keep> Keeper<K> {
         let prepared = self.keep.prepare(taken).await;
         self.leases.sending(&tags);
         self.leases.renewals_over(&tags).await;
-        self.keep.settle(prepared).await;
+        if self.keep.settle(prepared).await {
+            self.health.succeeded();
+        } else {
+            self.health.failed();
+        }
         self.leases.finish(tags);
     }
 
@@ -273,24 +289,22 @@ impl<K: Keep> Keeper<K> {
     /// The calls go out side by side: one that gets no answer must not hold the others'
     /// messages up until they show.
     async fn renew(&self, retry: bool) -> bool {
-        let due = self.leases.due(self.keep.lease() / 2, |tag, data, times| {
+        let due = self.leases.due(self.lease / 2, |tag, data, times| {
             Some((tag, self.keep.renewal(tag, data, times)?))
         });
-        let calls = due
-            .chunks(self.keep.batch().max(1))
-            .map(|chunk| async move {
-                let held = self.leases.claim_for_renewal(chunk, |(tag, _)| *tag);
-                if held.is_empty() {
-                    return true;
-                }
-                // Released however the call ends, a transport's `renew` that panics
-                // included: a settlement of one of these waits for the release.
-                let _claim = Claim {
-                    leases: &self.leases,
-                    tags: held.iter().map(|(tag, _)| *tag).collect(),
-                };
-                self.renew_held(&held, retry).await
-            });
+        let calls = due.chunks(self.batch).map(|chunk| async move {
+            let held = self.leases.claim_for_renewal(chunk, |(tag, _)| *tag);
+            if held.is_empty() {
+                return true;
+            }
+            // Released however the call ends, a transport's `renew` that panics
+            // included: a settlement of one of these waits for the release.
+            let _claim = Claim {
+                leases: &self.leases,
+                tags: held.iter().map(|(tag, _)| *tag).collect(),
+            };
+            self.renew_held(&held, retry).await
+        });
         join_all(calls).await.into_iter().all(|renewed| renewed)
     }
 
@@ -298,7 +312,7 @@ impl<K: Keep> Keeper<K> {
     /// twelfth of the lease (at least 1 s), half of the least a lease due has left. A
     /// client's own limit is often much longer, by when a lease due has long lapsed.
     fn patience(&self) -> Duration {
-        (self.keep.lease() / 12).max(Duration::from_secs(1))
+        (self.lease / 12).max(Duration::from_secs(1))
     }
 
     /// One renewal call for `held`, claimed for it. Whether every renewal was made, or the
@@ -306,7 +320,7 @@ impl<K: Keep> Keeper<K> {
     async fn renew_held(&self, held: &[&(u64, K::Renewal)], retry: bool) -> bool {
         let renewals: Vec<&K::Renewal> = held.iter().map(|(_, renewal)| renewal).collect();
         let patience = self.patience();
-        let queue = self.keep.queue();
+        let queue = self.queue.as_str();
         let outcomes = match tokio::time::timeout(patience, self.keep.renew(&renewals, retry)).await
         {
             Ok(Ok(outcomes)) => {
@@ -357,7 +371,7 @@ impl<K: Keep> Keeper<K> {
     /// Counts and logs a renewal call that failed as a whole; a `retry` at DEBUG.
     fn renewal_call_failed(&self, error: &dyn std::fmt::Display, retry: bool) {
         self.health.failed();
-        let queue = self.keep.queue();
+        let queue = self.queue.as_str();
         if retry {
             tracing::debug!(queue, %error, "cannot renew leases; trying again");
         } else {
@@ -367,12 +381,12 @@ impl<K: Keep> Keeper<K> {
 }
 
 /// Leases claimed for a renewal call, released when dropped.
-struct Claim<'a, D, O> {
-    leases: &'a Leases<D, O>,
+struct Claim<'a, D> {
+    leases: &'a Leases<D>,
     tags: Vec<u64>,
 }
 
-impl<D, O> Drop for Claim<'_, D, O> {
+impl<D> Drop for Claim<'_, D> {
     fn drop(&mut self) {
         self.leases.renewal_over(self.tags.drain(..));
     }

@@ -27,14 +27,15 @@ use tokio::time::Instant;
 
 use super::settle::{SettleQueue, TagTable};
 use super::sync::{lock, wait_for};
+use super::verdict::Verdict;
 
 /// Where a lease is in its life.
 #[derive(Debug)]
-enum State<O> {
+enum State {
     /// Received, not settled: the keeper renews it.
     Held,
     /// Settled; the keeper has not taken its settlement yet.
-    Settled(O),
+    Settled(Verdict),
     /// The keeper has taken its settlement and makes its call once the work before it
     /// (a dead letter's send, say) is over.
     Taken,
@@ -44,10 +45,10 @@ enum State<O> {
 
 /// One message held: what the transport keeps of it (`data`), and its lease.
 #[derive(Debug)]
-struct Entry<D, O> {
+struct Entry<D> {
     data: D,
     times: LeaseTimes,
-    state: State<O>,
+    state: State,
     /// A renewal's call that covers it is under way: its settlement's call waits for it.
     renewing: bool,
     /// The broker refused to renew it (it was handed out again, or is gone): renewing it
@@ -55,7 +56,7 @@ struct Entry<D, O> {
     lost: bool,
 }
 
-impl<D, O> Entry<D, O> {
+impl<D> Entry<D> {
     /// Whether the keeper renews it: while it is held, and once settled until the keeper
     /// makes its settlement's call (which may wait behind a slow one), so that it does not
     /// show again before that call.
@@ -75,41 +76,41 @@ pub struct LeaseTimes {
 
 /// A settlement the keeper took, to carry out.
 #[derive(Debug)]
-pub struct Taken<T, O> {
+pub struct Taken<T> {
     /// The delivery's tag.
     pub tag: u64,
     /// What [`Leases::take_settled`] drew from the message's data.
     pub data: T,
     /// When the receive's answer came (SQS caps a delay at 12 hours from there).
     pub received_at: Instant,
-    /// The settlement.
-    pub op: O,
+    /// What the settlement asks of the broker.
+    pub verdict: Verdict,
 }
 
 /// The messages one subscription holds, shared by its pump (which adds them), its
 /// deliveries' settler (which settles them) and its keeper (which renews and finishes
-/// them). `D` is what the transport keeps of each (a receipt handle, a stream entry id),
-/// `O` what a settlement asks of the broker.
+/// them). `D` is what the transport keeps of each (a receipt handle, a stream entry id).
 ///
 /// ```
 /// use std::time::Duration;
-/// use conveyor::kit::Leases;
+/// use conveyor::kit::{Leases, Verdict};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// let leases: Leases<&str, &str> = Leases::default();
+/// let leases: Leases<&str> = Leases::default();
 /// let tag = leases.insert("receipt-1", Duration::from_secs(30));
-/// assert!(leases.settle(tag, |_| "delete"));
+/// assert!(leases.settle(tag, Verdict::Ack));
 /// let taken = leases.take_settled(10, |receipt| *receipt);
-/// assert_eq!((taken[0].data, taken[0].op), ("receipt-1", "delete"));
+/// assert_eq!(taken[0].data, "receipt-1");
+/// assert!(matches!(taken[0].verdict, Verdict::Ack));
 /// assert_eq!(leases.len(), 1); // counted until its call is made
 /// leases.finish([tag]);
 /// assert!(leases.is_empty());
 /// # }
 /// ```
 #[derive(Debug)]
-pub struct Leases<D, O> {
-    entries: Mutex<TagTable<Entry<D, O>>>,
+pub struct Leases<D> {
+    entries: Mutex<TagTable<Entry<D>>>,
     /// Tags of settled leases, in the order they were settled, for the keeper.
     settled: SettleQueue<u64>,
     /// Wakes the pump when messages are finished with, making room.
@@ -123,7 +124,7 @@ pub struct Leases<D, O> {
     taken: AtomicUsize,
 }
 
-impl<D, O> Default for Leases<D, O> {
+impl<D> Default for Leases<D> {
     fn default() -> Self {
         Leases {
             entries: Mutex::new(TagTable::new()),
@@ -136,8 +137,8 @@ impl<D, O> Default for Leases<D, O> {
     }
 }
 
-impl<D, O> Leases<D, O> {
-    fn lock(&self) -> std::sync::MutexGuard<'_, TagTable<Entry<D, O>>> {
+impl<D> Leases<D> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, TagTable<Entry<D>>> {
         lock(&self.entries)
     }
 
@@ -156,9 +157,9 @@ impl<D, O> Leases<D, O> {
         })
     }
 
-    /// Settles `tag` with the op `make` chooses for it. Returns `false` (and does nothing)
-    /// if `tag` is unknown or already settled.
-    pub fn settle(&self, tag: u64, make: impl FnOnce(&D) -> O) -> bool {
+    /// Settles `tag` with `verdict`. Returns `false` (and does nothing) if `tag` is
+    /// unknown or already settled.
+    pub fn settle(&self, tag: u64, verdict: Verdict) -> bool {
         {
             let mut entries = self.lock();
             let Some(entry) = entries.get_mut(tag) else {
@@ -167,7 +168,7 @@ impl<D, O> Leases<D, O> {
             if !matches!(entry.state, State::Held) {
                 return false;
             }
-            entry.state = State::Settled(make(&entry.data));
+            entry.state = State::Settled(verdict);
         }
         self.settled.push(tag);
         true
@@ -182,25 +183,21 @@ impl<D, O> Leases<D, O> {
     /// `draw` takes from its message's data. Their leases stay until
     /// [`finish`](Self::finish), and are renewed until [`sending`](Self::sending); they
     /// leave the pump's room now ([`holding`](Self::holding)).
-    pub fn take_settled<T>(
-        &self,
-        max: usize,
-        mut draw: impl FnMut(&mut D) -> T,
-    ) -> Vec<Taken<T, O>> {
+    pub fn take_settled<T>(&self, max: usize, mut draw: impl FnMut(&mut D) -> T) -> Vec<Taken<T>> {
         let mut tags = Vec::new();
         self.settled.take(max, &mut tags);
-        let taken: Vec<Taken<T, O>> = {
+        let taken: Vec<Taken<T>> = {
             let mut entries = self.lock();
-            let taken: Vec<Taken<T, O>> = tags
+            let taken: Vec<Taken<T>> = tags
                 .into_iter()
                 .filter_map(|tag| {
                     let entry = entries.get_mut(tag)?;
                     match std::mem::replace(&mut entry.state, State::Taken) {
-                        State::Settled(op) => Some(Taken {
+                        State::Settled(verdict) => Some(Taken {
                             tag,
                             data: draw(&mut entry.data),
                             received_at: entry.times.received_at,
-                            op,
+                            verdict,
                         }),
                         other => {
                             entry.state = other;
@@ -388,12 +385,12 @@ mod tests {
     use super::*;
 
     /// A message received now with the receipt `receipt`, leased for 30 s.
-    fn receive(leases: &Leases<String, &'static str>, receipt: &str) -> u64 {
+    fn receive(leases: &Leases<String>, receipt: &str) -> u64 {
         leases.insert(receipt.into(), Duration::from_secs(30))
     }
 
     /// What lapses within 15 s, as (tag, receipt).
-    fn due_now(leases: &Leases<String, &'static str>) -> Vec<(u64, String)> {
+    fn due_now(leases: &Leases<String>) -> Vec<(u64, String)> {
         leases.due(Duration::from_secs(15), |tag, receipt, _| {
             Some((tag, receipt.clone()))
         })
@@ -414,7 +411,7 @@ mod tests {
     async fn a_settled_lease_is_renewed_until_the_keeper_sends_its_call() {
         let leases = Leases::default();
         let tag = receive(&leases, "r");
-        assert!(leases.settle(tag, |_| "release"));
+        assert!(leases.settle(tag, Verdict::Ack));
         tokio::time::advance(Duration::from_secs(20)).await;
         let due = due_now(&leases);
         assert_eq!(due, vec![(tag, "r".to_string())]);
@@ -466,8 +463,8 @@ mod tests {
      {
         let leases = Leases::default();
         let tag = leases.insert(("r", Some("m")), Duration::from_secs(30));
-        assert!(leases.settle(tag, |_| "delete"));
-        assert!(!leases.settle(tag, |_| "release"), "settled once only");
+        assert!(leases.settle(tag, Verdict::Ack));
+        assert!(!leases.settle(tag, Verdict::Ack), "settled once only");
         assert_eq!((leases.len(), leases.settled().len()), (1, 1));
         let wanted = leases.room_wanted();
         let room = leases.room_for(1);
@@ -481,7 +478,8 @@ mod tests {
         assert_eq!(*wanted.borrow(), Some(1), "the keeper hears the pump waits");
         let taken = leases.take_settled(usize::MAX, |(receipt, id)| (*receipt, id.take()));
         assert_eq!(taken.len(), 1);
-        assert_eq!((taken[0].data, taken[0].op), (("r", Some("m")), "delete"));
+        assert_eq!(taken[0].data, ("r", Some("m")));
+        assert!(matches!(taken[0].verdict, Verdict::Ack));
         tokio::time::timeout(Duration::from_secs(1), room)
             .await
             .expect("room once the keeper took it");
@@ -493,6 +491,6 @@ mod tests {
         );
         leases.finish([tag]);
         assert!(leases.is_empty());
-        assert!(!leases.settle(tag, |_| "delete"), "unknown once finished");
+        assert!(!leases.settle(tag, Verdict::Ack), "unknown once finished");
     }
 }

@@ -3,13 +3,15 @@
 //! - Settling: the table of deliveries not settled yet ([`TagTable`]), the queue their
 //!   settlements wait in ([`SettleQueue`]), and the settle task that performs them in
 //!   batches with slow ones beside the rest ([`SettleDriver`], given a [`Perform`]).
-//! - Pulling: a subscription on a broker that is pulled from ([`Pull`]): a pump that
-//!   receives a call ahead of the handlers (given a [`Receive`]), the table of messages
-//!   held under a lease ([`Leases`]), the settler that records each settlement on its lease
-//!   ([`LeaseSettler`]; a [`Rejected`] message waits there for its dead letter), and the
-//!   keeper that renews those leases and makes the settlement calls in batches (given a
-//!   [`Keep`]); [`PullSubscriber`] is the whole subscriber, and [`CallHealth`] tells
-//!   the mount whether the broker's calls fail.
+//! - Pulling: a subscription on a broker that is pulled from, started in one call
+//!   ([`PullSubscriber::start`]) from the transport's receive side (a [`Receive`], which
+//!   holds each message it brings in [`Received`]) and its settle side (a [`Keep`], which
+//!   renews leases and turns each [`Verdict`] into the broker's calls), as
+//!   [`PullOptions`] say. Inside: a pump that receives a call ahead of the handlers, the
+//!   table of messages held under a lease ([`Leases`]), and the keeper that renews them
+//!   and makes the settlement calls in batches ([`Keeper`]); [`CallHealth`] tells the
+//!   mount whether the broker's calls fail. A [`Rejected`] message waits in its verdict
+//!   for its dead letter.
 //! - Pacing: the pause between retries of a failing broker call or a reconnect, doubling
 //!   ([`RetryPause`]), with jitter where many clients retry at once ([`jittered`]), and
 //!   the instant a delay ends ([`due_after`]).
@@ -21,21 +23,27 @@
 
 pub(crate) mod beside;
 mod driver;
+mod health;
 mod keeper;
 mod lease;
+mod options;
 mod pace;
 mod pull;
 mod settle;
 mod settler;
 mod sync;
 mod text;
+mod verdict;
 
 pub use driver::{Perform, SettleDriver, Started};
+pub use health::CallHealth;
 pub use keeper::{Keep, Keeper, KeeperSignals, Renewed};
 pub use lease::{LeaseTimes, Leases, Taken};
+pub use options::PullOptions;
 pub use pace::{RetryPause, due_after, jittered};
-pub use pull::{Alive, CallHealth, Pull, PullOptions, PullSubscriber, Receive, ReceiveFailed};
+pub use pull::{PullSubscriber, Receive, ReceiveFailed, Received};
 pub use settle::{SettleQueue, TagTable};
-pub use settler::{LeaseSettler, Rejected, past_max_receives};
+pub use settler::Alive;
 pub use sync::{lock, wait_for};
 pub use text::{bounded, redact_url, unique_id, url_password, without_password};
+pub use verdict::{Rejected, Verdict, past_max_receives};

@@ -3,81 +3,100 @@
 //! of the handlers, a hand-over holds what it brought until the dispatcher takes it, and
 //! a [`Keeper`] keeps what is held leased and makes the settlement calls.
 //!
-//! A transport gives a [`Receive`] (its receive call) and a [`Keep`] (its renewal and
-//! settlement calls); [`Pull::start`] answers with a [`PullSubscriber`], the whole
-//! [`Subscriber`]. The pump and the keeper's settlements are its
-//! [`Background`](crate::Background), which the dispatcher runs on the mount's own task:
-//! each hand-over between them and the handlers is then a poll on that task, not a
-//! wake-up of another one (on Redis, that took a sequential mount's CPU time per message
-//! from about twice a raw loop's to the same, BENCHMARKS.md). The keeper's renewals run
-//! on a task of their own.
+//! A transport gives its receive side (a [`Receive`]) and its settle side (a [`Keep`]) to
+//! [`PullSubscriber::start`], which makes the rest: the leases, the deliveries' settler,
+//! the call health and the in-flight limit. The pump and the keeper's settlements are
+//! the subscription's [`Background`](crate::Background), which the dispatcher runs on the
+//! mount's own task: each hand-over between them and the handlers is then a poll on that
+//! task, not a wake-up of another one. The keeper's renewals run on a task of their own.
 
 use std::collections::VecDeque;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::Bytes;
 use tokio::sync::{Notify, oneshot, watch};
 
 use super::beside::beside;
+use super::health::CallHealth;
 use super::keeper::{Keep, Keeper, KeeperSignals};
 use super::lease::Leases;
+use super::options::PullOptions;
 use super::pace::RetryPause;
+use super::settler::{Alive, LeaseSettler};
 use super::sync::{lock, wait_for};
-use crate::{Background, ConnectionProbe, Delivery, Error, Report, Subscriber};
+use super::verdict::Verdict;
+use crate::{
+    Background, ConnectionProbe, Delivery, Error, Report, Settle, SubscribeSettings, Subscriber,
+};
 
-/// Whether calls to a queue fail now (and are retried): set by the last receive, renewal
-/// or settlement call. The mounts on the queue show as reconnecting while it is.
-///
-/// ```
-/// use conveyor::ConnectionProbe;
-/// use conveyor::kit::CallHealth;
-///
-/// let health = CallHealth::default();
-/// health.failed();
-/// assert!(health.is_lost());
-/// health.succeeded();
-/// assert!(!health.is_lost());
-/// ```
-#[derive(Clone, Debug, Default)]
-pub struct CallHealth(Arc<AtomicBool>);
-
-impl CallHealth {
-    /// A call failed.
-    pub fn failed(&self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-
-    /// A call succeeded.
-    pub fn succeeded(&self) {
-        // Read first: the flag is shared by every call, and a store on each success would
-        // move its cache line between cores for nothing.
-        if self.0.load(Ordering::Relaxed) {
-            self.0.store(false, Ordering::Relaxed);
-        }
-    }
-}
-
-impl ConnectionProbe for CallHealth {
-    fn is_lost(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
-/// A transport's receive call, made by the pump.
+/// A transport's receive side: its receive call, made by the pump.
 pub trait Receive: Send + 'static {
+    /// What the transport keeps of each message it holds: its [`Keep::Data`].
+    type Data: Send + 'static;
+
     // The one `Vec` for every receive: a fresh list of a few deliveries is a large
     // allocation, the slow path of the allocator.
-    /// One receive: adds the deliveries it brought to `into` (empty when called), each
-    /// already recorded in the subscription's [`Leases`] (so that it stays leased while it
-    /// waits) and settled through them. The pump hands the same `Vec` to every receive,
-    /// so a receive allocates nothing for its list. What a failed receive added is
+    /// One receive: each message it brought is held in `into` (so that it stays leased
+    /// while it waits), then handed over as a delivery, or settled at once by the
+    /// transport (one that is not to run yet, say). What a failed receive handed over is
     /// released.
     fn receive(
         &mut self,
-        into: &mut Vec<Delivery>,
+        into: &mut Received<'_, Self::Data>,
     ) -> impl Future<Output = Result<(), ReceiveFailed>> + Send;
+}
+
+/// What one receive brought, as the pump hands it to [`Receive::receive`]: messages held
+/// under their lease, and the deliveries made of them.
+///
+/// ```
+/// # use std::time::Duration;
+/// # use conveyor::Bytes;
+/// # use conveyor::kit::{Received, ReceiveFailed};
+/// /// What one receive call of a broker answered: a receipt and a payload each.
+/// fn take(answer: Vec<(String, Bytes)>, into: &mut Received<'_, String>) {
+///     for (receipt, payload) in answer {
+///         let tag = into.hold(receipt, Duration::from_secs(30));
+///         into.push(into.delivery(tag, payload).with_receive_count(1));
+///     }
+/// }
+/// ```
+pub struct Received<'a, D> {
+    deliveries: &'a mut Vec<Delivery>,
+    leases: &'a Leases<D>,
+    settler: &'a Arc<dyn Settle>,
+    queue: &'a Arc<str>,
+}
+
+impl<D> Received<'_, D> {
+    /// Holds a message the broker leased to this subscription for `lease` from now: the
+    /// keeper renews the lease until the message is settled. Its delivery tag.
+    pub fn hold(&self, data: D, lease: Duration) -> u64 {
+        self.leases.insert(data, lease)
+    }
+
+    /// Settles a held message without handing it over: one that came before its delay
+    /// was over, one delivered more often than its queue allows.
+    pub fn settle(&self, tag: u64, verdict: Verdict) {
+        self.leases.settle(tag, verdict);
+    }
+
+    /// The delivery of the held message `tag`, settled through the subscription.
+    pub fn delivery(&self, tag: u64, payload: Bytes) -> Delivery {
+        Delivery::new(payload, self.queue.clone(), self.settler.clone(), tag)
+    }
+
+    /// Hands a delivery over to the dispatcher.
+    pub fn push(&mut self, delivery: Delivery) {
+        self.deliveries.push(delivery);
+    }
+
+    /// Whether no delivery has been handed over yet.
+    pub fn is_empty(&self) -> bool {
+        self.deliveries.is_empty()
+    }
 }
 
 /// A receive that failed.
@@ -90,105 +109,33 @@ pub struct ReceiveFailed {
     pub for_good: bool,
 }
 
-/// Keeps the deliveries' settler alive in the keeper's eyes: the keeper finishes once
-/// the subscription closes, or once every clone of this is dropped (nothing more can be
-/// settled). A transport's [`Settle`](crate::Settle) holds one.
-#[derive(Clone, Debug)]
-pub struct Alive {
-    _sender: Arc<watch::Sender<()>>,
-}
-
-impl Alive {
-    /// A token, and what the keeper watches ([`KeeperSignals::alive`]): it closes once
-    /// every clone of the token is dropped. [`Pull`] makes this pair itself; a transport
-    /// needs it only to run a [`Keeper`] on its own (in its tests, say).
-    pub fn new() -> (Alive, watch::Receiver<()>) {
-        let (sender, watch) = watch::channel(());
-        (
-            Alive {
-                _sender: Arc::new(sender),
-            },
-            watch,
-        )
-    }
-}
-
-/// How a pulling subscription runs.
-#[derive(Clone, Debug)]
-pub struct PullOptions {
-    /// The queue, as logs and errors name it.
-    pub queue: String,
-    /// The pump receives only while fewer than this many messages are held (waiting,
-    /// running, or settled with their call not made yet).
-    pub limit: usize,
-    /// How long a settlement waits for others to share its call.
-    pub linger: Duration,
-    /// The longest one receive can take (its long poll and its timeout): closing waits
-    /// that long for one under way, then abandons it.
-    pub receive_bound: Duration,
-    /// Marked by the pump's receives and the keeper's renewals.
-    pub health: CallHealth,
-}
-
-/// A pulling subscription about to start: its [`Leases`], shared with the transport's
-/// [`Receive`], [`Keep`] and settler.
-///
-/// A transport makes one per subscription, gives [`leases`](Self::leases) to its
-/// receive call (which records each message it brings) and to its settler (which holds
-/// an [`alive`](Self::alive) token), then [`start`](Self::start)s it; conveyor-sqs's
-/// `subscriber.rs` is a worked example.
-pub struct Pull<D, O> {
-    leases: Arc<Leases<D, O>>,
-    alive: Alive,
-    alive_watch: watch::Receiver<()>,
-}
-
-impl<D: Send + 'static, O: Send + 'static> Default for Pull<D, O> {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl<D: Send + 'static, O: Send + 'static> Pull<D, O> {
-    /// A subscription with no message held yet.
-    pub fn new() -> Self {
-        let (alive, alive_watch) = Alive::new();
-        Pull {
-            leases: Arc::new(Leases::default()),
-            alive,
-            alive_watch,
-        }
-    }
-
-    /// The messages the subscription holds.
-    pub fn leases(&self) -> &Arc<Leases<D, O>> {
-        &self.leases
-    }
-
-    /// A token for the deliveries' settler (see [`Alive`]).
-    pub fn alive(&self) -> Alive {
-        self.alive.clone()
-    }
-
-    /// The subscription, its pump and keeper ready: they start with the dispatcher that
-    /// adopts its [`background`](Subscriber::background), or on a task of their own at its
-    /// first receive (or its stop, close or drop) when none does.
-    pub fn start<R, K>(self, receive: R, keep: K, options: PullOptions) -> PullSubscriber
+impl PullSubscriber {
+    /// A pulling subscription, started from its transport's receive side and settle side:
+    /// the subscription's leases, its deliveries' settler, its call health and its
+    /// in-flight limit (the mount's `max_in_flight` plus one receive) are made here. The
+    /// pump and the keeper start with the dispatcher that adopts its
+    /// [`background`](Subscriber::background), or on a task of their own at its first
+    /// receive (or its stop, close or drop) when none does.
+    pub fn start<R, K>(
+        receive: R,
+        keep: K,
+        options: PullOptions,
+        settings: &SubscribeSettings,
+    ) -> PullSubscriber
     where
-        R: Receive,
-        K: Keep<Data = D, Op = O>,
+        R: Receive<Data = K::Data>,
+        K: Keep,
     {
-        let Pull {
-            leases,
-            alive,
-            alive_watch,
-        } = self;
-        // Only the settler's clones keep the keeper waiting for settlements.
-        drop(alive);
+        let leases = Arc::new(Leases::default());
+        let (alive, alive_watch) = Alive::new();
+        // Only the settler keeps the keeper waiting for settlements: the pump's, and its
+        // deliveries' clones.
+        let settler: Arc<dyn Settle> = Arc::new(LeaseSettler::<K>::new(leases.clone(), alive));
+        let health = CallHealth::default();
         let handover = Arc::new(Handover::default());
         let (closing, closing_watch) = watch::channel(false);
         let (stop, stop_watch) = watch::channel(false);
-        let keeper = Keeper::new(keep, leases.clone(), options.linger, options.health.clone());
+        let keeper = Keeper::new(keep, leases.clone(), &options, health.clone());
         let keeper = keeper.run(KeeperSignals {
             closing: closing_watch,
             draining: stop_watch.clone(),
@@ -196,15 +143,22 @@ impl<D: Send + 'static, O: Send + 'static> Pull<D, O> {
         });
         let (abandon, abandoned) = oneshot::channel::<()>();
         let (pump_done, pump_ended) = oneshot::channel::<()>();
+        // Saturating: the core allows any size (`batch(usize::MAX)`).
+        let limit = settings
+            .max_in_flight
+            .max(1)
+            .saturating_add(options.receive_batch.max(1));
         let pump = pump(
             receive,
-            Room {
+            Pumped {
                 leases,
-                limit: options.limit,
+                settler,
+                queue: options.queue.as_str().into(),
+                limit,
             },
             handover.clone(),
             options.queue.clone(),
-            options.health.clone(),
+            health.clone(),
             stop_watch,
         );
         let pump = async move {
@@ -236,7 +190,7 @@ impl<D: Send + 'static, O: Send + 'static> Pull<D, O> {
             abandon: Some(abandon),
             finished: Some(finished_watch),
             receive_bound: options.receive_bound,
-            health: options.health,
+            health,
         }
     }
 }
@@ -358,9 +312,13 @@ impl Handover {
 /// The hand-over takes no more deliveries.
 struct ReceivingStopped;
 
-/// Room for another receive: fewer than `limit` messages held.
-struct Room<D, O> {
-    leases: Arc<Leases<D, O>>,
+/// What the pump's receives are made into deliveries with, and its room: it receives
+/// while fewer than `limit` messages are held.
+struct Pumped<D> {
+    leases: Arc<Leases<D>>,
+    settler: Arc<dyn Settle>,
+    /// The queue, as deliveries carry it.
+    queue: Arc<str>,
     limit: usize,
 }
 
@@ -373,9 +331,9 @@ struct Room<D, O> {
 /// pause that doubles from 100 ms up to 30 s and resets on success ([`RetryPause`]); one
 /// that can never succeed ([`ReceiveFailed::for_good`]) ends the subscription with
 /// [`Error::Subscribe`].
-async fn pump<R: Receive, D, O>(
+async fn pump<R: Receive>(
     mut receive: R,
-    room: Room<D, O>,
+    pumped: Pumped<R::Data>,
     handover: Arc<Handover>,
     queue: String,
     health: CallHealth,
@@ -386,14 +344,20 @@ async fn pump<R: Receive, D, O>(
     loop {
         let ready = async {
             handover.wait_empty().await;
-            room.leases.room_for(room.limit).await;
+            pumped.leases.room_for(pumped.limit).await;
         };
         tokio::select! {
             biased;
             () = stopped(&mut stop) => return,
             () = ready => {}
         }
-        let result = receive.receive(&mut received).await;
+        let mut into = Received {
+            deliveries: &mut received,
+            leases: &pumped.leases,
+            settler: &pumped.settler,
+            queue: &pumped.queue,
+        };
+        let result = receive.receive(&mut into).await;
         if result.is_err() {
             // Released (outside any lock: each drop settles).
             received.clear();

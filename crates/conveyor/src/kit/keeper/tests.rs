@@ -7,7 +7,8 @@ use std::sync::Mutex;
 use tokio::sync::Semaphore;
 
 use super::*;
-use crate::kit::pull::Alive;
+use crate::kit::settler::Alive;
+use crate::kit::verdict::{Rejected, Verdict};
 
 /// What reached the scripted broker.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,6 +56,8 @@ struct Script {
     latency: Duration,
     /// How long preparing a batch of settlements takes (a dead letter's send, say).
     prepare_latency: Duration,
+    /// Whether the settlement calls fail (the broker took none of them).
+    settles_fail: bool,
 }
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -75,22 +78,32 @@ async fn pass(gate: Option<&Arc<Semaphore>>) {
     }
 }
 
+/// A verdict as the scripted broker records it.
+fn label(verdict: &Verdict) -> &'static str {
+    match verdict {
+        Verdict::Ack => "ack",
+        Verdict::Retry { .. } => "retry",
+        Verdict::Reject(_) => "reject",
+    }
+}
+
+/// A reject's verdict.
+fn rejected() -> Verdict {
+    Verdict::Reject(Box::new(Rejected {
+        reason: "bad".into(),
+        attempt: 1,
+        payload: bytes::Bytes::new(),
+        headers: crate::Headers::new(),
+        partition_key: None,
+    }))
+}
+
 impl Keep for Script {
     type Data = &'static str;
-    type Op = &'static str;
     type Renewal = &'static str;
     type Drawn = &'static str;
     type Prepared = Vec<(&'static str, &'static str)>;
 
-    fn queue(&self) -> &str {
-        "q"
-    }
-    fn lease(&self) -> Duration {
-        LEASE
-    }
-    fn batch(&self) -> usize {
-        10
-    }
     fn renewal(&self, _: u64, name: &&'static str, _: LeaseTimes) -> Option<&'static str> {
         Some(name)
     }
@@ -117,18 +130,19 @@ impl Keep for Script {
     fn draw(name: &mut &'static str) -> &'static str {
         name
     }
-    async fn prepare(&self, taken: Vec<Taken<&'static str, &'static str>>) -> Self::Prepared {
+    async fn prepare(&self, taken: Vec<Taken<&'static str>>) -> Self::Prepared {
         tokio::time::sleep(self.prepare_latency).await;
         taken
             .into_iter()
-            .map(|taken| (taken.data, taken.op))
+            .map(|taken| (taken.data, label(&taken.verdict)))
             .collect()
     }
-    async fn settle(&self, prepared: Self::Prepared) {
+    async fn settle(&self, prepared: Self::Prepared) -> bool {
         self.settles_started.send_modify(|started| *started += 1);
         pass(self.settle_gate.as_ref()).await;
         self.record(Call::Settle(prepared));
         tokio::time::sleep(self.latency).await;
+        !self.settles_fail
     }
     async fn stopped_receiving(&self) {
         self.record(Call::StoppedReceiving);
@@ -139,11 +153,13 @@ impl Keep for Script {
 }
 
 struct Running {
-    leases: Arc<Leases<&'static str, &'static str>>,
+    leases: Arc<Leases<&'static str>>,
     closing: watch::Sender<bool>,
     draining: watch::Sender<bool>,
     alive: Option<Alive>,
     keeper: tokio::task::JoinHandle<()>,
+    /// Marked by the keeper's calls.
+    health: CallHealth,
 }
 
 impl Running {
@@ -163,12 +179,16 @@ fn start_lingering(script: &Script, linger: Duration) -> Running {
     let (alive, alive_watch) = Alive::new();
     let (closing, closing_watch) = watch::channel(false);
     let (draining, draining_watch) = watch::channel(false);
-    let keeper = Keeper::new(
-        script.clone(),
-        leases.clone(),
-        linger,
-        CallHealth::default(),
-    );
+    let options = PullOptions {
+        queue: "q".into(),
+        lease: LEASE,
+        receive_batch: 1,
+        receive_bound: Duration::from_secs(1),
+        settle_linger: linger,
+        settle_batch: 10,
+    };
+    let health = CallHealth::default();
+    let keeper = Keeper::new(script.clone(), leases.clone(), &options, health.clone());
     let keeper = tokio::spawn(keeper.run(KeeperSignals {
         closing: closing_watch,
         draining: draining_watch,
@@ -180,6 +200,7 @@ fn start_lingering(script: &Script, linger: Duration) -> Running {
         draining,
         alive: Some(alive),
         keeper,
+        health,
     }
 }
 
@@ -226,12 +247,46 @@ async fn a_failing_renewal_is_tried_again_after_doubling_pauses_then_at_the_next
     let running = start(&script);
     let tag = running.leases.insert("a", LEASE);
     tokio::time::sleep(Duration::from_secs(31)).await;
-    assert!(running.leases.settle(tag, |_| "ack"));
+    assert!(running.leases.settle(tag, Verdict::Ack));
     // Due at the 20 s tick: the call, then 0.1, 0.2, 0.4, 0.8 and 1.6 s pauses (3.1 s
     // in all; 3.2 more would pass half the tick); then the 30 s tick succeeds.
     assert_eq!(
         renewals_at(&script, began),
         [20_000, 20_100, 20_300, 20_700, 21_500, 23_100, 30_000]
+    );
+    running.close().await;
+}
+
+/// Settlement calls that fail show the queue's calls as failing, until one goes through.
+#[tokio::test(start_paused = true)]
+async fn failing_settlement_calls_mark_the_queue_as_failing_until_one_succeeds() {
+    use crate::ConnectionProbe;
+
+    let failing = Script {
+        settles_fail: true,
+        ..Script::default()
+    };
+    let running = start(&failing);
+    let tag = running.leases.insert("a", LEASE);
+    assert!(running.leases.settle(tag, Verdict::Ack));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        calls(&failing, Instant::now()).len(),
+        1,
+        "the settlement call was made"
+    );
+    assert!(running.health.is_lost(), "a failed settlement call shows");
+    running.close().await;
+
+    let script = Script::default();
+    let running = start(&script);
+    running.health.failed();
+    let tag = running.leases.insert("a", LEASE);
+    assert!(running.leases.settle(tag, Verdict::Ack));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !running.health.is_lost(),
+        "a settlement call that went through clears it"
     );
     running.close().await;
 }
@@ -251,7 +306,7 @@ async fn a_renewal_failed_for_its_lease_is_tried_again_long_before_the_lease_lap
     let running = start(&script);
     let tag = running.leases.insert("a", LEASE);
     tokio::time::sleep(Duration::from_secs(25)).await;
-    assert!(running.leases.settle(tag, |_| "ack"));
+    assert!(running.leases.settle(tag, Verdict::Ack));
     running.close().await;
     assert_eq!(renewals_at(&script, began), [20_000, 20_100, 20_300]);
 }
@@ -271,7 +326,7 @@ async fn a_renewal_that_keeps_failing_warns_once_a_tick() {
     let running = start(&script);
     let tag = running.leases.insert("a", LEASE);
     tokio::time::sleep(Duration::from_secs(29)).await;
-    assert!(running.leases.settle(tag, |_| "ack"));
+    assert!(running.leases.settle(tag, Verdict::Ack));
     running.close().await;
     assert_eq!(
         renewals_at(&script, began).len(),
@@ -292,7 +347,7 @@ async fn a_lease_the_broker_no_longer_holds_is_not_renewed_again() {
     let running = start(&script);
     let tag = running.leases.insert("a", LEASE);
     tokio::time::sleep(Duration::from_secs(120)).await;
-    assert!(running.leases.settle(tag, |_| "ack"));
+    assert!(running.leases.settle(tag, Verdict::Ack));
     running.close().await;
     assert_eq!(renewals_at(&script, began), [20_000]);
 }
@@ -309,7 +364,7 @@ async fn a_renewal_call_that_gets_no_answer_is_made_again_before_the_lease_lapse
     let running = start(&script);
     let tag = running.leases.insert("a", LEASE);
     tokio::time::sleep(Duration::from_secs(25)).await;
-    assert!(running.leases.settle(tag, |_| "ack"));
+    assert!(running.leases.settle(tag, Verdict::Ack));
     running.close().await;
     // Unanswered at 20 s, given up at 22.5 s, made again 100 ms later.
     assert_eq!(renewals_at(&script, began), [22_600]);
@@ -328,7 +383,7 @@ async fn a_renewal_call_that_gets_no_answer_holds_up_no_other() {
     let tags: Vec<u64> = (0..11).map(|_| running.leases.insert("a", LEASE)).collect();
     tokio::time::sleep(Duration::from_secs(25)).await;
     for tag in tags {
-        assert!(running.leases.settle(tag, |_| "ack"));
+        assert!(running.leases.settle(tag, Verdict::Ack));
     }
     running.close().await;
     let renewals: Vec<(u128, usize)> = calls(&script, began)
@@ -364,7 +419,7 @@ async fn a_renewed_lease_lapses_when_its_renewal_answered_not_a_lease_after_the_
     let running = start(&script);
     let tag = running.leases.insert("a", LEASE);
     tokio::time::sleep(Duration::from_secs(55)).await;
-    assert!(running.leases.settle(tag, |_| "ack"));
+    assert!(running.leases.settle(tag, Verdict::Ack));
     running.close().await;
     assert_eq!(renewals_at(&script, began), [20_000, 30_000, 50_000]);
 }
@@ -383,7 +438,7 @@ async fn a_settlement_made_during_its_renewal_reaches_the_broker_after_it() {
     let tag = running.leases.insert("a", LEASE);
     // The 20 s tick's renewal is under way, held at the gate.
     tokio::time::sleep(Duration::from_secs(21)).await;
-    assert!(running.leases.settle(tag, |_| "ack"));
+    assert!(running.leases.settle(tag, Verdict::Ack));
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(
         calls(&script, began).is_empty(),
@@ -413,7 +468,7 @@ async fn a_renewal_that_panics_holds_no_settlement_up() {
     let tag = running.leases.insert("a", LEASE);
     // The 20 s tick's renewal has panicked.
     tokio::time::sleep(Duration::from_secs(21)).await;
-    assert!(running.leases.settle(tag, |_| "ack"));
+    assert!(running.leases.settle(tag, Verdict::Ack));
     tokio::time::timeout(Duration::from_secs(600), running.close())
         .await
         .expect("the keeper finishes");
@@ -432,7 +487,11 @@ async fn a_message_settled_before_its_renewal_is_not_renewed() {
     let running = start(&script);
     let held = running.leases.insert("held", LEASE);
     let settled = running.leases.insert("settled", LEASE);
-    assert!(running.leases.settle(settled, |_| "retry"));
+    assert!(
+        running
+            .leases
+            .settle(settled, Verdict::Retry { after: None })
+    );
     tokio::time::sleep(Duration::from_secs(21)).await;
     assert_eq!(
         calls(&script, began),
@@ -444,7 +503,7 @@ async fn a_message_settled_before_its_renewal_is_not_renewed() {
             (Duration::from_secs(20), Call::Renew(vec!["held"])),
         ]
     );
-    assert!(running.leases.settle(held, |_| "ack"));
+    assert!(running.leases.settle(held, Verdict::Ack));
     running.close().await;
 }
 
@@ -460,10 +519,10 @@ async fn renewals_go_on_while_a_settlement_call_hangs() {
     let acked = running.leases.insert("acked", LEASE);
     running.leases.insert("held", LEASE);
     let acked_later = running.leases.insert("acked later", LEASE);
-    assert!(running.leases.settle(acked, |_| "ack"));
+    assert!(running.leases.settle(acked, Verdict::Ack));
     tokio::time::sleep(Duration::from_secs(1)).await;
     // Settled while the first ack's call hangs: its own call waits behind it.
-    assert!(running.leases.settle(acked_later, |_| "ack"));
+    assert!(running.leases.settle(acked_later, Verdict::Ack));
     tokio::time::sleep(3 * LEASE).await;
     // Renewed at 20 s, 40 s, 60 s and 80 s, each before it would have lapsed, while the
     // first ack's call has not returned; the later ack with them, until its call.
@@ -492,7 +551,7 @@ async fn a_flush_takes_one_batch_so_the_settlements_after_it_stay_renewed() {
         })
         .collect();
     for tag in tags {
-        assert!(running.leases.settle(tag, |_| "ack"));
+        assert!(running.leases.settle(tag, Verdict::Ack));
     }
     tokio::time::sleep(LEASE).await;
     // The first ten are in the call that hangs; the other five are renewed at 20 s.
@@ -516,7 +575,7 @@ async fn a_settlement_stays_renewed_while_it_is_prepared() {
     let tag = running.leases.insert("a", LEASE);
     // Renewed at 20 s and 40 s, to lapse at 70 s; settled at 44 s.
     tokio::time::sleep(Duration::from_secs(44)).await;
-    assert!(running.leases.settle(tag, |_| "reject"));
+    assert!(running.leases.settle(tag, rejected()));
     running.close().await;
     let calls: Vec<(u64, Call)> = calls(&script, began)
         .into_iter()
@@ -549,7 +608,7 @@ async fn a_stalled_settlement_call_frees_the_pumps_room_for_its_batch_only() {
         .map(|_| running.leases.insert("first", LEASE))
         .collect();
     for tag in tags {
-        assert!(running.leases.settle(tag, |_| "ack"));
+        assert!(running.leases.settle(tag, Verdict::Ack));
     }
     let mut started = script.settles_started.subscribe();
     started.wait_for(|started| *started == 1).await.unwrap();
@@ -562,7 +621,7 @@ async fn a_stalled_settlement_call_frees_the_pumps_room_for_its_batch_only() {
         .map(|_| running.leases.insert("after", LEASE))
         .collect();
     for tag in after {
-        assert!(running.leases.settle(tag, |_| "ack"));
+        assert!(running.leases.settle(tag, Verdict::Ack));
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
@@ -602,7 +661,7 @@ async fn ten_settlements_share_one_call_and_more_go_in_the_next() {
         })
         .collect();
     for tag in tags {
-        assert!(running.leases.settle(tag, |_| "ack"));
+        assert!(running.leases.settle(tag, Verdict::Ack));
     }
     running.close().await;
     let calls: Vec<Call> = calls(&script, Instant::now())
@@ -628,7 +687,7 @@ async fn a_renewal_tick_does_not_restart_a_settlements_linger() {
     let running = start_lingering(&script, Duration::from_secs(4));
     let tag = running.leases.insert("a", LEASE);
     tokio::time::sleep(Duration::from_secs(18)).await;
-    assert!(running.leases.settle(tag, |_| "ack"));
+    assert!(running.leases.settle(tag, Verdict::Ack));
     // Due at 22 s; the tick at 20 s would have put it off to 24 s.
     tokio::time::sleep_until(began + Duration::from_millis(22_100)).await;
     assert_eq!(
@@ -650,7 +709,7 @@ async fn the_pump_waiting_for_room_a_while_does_not_restart_a_settlements_linger
     let began = Instant::now();
     let running = start_lingering(&script, Duration::from_secs(4));
     let tags = ["a", "b", "c", "d"].map(|name| running.leases.insert(name, LEASE));
-    assert!(running.leases.settle(tags[0], |_| "ack"));
+    assert!(running.leases.settle(tags[0], Verdict::Ack));
     tokio::time::sleep(Duration::from_secs(1)).await;
     // Four held, the pump waits from 1 s to 2 s to hold fewer than two.
     let room = tokio::time::timeout(Duration::from_secs(1), running.leases.room_for(2)).await;
@@ -662,7 +721,7 @@ async fn the_pump_waiting_for_room_a_while_does_not_restart_a_settlements_linger
         [(Duration::from_secs(4), Call::Settle(vec![("a", "ack")]))]
     );
     for tag in &tags[1..] {
-        assert!(running.leases.settle(*tag, |_| "ack"));
+        assert!(running.leases.settle(*tag, Verdict::Ack));
     }
     running.close().await;
 }
@@ -683,7 +742,7 @@ async fn renewals_keep_their_turn_under_a_steady_stream_of_acks() {
     let mut acks = 0;
     while began.elapsed() < 2 * LEASE {
         let tag = running.leases.insert("acked", LEASE);
-        assert!(running.leases.settle(tag, |_| "ack"));
+        assert!(running.leases.settle(tag, Verdict::Ack));
         acks += 1;
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -704,7 +763,7 @@ async fn renewals_keep_their_turn_under_a_steady_stream_of_acks() {
         "the held message's lease lapsed {:?} into the run",
         lapses - began
     );
-    assert!(running.leases.settle(held, |_| "ack"));
+    assert!(running.leases.settle(held, Verdict::Ack));
     running.close().await;
     assert_eq!(settled_count(&script), acks + 1, "every ack made");
 }
@@ -721,7 +780,11 @@ async fn draining_tells_the_transport_and_settles_at_once_not_after_the_linger()
     let running_one = running.leases.insert("running", LEASE);
     running.draining.send_replace(true);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(running.leases.settle(read_ahead, |_| "release"));
+    assert!(
+        running
+            .leases
+            .settle(read_ahead, Verdict::Retry { after: None })
+    );
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
         calls(&script, began),
@@ -729,12 +792,12 @@ async fn draining_tells_the_transport_and_settles_at_once_not_after_the_linger()
             (Duration::ZERO, Call::StoppedReceiving),
             (
                 Duration::from_millis(100),
-                Call::Settle(vec![("read ahead", "release")])
+                Call::Settle(vec![("read ahead", "retry")])
             )
         ],
         "the transport told at once, to cut a waiting receive short"
     );
-    assert!(running.leases.settle(running_one, |_| "ack"));
+    assert!(running.leases.settle(running_one, Verdict::Ack));
     running.close().await;
 }
 
@@ -745,7 +808,7 @@ async fn once_every_settler_is_gone_the_keeper_settles_the_rest_then_makes_its_l
     let script = Script::default();
     let mut running = start(&script);
     let tag = running.leases.insert("a", LEASE);
-    assert!(running.leases.settle(tag, |_| "release"));
+    assert!(running.leases.settle(tag, Verdict::Retry { after: None }));
     drop(running.alive.take());
     tokio::time::timeout(Duration::from_secs(60), running.keeper)
         .await
@@ -757,7 +820,7 @@ async fn once_every_settler_is_gone_the_keeper_settles_the_rest_then_makes_its_l
         .collect();
     assert_eq!(
         calls,
-        [Call::Settle(vec![("a", "release")]), Call::Finished],
+        [Call::Settle(vec![("a", "retry")]), Call::Finished],
         "the last call after every settlement's"
     );
     assert!(running.leases.is_empty());
@@ -771,7 +834,7 @@ async fn settlements_go_out_at_once_when_they_would_make_the_room_the_pump_waits
     let began = Instant::now();
     let running = start_lingering(&script, Duration::from_secs(10));
     let tags = ["a", "b", "c", "d"].map(|name| running.leases.insert(name, LEASE));
-    assert!(running.leases.settle(tags[0], |_| "ack"));
+    assert!(running.leases.settle(tags[0], Verdict::Ack));
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(calls(&script, began).is_empty(), "lingering for a batch");
 
@@ -780,7 +843,7 @@ async fn settlements_go_out_at_once_when_they_would_make_the_room_the_pump_waits
     let pump = tokio::spawn(async move { leases.room_for(3).await });
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(calls(&script, began).is_empty(), "one sent makes no room");
-    assert!(running.leases.settle(tags[1], |_| "ack"));
+    assert!(running.leases.settle(tags[1], Verdict::Ack));
     tokio::time::timeout(Duration::from_millis(1), pump)
         .await
         .expect("room once the two acks are sent")
@@ -789,7 +852,7 @@ async fn settlements_go_out_at_once_when_they_would_make_the_room_the_pump_waits
     assert_eq!(calls(&script, began), [(Duration::from_secs(2), both)]);
 
     // No pump waits any more: the next settlement lingers again.
-    assert!(running.leases.settle(tags[2], |_| "ack"));
+    assert!(running.leases.settle(tags[2], Verdict::Ack));
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(calls(&script, began).len(), 1, "lingering again");
     tokio::time::sleep(Duration::from_secs(6)).await;
@@ -797,7 +860,7 @@ async fn settlements_go_out_at_once_when_they_would_make_the_room_the_pump_waits
         calls(&script, began).last(),
         Some(&(Duration::from_secs(12), Call::Settle(vec![("c", "ack")])))
     );
-    assert!(running.leases.settle(tags[3], |_| "ack"));
+    assert!(running.leases.settle(tags[3], Verdict::Ack));
     running.close().await;
 }
 
