@@ -220,7 +220,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .endpoint(&emulator.endpoint)
         .region("us-east-1")
         .static_credentials("bench", "bench")
-        .wait_time(Duration::from_secs(1))
+        .receive_wait(Duration::from_secs(1))
         .build()
         .await?;
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -13,7 +13,7 @@ pub async fn sqs_emulator() -> Result<SqsBroker, conveyor::Error> {
         .endpoint("http://127.0.0.1:4566")
         .region("us-east-1")
         .static_credentials("test", "test")
-        .wait_time(Duration::from_secs(1))
+        .receive_wait(Duration::from_secs(1))
         .build()
         .await
 }
@@ -66,4 +66,6 @@ mod guide {
     struct Nats;
     #[doc = include_str!("../docs/redis.md")]
     struct Redis;
+    #[doc = include_str!("../docs/pulling.md")]
+    struct Pulling;
 }

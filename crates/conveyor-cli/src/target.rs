@@ -321,7 +321,7 @@ impl Target {
     pub async fn nats(url: &str) -> Result<NatsBroker, Failure> {
         let connected = NatsBroker::builder()
             .url(url)
-            .fetch_wait(NATS_FETCH_WAIT)
+            .receive_wait(NATS_FETCH_WAIT)
             .build()
             .await;
         // The error names the URL, its password hidden; a token too.
@@ -339,7 +339,7 @@ impl Target {
     pub async fn redis(url: &str) -> Result<RedisBroker, Failure> {
         let connected = RedisBroker::builder()
             .url(url)
-            .fetch_wait(REDIS_FETCH_WAIT)
+            .receive_wait(REDIS_FETCH_WAIT)
             .build()
             .await;
         // The error names the URL with its password hidden, which the transport does
@@ -352,7 +352,7 @@ impl Target {
 
     /// Makes the SQS client (nothing is sent until the first command).
     pub async fn sqs(region: &str, endpoint: Option<&str>) -> Result<SqsBroker, Failure> {
-        let mut builder = SqsBroker::builder().region(region).wait_time(SQS_WAIT);
+        let mut builder = SqsBroker::builder().region(region).receive_wait(SQS_WAIT);
         if let Some(endpoint) = endpoint {
             builder = builder.endpoint(endpoint);
         }

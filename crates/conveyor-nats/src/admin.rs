@@ -121,7 +121,9 @@ pub(crate) async fn declare(broker: &NatsBroker, spec: &QueueSpec) -> Result<(),
         .create_or_update_stream(stream_config(name, &policy))
         .await
         .map_err(|e| failed("declare stream", name, Report(&e)))?;
-    let ack_wait = spec.visibility().unwrap_or(broker.settings().ack_wait);
+    let ack_wait = spec
+        .visibility()
+        .unwrap_or(broker.settings().visibility_timeout);
     jetstream
         .create_consumer_on_stream(
             consumer_config(DEFAULT_CONSUMER, ack_wait),
@@ -190,7 +192,7 @@ pub(crate) async fn take(
     let consumer: jetstream::consumer::PullConsumer = stream
         .get_or_create_consumer(
             DEFAULT_CONSUMER,
-            consumer_config(DEFAULT_CONSUMER, broker.settings().ack_wait),
+            consumer_config(DEFAULT_CONSUMER, broker.settings().visibility_timeout),
         )
         .await
         .map_err(|e| failed("declare consumer", name, Report(&e)))?;

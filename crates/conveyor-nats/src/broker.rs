@@ -27,9 +27,9 @@ pub const DEFAULT_CONSUMER: &str = "conveyor";
 /// How a broker's subscriptions and calls run; see the builder's methods.
 #[derive(Clone, Debug)]
 pub(crate) struct Settings {
-    pub(crate) ack_wait: Duration,
-    pub(crate) fetch_wait: Duration,
-    pub(crate) linger: Duration,
+    pub(crate) visibility_timeout: Duration,
+    pub(crate) receive_wait: Duration,
+    pub(crate) settle_linger: Duration,
     pub(crate) request_timeout: Duration,
 }
 
@@ -42,7 +42,7 @@ pub(crate) struct Settings {
 ///
 /// let broker = NatsBroker::builder()
 ///     .url("nats://127.0.0.1:4222")
-///     .ack_wait(Duration::from_secs(60))
+///     .visibility_timeout(Duration::from_secs(60))
 ///     .build()
 ///     .await?;
 /// # Ok(()) }
@@ -72,30 +72,29 @@ impl NatsBrokerBuilder {
         self
     }
 
-    /// How long a received message stays leased to its subscription before JetStream
-    /// hands it out again (default 30 s): the ack wait of the consumers this broker
-    /// creates. A handler may run longer: the subscription renews the lease
-    /// (`in_progress`) while it runs. A queue declared with a
+    /// How long a received message stays hidden from other subscriptions before
+    /// JetStream hands it out again, unless renewed (default 30 s, at least 1 s): the ack
+    /// wait of the consumers this broker creates. A handler may run longer: the
+    /// subscription renews it (`in_progress`) while it runs. A queue declared with a
     /// [`visibility_timeout`](QueueSpec::visibility_timeout) takes that instead.
-    pub fn ack_wait(mut self, wait: Duration) -> Self {
-        self.settings.ack_wait = wait;
+    pub fn visibility_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.visibility_timeout = timeout;
         self
     }
 
-    /// How long a fetch waits for a first message on an empty queue before it asks
-    /// again (default 5 s). A fetch answers as soon as any message is there.
-    pub fn fetch_wait(mut self, wait: Duration) -> Self {
-        self.settings.fetch_wait = wait;
+    /// How long one receive (a pull request) waits on an empty queue for a first message
+    /// before it asks again (default 5 s). It answers as soon as any message is there.
+    pub fn receive_wait(mut self, wait: Duration) -> Self {
+        self.settings.receive_wait = wait;
         self
     }
 
     /// How long a settlement waits for others to share its flush (default none:
     /// settlements that arrive while one is under way share the next). A subscription
-    /// fetches again only once what it holds, settlements not yet sent included, is
-    /// under its read-ahead, so a linger here holds every fetch up by as much
-    /// (BENCHMARKS.md, the NATS section: 5 ms cost 95% of the throughput).
+    /// receives again only once what it holds, settlements not yet sent included, is
+    /// under its read-ahead, so a linger here holds every receive up by as much.
     pub fn settle_linger(mut self, linger: Duration) -> Self {
-        self.settings.linger = linger;
+        self.settings.settle_linger = linger;
         self
     }
 
@@ -117,11 +116,11 @@ impl NatsBrokerBuilder {
     /// # Errors
     ///
     /// [`Error::Transport`] when the server cannot be reached or refuses the connection;
-    /// [`Error::Config`] for a zero ack wait.
+    /// [`Error::Config`] for a visibility timeout under a second.
     pub async fn build(self) -> Result<NatsBroker, Error> {
-        if self.settings.ack_wait < Duration::from_secs(1) {
+        if self.settings.visibility_timeout < Duration::from_secs(1) {
             return Err(Error::config(
-                "ack_wait must be at least a second: the lease is renewed a third of it ahead",
+                "visibility_timeout must be at least a second: the lease is renewed a third of it ahead",
             ));
         }
         let shown = shown_url(&self.url);
@@ -202,9 +201,9 @@ impl NatsBroker {
         NatsBrokerBuilder {
             url: "nats://127.0.0.1:4222".to_string(),
             settings: Settings {
-                ack_wait: Duration::from_secs(30),
-                fetch_wait: Duration::from_secs(5),
-                linger: Duration::ZERO,
+                visibility_timeout: Duration::from_secs(30),
+                receive_wait: Duration::from_secs(5),
+                settle_linger: Duration::ZERO,
                 request_timeout: Duration::from_secs(10),
             },
             connect_timeout: Duration::from_secs(10),

@@ -24,7 +24,7 @@ use conveyor::Publisher;
 /// ```no_run
 /// # async fn run(broker: conveyor_nats::NatsBroker) {
 /// // Fetch at most 16 messages per call (default: what the mount can hold).
-/// let orders = broker.queue("orders").fetch_batch(16);
+/// let orders = broker.queue("orders").receive_batch(16);
 /// # }
 /// ```
 #[derive(Clone)]
@@ -32,7 +32,7 @@ pub struct NatsQueue {
     broker: NatsBroker,
     name: String,
     consumer: String,
-    fetch_batch: Option<usize>,
+    receive_batch: Option<usize>,
 }
 
 impl fmt::Debug for NatsQueue {
@@ -50,7 +50,7 @@ impl NatsQueue {
             broker,
             name,
             consumer: DEFAULT_CONSUMER.to_string(),
-            fetch_batch: None,
+            receive_batch: None,
         }
     }
 
@@ -65,8 +65,8 @@ impl NatsQueue {
     /// The most messages one fetch asks for (default: as many as the mount can hold, its
     /// batch size or else its `max_in_flight`; this only lowers it). Zero fails the app's
     /// start with [`Error::Config`].
-    pub fn fetch_batch(mut self, messages: usize) -> Self {
-        self.fetch_batch = Some(messages);
+    pub fn receive_batch(mut self, messages: usize) -> Self {
+        self.receive_batch = Some(messages);
         self
     }
 }
@@ -97,9 +97,9 @@ impl Source for NatsQueue {
     /// Makes the queue's stream and consumer if missing, reads its dead-letter policy,
     /// then starts its pump and keeper.
     async fn subscribe(self, settings: SubscribeSettings) -> Result<PullSubscriber, Error> {
-        if self.fetch_batch == Some(0) {
+        if self.receive_batch == Some(0) {
             return Err(Error::config(format!(
-                "fetch_batch(0) on NATS queue `{}`: a fetch takes at least one message",
+                "receive_batch(0) on NATS queue `{}`: a fetch takes at least one message",
                 self.name
             )));
         }
@@ -115,7 +115,7 @@ impl Source for NatsQueue {
         let consumer: PullConsumer = stream
             .get_or_create_consumer(
                 &self.consumer,
-                admin::consumer_config(&self.consumer, broker_settings.ack_wait),
+                admin::consumer_config(&self.consumer, broker_settings.visibility_timeout),
             )
             .await
             .map_err(|e| Error::Subscribe {
@@ -127,7 +127,7 @@ impl Source for NatsQueue {
         let wanted = settings
             .batch_size
             .map_or(held, |size| size.max(1))
-            .min(self.fetch_batch.unwrap_or(usize::MAX))
+            .min(self.receive_batch.unwrap_or(usize::MAX))
             .max(1);
         let dead_letter_queue = policy.dead_letter_queue.clone();
         let keep = NatsKeep {
@@ -142,10 +142,10 @@ impl Source for NatsQueue {
             lease,
             receive_batch: wanted,
             receive_bound: broker_settings
-                .fetch_wait
+                .receive_wait
                 .saturating_add(ANSWER_MARGIN)
                 .saturating_add(Duration::from_secs(1)),
-            settle_linger: broker_settings.linger,
+            settle_linger: broker_settings.settle_linger,
             settle_batch: 256,
         };
         let info = consumer.cached_info();
@@ -155,7 +155,7 @@ impl Source for NatsQueue {
             stream: info.stream_name.clone(),
             consumer: info.name.clone(),
             wanted,
-            fetch_wait: broker_settings.fetch_wait,
+            receive_wait: broker_settings.receive_wait,
             lease,
             policy,
         });

@@ -42,7 +42,7 @@ pub(crate) struct ReceiveSetup {
     /// The most messages one pull request asks for.
     pub(crate) wanted: usize,
     /// How long a pull request waits on the server for a first message.
-    pub(crate) fetch_wait: Duration,
+    pub(crate) receive_wait: Duration,
     pub(crate) lease: Duration,
     pub(crate) policy: Policy,
 }
@@ -61,7 +61,7 @@ pub(crate) struct NatsReceive {
 
 impl NatsReceive {
     pub(crate) fn new(setup: ReceiveSetup) -> NatsReceive {
-        let expires = u64::try_from(setup.fetch_wait.as_nanos()).unwrap_or(u64::MAX);
+        let expires = u64::try_from(setup.receive_wait.as_nanos()).unwrap_or(u64::MAX);
         let request =
             serde_json::json!({ "batch": setup.wanted, "expires": expires, "no_wait": true });
         let next_subject = format!(
@@ -157,7 +157,7 @@ impl Receive for NatsReceive {
             )
             .await
             .map_err(|e| setup.failed(Report(&e), false))?;
-        let gave_up = tokio::time::sleep(setup.fetch_wait.saturating_add(ANSWER_MARGIN));
+        let gave_up = tokio::time::sleep(setup.receive_wait.saturating_add(ANSWER_MARGIN));
         tokio::pin!(gave_up);
         let mut answered = 0;
         while answered < setup.wanted {

@@ -132,7 +132,7 @@ pub(crate) async fn depth(broker: &RedisBroker, name: &str) -> Result<QueueDepth
     let visibility = policy(broker, &keys)
         .await?
         .visibility
-        .unwrap_or(broker.settings().visibility);
+        .unwrap_or(broker.settings().visibility_timeout);
     let mut commands = broker.commands();
     let (length, delayed): (u64, u64) = redis::pipe()
         .cmd("XLEN")

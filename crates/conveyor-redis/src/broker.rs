@@ -49,9 +49,9 @@ pub(crate) fn epoch_ms(after: Duration) -> u64 {
 
 #[derive(Clone, Debug)]
 pub(crate) struct Settings {
-    pub(crate) visibility: Duration,
-    pub(crate) fetch_wait: Duration,
-    pub(crate) linger: Duration,
+    pub(crate) visibility_timeout: Duration,
+    pub(crate) receive_wait: Duration,
+    pub(crate) settle_linger: Duration,
     pub(crate) response_timeout: Duration,
 }
 
@@ -84,23 +84,23 @@ impl RedisBrokerBuilder {
     /// claim it (default 30 s), for queues whose declaration sets none. The subscription
     /// renews the lease while the handler runs.
     pub fn visibility_timeout(mut self, timeout: Duration) -> Self {
-        self.settings.visibility = timeout;
+        self.settings.visibility_timeout = timeout;
         self
     }
 
-    /// How long a read blocks on an empty queue before it asks again (default 5 s).
-    pub fn fetch_wait(mut self, wait: Duration) -> Self {
-        self.settings.fetch_wait = wait;
+    /// How long one receive (a blocking read) waits on an empty queue for a first message
+    /// before it asks again (default 5 s). It answers as soon as any message is there.
+    pub fn receive_wait(mut self, wait: Duration) -> Self {
+        self.settings.receive_wait = wait;
         self
     }
 
     /// How long a settlement waits for others to share its round trip (default none:
     /// settlements that arrive while one is under way share the next). A subscription
-    /// fetches again only once what it holds, settlements not yet sent included, is
-    /// under its read-ahead, so a linger here holds every fetch up by as much
-    /// (BENCHMARKS.md, the NATS section: 5 ms cost 95% of the throughput).
+    /// receives again only once what it holds, settlements not yet sent included, is
+    /// under its read-ahead, so a linger here holds every receive up by as much.
     pub fn settle_linger(mut self, linger: Duration) -> Self {
-        self.settings.linger = linger;
+        self.settings.settle_linger = linger;
         self
     }
 
@@ -111,7 +111,7 @@ impl RedisBrokerBuilder {
     /// [`Error::Transport`] when the server cannot be reached; [`Error::Config`] for a
     /// URL Redis cannot take or a visibility timeout under a second.
     pub async fn build(self) -> Result<RedisBroker, Error> {
-        if self.settings.visibility < Duration::from_secs(1) {
+        if self.settings.visibility_timeout < Duration::from_secs(1) {
             return Err(Error::config(
                 "visibility_timeout must be at least a second: the lease is renewed a third of it ahead",
             ));
@@ -199,9 +199,9 @@ impl RedisBroker {
         RedisBrokerBuilder {
             url: "redis://127.0.0.1:6379".to_string(),
             settings: Settings {
-                visibility: Duration::from_secs(30),
-                fetch_wait: Duration::from_secs(5),
-                linger: Duration::ZERO,
+                visibility_timeout: Duration::from_secs(30),
+                receive_wait: Duration::from_secs(5),
+                settle_linger: Duration::ZERO,
                 response_timeout: Duration::from_secs(10),
             },
         }

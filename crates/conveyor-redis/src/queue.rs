@@ -102,11 +102,13 @@ impl Source for RedisQueue {
             .map_err(subscribe_error)?;
         let policy = policy(&self.broker, &keys).await.map_err(subscribe_error)?;
         let broker_settings = self.broker.settings().clone();
-        let lease = policy.visibility.unwrap_or(broker_settings.visibility);
+        let lease = policy
+            .visibility
+            .unwrap_or(broker_settings.visibility_timeout);
         let reads = crate::broker::connect(
             self.broker.client(),
             broker_settings
-                .fetch_wait
+                .receive_wait
                 .saturating_add(broker_settings.response_timeout),
         )
         .await
@@ -128,10 +130,10 @@ impl Source for RedisQueue {
             lease,
             receive_batch: wanted,
             receive_bound: broker_settings
-                .fetch_wait
+                .receive_wait
                 .saturating_add(broker_settings.response_timeout)
                 .saturating_add(Duration::from_secs(1)),
-            settle_linger: broker_settings.linger,
+            settle_linger: broker_settings.settle_linger,
             settle_batch: 256,
         };
         let mut read_now = redis::pipe();
@@ -145,7 +147,7 @@ impl Source for RedisQueue {
             wanted,
             read_now,
             lease,
-            fetch_wait: broker_settings.fetch_wait,
+            receive_wait: broker_settings.receive_wait,
             policy,
             swept_at: None,
             next_due: None,
@@ -191,7 +193,7 @@ struct RedisReceive {
     /// The read of new entries that does not block: the same every time, so built once.
     read_now: redis::Pipeline,
     lease: Duration,
-    fetch_wait: Duration,
+    receive_wait: Duration,
     policy: Policy,
     /// When this consumer last swept, if it has.
     swept_at: Option<Instant>,
@@ -422,7 +424,7 @@ impl Receive for RedisReceive {
             entries.extend(fresh);
         }
         if entries.is_empty() {
-            let mut block = self.fetch_wait;
+            let mut block = self.receive_wait;
             if let Some(due) = self.next_due {
                 let until_due = Duration::from_millis(due.saturating_sub(epoch_ms(Duration::ZERO)));
                 block = block.min(until_due);

@@ -20,7 +20,7 @@ fn unique(stem: &str) -> String {
 async fn broker(visibility: Duration) -> RedisBroker {
     RedisBroker::builder()
         .visibility_timeout(visibility)
-        .fetch_wait(Duration::from_millis(500))
+        .receive_wait(Duration::from_millis(500))
         .build()
         .await
         .expect("a broker on the local Redis (scripts/services/redis.sh)")

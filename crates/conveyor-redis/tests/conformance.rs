@@ -35,7 +35,7 @@ async fn redis() -> Redis {
     let broker = RedisBroker::builder()
         .url("redis://127.0.0.1:6379")
         .visibility_timeout(VISIBILITY)
-        .fetch_wait(Duration::from_secs(1))
+        .receive_wait(Duration::from_secs(1))
         .build()
         .await
         .expect("a broker on the local Redis (scripts/services/redis.sh)");

@@ -60,7 +60,7 @@ async fn blocked_clients(admin: &mut redis::aio::MultiplexedConnection) -> u64 {
 async fn an_idle_consumer_is_woken_from_its_read_for_its_own_retry_after_and_by_its_shutdown() {
     // The read waits two minutes for new entries; the test gives up long before.
     let broker = RedisBroker::builder()
-        .fetch_wait(Duration::from_secs(120))
+        .receive_wait(Duration::from_secs(120))
         .build()
         .await
         .expect("a broker on the local Redis (scripts/services/redis.sh)");

@@ -22,12 +22,12 @@ use crate::subscriber::SqsQueue;
 #[derive(Clone, Debug)]
 pub(crate) struct Settings {
     /// Long-poll wait per receive: whole seconds from 1 s to 20 s (`build` checks).
-    pub(crate) wait_time: Duration,
+    pub(crate) receive_wait: Duration,
     /// How long a received message stays hidden before the extender renews it: whole
     /// seconds (`build` refuses a fraction), as SQS counts it.
     pub(crate) visibility_timeout: Duration,
     /// How long a settlement waits for nine more to share its batch call.
-    pub(crate) flush_interval: Duration,
+    pub(crate) settle_linger: Duration,
     /// How long a call may take beyond the long-poll wait.
     pub(crate) request_timeout: Duration,
 }
@@ -41,11 +41,11 @@ impl Settings {
         self.timeouts(self.request_timeout)
     }
 
-    /// The configuration a `ReceiveMessage` is sent with: it long-polls for `wait_time`,
+    /// The configuration a `ReceiveMessage` is sent with: it long-polls for `receive_wait`,
     /// so each attempt gets that on top of the request timeout, and a broker that stops
     /// answering fails the receive instead of hanging the pump.
     pub(crate) fn long_poll(&self) -> aws_sdk_sqs::config::Builder {
-        let attempt = self.wait_time.saturating_add(self.request_timeout);
+        let attempt = self.receive_wait.saturating_add(self.request_timeout);
         aws_sdk_sqs::config::Builder::default().timeout_config(self.timeouts(attempt))
     }
 
@@ -61,9 +61,9 @@ impl Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
-            wait_time: Duration::from_secs(20),
+            receive_wait: Duration::from_secs(20),
             visibility_timeout: Duration::from_secs(30),
-            flush_interval: Duration::from_millis(5),
+            settle_linger: Duration::from_millis(5),
             request_timeout: Duration::from_secs(10),
         }
     }
@@ -171,8 +171,8 @@ impl SqsBrokerBuilder {
     /// [`request_timeout`](Self::request_timeout) plus 1 s: 31 s by default), which can
     /// be longer than the app's `shutdown_timeout`. A shorter wait shortens shutdown, for
     /// more empty receives (each a billed request) on an idle queue.
-    pub fn wait_time(mut self, wait: Duration) -> Self {
-        self.settings.wait_time = wait;
+    pub fn receive_wait(mut self, wait: Duration) -> Self {
+        self.settings.receive_wait = wait;
         self
     }
 
@@ -195,8 +195,8 @@ impl SqsBrokerBuilder {
     /// How long an ack waits for others to share its `DeleteMessageBatch` (default 5 ms);
     /// at most a sixth of the visibility timeout, or `build` refuses it: a message waiting
     /// longer for its delete could be handed out again.
-    pub fn settle_flush_interval(mut self, interval: Duration) -> Self {
-        self.settings.flush_interval = interval;
+    pub fn settle_linger(mut self, interval: Duration) -> Self {
+        self.settings.settle_linger = interval;
         self
     }
 
@@ -211,13 +211,13 @@ impl SqsBrokerBuilder {
         // SQS long-polls for whole seconds: `as_secs` would make 500 ms a short poll (0 s),
         // and a pump that short-polls an idle queue sends receives, each billed, as fast
         // as SQS answers them.
-        if settings.wait_time < Duration::from_secs(1)
-            || settings.wait_time > Duration::from_secs(20)
-            || settings.wait_time.subsec_nanos() != 0
+        if settings.receive_wait < Duration::from_secs(1)
+            || settings.receive_wait > Duration::from_secs(20)
+            || settings.receive_wait.subsec_nanos() != 0
         {
             return Err(Error::config(format!(
-                "wait_time is a whole number of seconds from 1 s to 20 s (SQS long-polls for whole seconds, and a short poll would spin on an idle queue), not {:?}",
-                settings.wait_time
+                "receive_wait is a whole number of seconds from 1 s to 20 s (SQS long-polls for whole seconds, and a short poll would spin on an idle queue), not {:?}",
+                settings.receive_wait
             )));
         }
         if settings.visibility_timeout < Duration::from_secs(1)
@@ -237,9 +237,9 @@ impl SqsBrokerBuilder {
         // A held message is renewed once it is within half the visibility timeout of
         // showing, every third of it: a sixth is what it may have left when it is settled,
         // and a settlement waiting longer would let it be handed out again.
-        if settings.flush_interval > settings.visibility_timeout / 6 {
+        if settings.settle_linger > settings.visibility_timeout / 6 {
             return Err(Error::config(
-                "settle_flush_interval is at most a sixth of visibility_timeout",
+                "settle_linger is at most a sixth of visibility_timeout",
             ));
         }
         let mut loader =
@@ -606,12 +606,12 @@ mod tests {
         let build = |flush| {
             emulator()
                 .visibility_timeout(Duration::from_secs(30))
-                .settle_flush_interval(flush)
+                .settle_linger(flush)
                 .build()
         };
         match build(Duration::from_millis(5_001)).await {
             Err(Error::Config(message)) => {
-                assert!(message.contains("settle_flush_interval"), "{message}")
+                assert!(message.contains("settle_linger"), "{message}")
             }
             other => panic!("{:?}", other.map(|_| ())),
         }
@@ -620,7 +620,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_wait_time_of_no_whole_second_from_one_to_twenty_is_refused() {
-        let build = |wait| emulator().wait_time(wait).build();
+        let build = |wait| emulator().receive_wait(wait).build();
         for wait in [
             Duration::ZERO,
             Duration::from_millis(500),
@@ -630,7 +630,7 @@ mod tests {
             match build(wait).await {
                 Err(Error::Config(message)) => {
                     assert!(
-                        message.contains("wait_time") && message.contains("whole"),
+                        message.contains("receive_wait") && message.contains("whole"),
                         "{message}"
                     )
                 }

@@ -39,7 +39,7 @@ impl Receive for SqsReceive {
             .receive_message()
             .queue_url(&self.queue.url)
             .max_number_of_messages(i32::try_from(self.wanted).unwrap_or(10))
-            .wait_time_seconds(i32::try_from(self.settings.wait_time.as_secs()).unwrap_or(20))
+            .wait_time_seconds(i32::try_from(self.settings.receive_wait.as_secs()).unwrap_or(20))
             .visibility_timeout(seconds)
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
             .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)

@@ -129,7 +129,7 @@ async fn read(client: Client, settings: Settings, queue: Arc<QueueInfo>, replies
             .receive_message()
             .queue_url(&queue.url)
             .max_number_of_messages(10)
-            .wait_time_seconds(i32::try_from(settings.wait_time.as_secs()).unwrap_or(20))
+            .wait_time_seconds(i32::try_from(settings.receive_wait.as_secs()).unwrap_or(20))
             .message_attribute_names("All")
             .customize()
             .config_override(settings.long_poll())
@@ -213,7 +213,7 @@ mod tests {
     async fn a_reply_queue_deleted_under_its_requester_is_made_again_by_the_next_request() {
         let broker = emulator()
             // The reader sees its queue gone at its next receive: soon.
-            .wait_time(Duration::from_secs(1))
+            .receive_wait(Duration::from_secs(1))
             .build()
             .await
             .unwrap();

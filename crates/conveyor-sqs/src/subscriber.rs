@@ -182,10 +182,10 @@ impl Source for SqsQueue {
             lease: broker_settings.visibility_timeout,
             receive_batch: wanted,
             receive_bound: broker_settings
-                .wait_time
+                .receive_wait
                 .saturating_add(broker_settings.request_timeout)
                 .saturating_add(PUMP_GRACE),
-            settle_linger: broker_settings.flush_interval,
+            settle_linger: broker_settings.settle_linger,
             settle_batch: BATCH_LIMIT,
         };
         let receive = SqsReceive {

@@ -587,7 +587,7 @@ async fn broker_with_secrets(endpoint: &str) -> SqsBroker {
         .endpoint(endpoint)
         .region("us-east-1")
         .static_credentials(KEY_ID, SECRET)
-        .wait_time(Duration::from_secs(1))
+        .receive_wait(Duration::from_secs(1))
         .request_timeout(Duration::from_secs(2))
         .build()
         .await
@@ -691,7 +691,7 @@ async fn a_request_timeout_of_duration_max_builds_a_broker_that_works() {
         .endpoint(ENDPOINT)
         .region("us-east-1")
         .static_credentials("test", "test")
-        .wait_time(Duration::from_secs(1))
+        .receive_wait(Duration::from_secs(1))
         .request_timeout(Duration::MAX)
         .build()
         .await

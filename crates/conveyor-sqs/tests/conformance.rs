@@ -22,7 +22,7 @@ impl Sqs {
             .endpoint(common::ENDPOINT)
             .region("us-east-1")
             .static_credentials("test", "test")
-            .wait_time(std::time::Duration::from_secs(1))
+            .receive_wait(std::time::Duration::from_secs(1))
             .visibility_timeout(VISIBILITY)
             .request_timeout(std::time::Duration::from_secs(120))
             .build()

@@ -812,7 +812,7 @@ async fn polling_for(endpoint: &str, wait: Duration) -> SqsBroker {
         .endpoint(endpoint)
         .region("us-east-1")
         .static_credentials("test", "test")
-        .wait_time(wait)
+        .receive_wait(wait)
         .visibility_timeout(Duration::from_secs(30))
         .build()
         .await

@@ -49,7 +49,7 @@ async fn consumption_resumes_after_a_ten_second_stall_and_nothing_is_lost() {
         .endpoint(proxy.endpoint())
         .region("us-east-1")
         .static_credentials("test", "test")
-        .wait_time(Duration::from_secs(1))
+        .receive_wait(Duration::from_secs(1))
         .visibility_timeout(Duration::from_secs(5))
         .request_timeout(Duration::from_secs(2))
         .build()

@@ -1,4 +1,4 @@
-//! How long a call to SQS may take: a receive long-polls for `wait_time` and may take the
+//! How long a call to SQS may take: a receive long-polls for `receive_wait` and may take the
 //! `request_timeout` beyond it; every other call (a publish, a settlement, a renewal) gets
 //! the `request_timeout` alone, so one that gets no answer fails and is tried again
 //! without waiting out a long poll it never made.
@@ -20,7 +20,7 @@ async fn broker_through(proxy: &Proxy, wait: Duration, request_timeout: Duration
         .endpoint(proxy.endpoint())
         .region("us-east-1")
         .static_credentials("test", "test")
-        .wait_time(wait)
+        .receive_wait(wait)
         .request_timeout(request_timeout)
         .build()
         .await

@@ -21,7 +21,7 @@ pub async fn sqs() -> SqsBroker {
         .endpoint("http://127.0.0.1:4566")
         .region("us-east-1")
         .static_credentials("test", "test")
-        .wait_time(Duration::from_secs(1))
+        .receive_wait(Duration::from_secs(1))
         .build()
         .await
         .expect("the SQS emulator on 127.0.0.1:4566 (run scripts/services/sqs.sh)")

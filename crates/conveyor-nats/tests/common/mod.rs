@@ -14,8 +14,8 @@ pub const URL: &str = "nats://127.0.0.1:4222";
 pub async fn broker_at(url: &str, ack_wait: Duration) -> NatsBroker {
     NatsBroker::builder()
         .url(url)
-        .ack_wait(ack_wait)
-        .fetch_wait(Duration::from_secs(1))
+        .visibility_timeout(ack_wait)
+        .receive_wait(Duration::from_secs(1))
         .build()
         .await
         .expect("a broker on the local NATS server (scripts/services/nats.sh)")

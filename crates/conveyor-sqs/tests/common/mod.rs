@@ -21,7 +21,7 @@ pub async fn broker_at(endpoint: &str, visibility: Duration) -> SqsBroker {
         .endpoint(endpoint)
         .region("us-east-1")
         .static_credentials("test", "test")
-        .wait_time(Duration::from_secs(1))
+        .receive_wait(Duration::from_secs(1))
         .visibility_timeout(visibility)
         .build()
         .await
