@@ -18,7 +18,6 @@ use crate::error::NatsError;
 use crate::headers;
 use crate::names::{self, is_inbox};
 use crate::queue::NatsQueue;
-use crate::request::Requester;
 
 /// The durable consumer every subscription reads a queue through, unless
 /// [`NatsQueue::consumer`] names another.
@@ -148,7 +147,7 @@ impl NatsBrokerBuilder {
                 jetstream,
                 settings: self.settings,
                 label: shown,
-                requester: tokio::sync::OnceCell::new(),
+                requests: conveyor::request::Requests::default(),
             }),
         })
     }
@@ -184,7 +183,7 @@ struct Inner {
     /// The URL, its password hidden.
     label: String,
     /// The reply inbox, opened at the first request.
-    requester: tokio::sync::OnceCell<Requester>,
+    requests: conveyor::request::Requests,
 }
 
 impl fmt::Debug for NatsBroker {
@@ -236,10 +235,6 @@ impl NatsBroker {
 
     pub(crate) fn settings(&self) -> &Settings {
         &self.inner.settings
-    }
-
-    pub(crate) fn requester(&self) -> &tokio::sync::OnceCell<Requester> {
-        &self.inner.requester
     }
 
     /// Sends one message to `destination` and answers once it is stored there: a plain
@@ -434,7 +429,10 @@ impl conveyor::Broker for NatsBroker {
         message: Message,
         timeout: Duration,
     ) -> Result<Message, Error> {
-        crate::request::request(self, destination, message, timeout).await
+        let open = || crate::request::open(self);
+        (self.inner.requests)
+            .request(self, destination, message, timeout, open)
+            .await
     }
 
     /// Flushes what is buffered; the connection closes when the last clone is dropped.

@@ -1,69 +1,37 @@
 //! Request/reply: requests go to a queue with a reply inbox of NATS's own, one per
 //! broker, that a task reads and matches to the waiting requests by correlation id (the
-//! core's [`Replies`](conveyor::request::Replies)). The responder's reply is a plain
+//! core's [`Requests`](conveyor::request::Requests)). The responder's reply is a plain
 //! publish to that inbox; one that comes after its request gave up reaches no one.
 
-use std::time::Duration;
-
-use conveyor::request::{ReplyReader, within};
-use conveyor::{Error, Message, Publisher, Report};
+use conveyor::request::{ReplyReader, Requester};
+use conveyor::{Error, Message, Report};
 use futures_util::StreamExt;
 
 use crate::broker::NatsBroker;
 use crate::error::NatsError;
 use crate::headers;
 
-/// A broker's inbox and the task reading it.
-pub(crate) struct Requester {
-    inbox: String,
-    reader: ReplyReader,
-}
-
-impl Requester {
-    async fn open(broker: &NatsBroker) -> Result<Requester, Error> {
-        let client = broker.client();
-        let inbox = client.new_inbox();
-        let mut replies = client
-            .subscribe(inbox.clone())
-            .await
-            .map_err(|e| Error::Transport {
-                transport: "nats",
-                source: Box::new(NatsError::call("subscribe", &inbox, Report(&e))),
-            })?;
-        let reader = ReplyReader::spawn(|waiting| async move {
-            while let Some(reply) = replies.next().await {
-                let incoming = headers::incoming(reply.headers.as_ref()).headers;
-                let Some(id) = incoming.get_str(conveyor::CORRELATION_ID_HEADER) else {
-                    tracing::debug!("dropping a reply with no correlation id");
-                    continue;
-                };
-                let id = id.to_string();
-                waiting.deliver(&id, Message::received(reply.payload, incoming));
-            }
-        });
-        Ok(Requester { inbox, reader })
-    }
-}
-
-pub(crate) async fn request(
-    broker: &NatsBroker,
-    destination: &str,
-    mut message: Message,
-    timeout: Duration,
-) -> Result<Message, Error> {
-    within(destination, timeout, async {
-        let requester = broker
-            .requester()
-            .get_or_try_init(|| Requester::open(broker))
-            .await?;
-        let replies = requester.reader.replies();
-        replies
-            .exchange(destination, timeout, |correlation_id| {
-                message.set_correlation_id(correlation_id);
-                message.set_reply_to(requester.inbox.clone());
-                broker.publish(destination, message)
-            })
-            .await
-    })
-    .await
+/// A requester on a reply inbox of NATS's own, and the task reading it.
+pub(crate) async fn open(broker: &NatsBroker) -> Result<Requester, Error> {
+    let client = broker.client();
+    let inbox = client.new_inbox();
+    let mut replies = client
+        .subscribe(inbox.clone())
+        .await
+        .map_err(|e| Error::Transport {
+            transport: "nats",
+            source: Box::new(NatsError::call("subscribe", &inbox, Report(&e))),
+        })?;
+    let reader = ReplyReader::spawn(|waiting| async move {
+        while let Some(reply) = replies.next().await {
+            let incoming = headers::incoming(reply.headers.as_ref()).headers;
+            let Some(id) = incoming.get_str(conveyor::CORRELATION_ID_HEADER) else {
+                tracing::debug!("dropping a reply with no correlation id");
+                continue;
+            };
+            let id = id.to_string();
+            waiting.deliver(&id, Message::received(reply.payload, incoming));
+        }
+    });
+    Ok(Requester::new(inbox, reader))
 }

@@ -13,7 +13,6 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use crate::error::{RedisError, failed};
 use crate::fields;
 use crate::queue::RedisQueue;
-use crate::request::Requester;
 
 /// The consumer group every subscription reads a queue through.
 pub const GROUP: &str = "conveyor";
@@ -136,7 +135,7 @@ impl RedisBrokerBuilder {
                 commands,
                 settings: self.settings,
                 label: shown,
-                requester: tokio::sync::OnceCell::new(),
+                requests: conveyor::request::Requests::default(),
             }),
         })
     }
@@ -182,7 +181,7 @@ struct Inner {
     commands: ConnectionManager,
     settings: Settings,
     label: String,
-    requester: tokio::sync::OnceCell<Requester>,
+    requests: conveyor::request::Requests,
 }
 
 impl fmt::Debug for RedisBroker {
@@ -248,10 +247,6 @@ impl RedisBroker {
 
     pub(crate) fn settings(&self) -> &Settings {
         &self.inner.settings
-    }
-
-    pub(crate) fn requester(&self) -> &tokio::sync::OnceCell<Requester> {
-        &self.inner.requester
     }
 
     /// Adds `messages` to queue `destination` in one round trip: each straight into the
@@ -355,7 +350,10 @@ impl conveyor::Broker for RedisBroker {
         message: Message,
         timeout: Duration,
     ) -> Result<Message, Error> {
-        crate::request::request(self, destination, message, timeout).await
+        let open = || crate::request::open(self);
+        (self.inner.requests)
+            .request(self, destination, message, timeout, open)
+            .await
     }
 
     async fn close(&self) -> Result<(), Error> {

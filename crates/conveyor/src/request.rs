@@ -202,6 +202,102 @@ impl Drop for Waiting<'_> {
     }
 }
 
+/// A transport's requester: the address its replies come back to, and the task that
+/// reads them off the broker. [`Requests`] opens one at a broker's first request.
+#[derive(Debug)]
+pub struct Requester {
+    reply_to: String,
+    reader: ReplyReader,
+}
+
+impl Requester {
+    /// A requester whose replies come back to `reply_to`, read by `reader`.
+    pub fn new(reply_to: impl Into<String>, reader: ReplyReader) -> Self {
+        Requester {
+            reply_to: reply_to.into(),
+            reader,
+        }
+    }
+}
+
+/// A broker's requests: its [`Requester`], opened by the first request (and again once
+/// its reader has stopped), and each request published through the broker with the
+/// requester's reply address and a correlation id of its own.
+///
+/// ```
+/// use std::time::Duration;
+/// use conveyor::request::{Requester, Requests, ReplyReader};
+/// use conveyor::{MemoryBroker, Message};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let broker = MemoryBroker::new();
+/// let requests = Requests::default();
+/// // A requester whose replies nobody sends: the request times out.
+/// let open = || async { Ok(Requester::new("replies", ReplyReader::spawn(|_| std::future::pending()))) };
+/// let asked = requests
+///     .request(&broker, "prices", Message::new("?"), Duration::from_millis(10), open)
+///     .await;
+/// assert!(matches!(asked, Err(conveyor::Error::Timeout { .. })));
+/// # }
+/// ```
+#[derive(Debug, Default)]
+pub struct Requests {
+    requester: tokio::sync::Mutex<Option<Arc<Requester>>>,
+}
+
+impl Requests {
+    /// Sends `message` to `destination` through `publisher` as a request, and waits up to
+    /// `timeout` (opening the requester with `open` included) for its reply.
+    ///
+    /// # Errors
+    ///
+    /// What opening the requester or publishing fails with; [`Error::Timeout`] once
+    /// `timeout` has passed.
+    pub async fn request<P, F, Fut>(
+        &self,
+        publisher: &P,
+        destination: &str,
+        mut message: Message,
+        timeout: Duration,
+        open: F,
+    ) -> Result<Message, Error>
+    where
+        P: crate::Publisher + ?Sized,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<Requester, Error>>,
+    {
+        within(destination, timeout, async {
+            let requester = self.requester(open).await?;
+            requester
+                .reader
+                .replies()
+                .exchange(destination, timeout, |correlation_id| {
+                    message.set_correlation_id(correlation_id);
+                    message.set_reply_to(requester.reply_to.clone());
+                    publisher.publish(destination, message)
+                })
+                .await
+        })
+        .await
+    }
+
+    /// The requester, opened with `open` if there is none reading.
+    async fn requester<F, Fut>(&self, open: F) -> Result<Arc<Requester>, Error>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<Requester, Error>>,
+    {
+        let mut current = self.requester.lock().await;
+        if let Some(reading) = current.as_ref().filter(|r| r.reader.is_reading()) {
+            return Ok(reading.clone());
+        }
+        let opened = Arc::new(open().await?);
+        *current = Some(opened.clone());
+        Ok(opened)
+    }
+}
+
 /// Runs `request`, a whole request to `destination`, for at most `timeout`: a transport
 /// wraps in it what it does before [`Replies::exchange`] too (opening its requester, say),
 /// so a slow broker never holds the caller past its timeout.
@@ -240,6 +336,53 @@ fn timed_out(destination: &str, timeout: Duration) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A request whose requester still reads reuses it; one whose requester stopped
+    /// reading opens another.
+    #[tokio::test]
+    async fn a_requester_is_opened_once_and_again_once_it_stops_reading() {
+        use std::sync::atomic::AtomicUsize;
+
+        let broker = crate::MemoryBroker::new();
+        let requests = Requests::default();
+        let opened = AtomicUsize::new(0);
+        let open = || {
+            opened.fetch_add(1, Ordering::Relaxed);
+            async {
+                let reader = ReplyReader::spawn(|_| std::future::pending());
+                Ok(Requester::new("replies", reader))
+            }
+        };
+        let ask = || {
+            requests.request(
+                &broker,
+                "prices",
+                Message::new("?"),
+                Duration::from_millis(20),
+                open,
+            )
+        };
+        // No responder: each request times out, once its requester is open.
+        assert!(ask().await.is_err());
+        assert!(ask().await.is_err());
+        assert_eq!(opened.load(Ordering::Relaxed), 1, "reused while it reads");
+        let current = requests.requester.lock().await.clone().unwrap();
+        current.reader.stop();
+        let stopped = async {
+            while current.reader.is_reading() {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), stopped)
+            .await
+            .expect("the reader stops");
+        assert!(ask().await.is_err());
+        assert_eq!(
+            opened.load(Ordering::Relaxed),
+            2,
+            "opened again once it stopped"
+        );
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_reply_after_its_request_timed_out_is_dropped_and_reaches_no_other() {
