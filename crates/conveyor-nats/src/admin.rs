@@ -10,6 +10,7 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::{AckPolicy, pull};
 use async_nats::jetstream::stream::{self, RetentionPolicy};
 use async_nats::jetstream::{self, ErrorCode};
+use conveyor::kit::{QueuePolicy, drain_dead_letters};
 use conveyor::{DeadLetter, DeadLetterPolicy, Error, QueueDepth, QueueSpec, Report};
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
@@ -22,37 +23,25 @@ use crate::names;
 /// What a stream's description keeps for Conveyor.
 #[derive(Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 struct Description {
-    conveyor: Policy,
+    conveyor: QueuePolicy,
 }
 
-/// A queue's policy, as its stream keeps it.
-#[derive(Debug, Default, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub(crate) struct Policy {
-    /// Where rejected messages go, and after how many deliveries a message is
-    /// dead-lettered without being handled again.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) dead_letter_queue: Option<String>,
-    #[serde(default)]
-    pub(crate) max_receive_count: u32,
+/// The policy a stream's description holds; none for a description that is not
+/// Conveyor's.
+pub(crate) fn read_policy(description: Option<&str>) -> QueuePolicy {
+    description
+        .and_then(|text| serde_json::from_str::<Description>(text).ok())
+        .map(|description| description.conveyor)
+        .unwrap_or_default()
 }
 
-impl Policy {
-    /// The policy a stream's description holds; none for a description that is not
-    /// Conveyor's.
-    pub(crate) fn read(description: Option<&str>) -> Policy {
-        description
-            .and_then(|text| serde_json::from_str::<Description>(text).ok())
-            .map(|description| description.conveyor)
-            .unwrap_or_default()
-    }
-
-    fn describe(&self) -> Option<String> {
-        self.dead_letter_queue.as_ref()?;
-        serde_json::to_string(&Description {
-            conveyor: self.clone(),
-        })
-        .ok()
-    }
+/// The description that keeps `policy`: none without a dead-letter queue.
+fn describe(policy: &QueuePolicy) -> Option<String> {
+    policy.dead_letter_queue.as_ref()?;
+    serde_json::to_string(&Description {
+        conveyor: policy.clone(),
+    })
+    .ok()
 }
 
 fn failed(call: &'static str, queue: &str, error: impl std::fmt::Display) -> Error {
@@ -67,12 +56,12 @@ fn checked(name: &str) -> Result<(), Error> {
 }
 
 /// The stream of queue `name`, with `policy` in its description.
-fn stream_config(name: &str, policy: &Policy) -> stream::Config {
+fn stream_config(name: &str, policy: &QueuePolicy) -> stream::Config {
     stream::Config {
         name: names::stream(name),
         subjects: vec![name.to_string()],
         retention: RetentionPolicy::WorkQueue,
-        description: policy.describe(),
+        description: describe(policy),
         ..Default::default()
     }
 }
@@ -102,20 +91,10 @@ pub(crate) async fn declare(broker: &NatsBroker, spec: &QueueSpec) -> Result<(),
             "queue `{name}`: JetStream delays no queue as a whole; delay each message (`Message::builder().delay`)"
         )));
     }
-    let policy = match spec.dead_letter() {
-        Some(DeadLetterPolicy {
-            queue,
-            max_receive_count,
-            ..
-        }) => {
-            checked(queue)?;
-            Policy {
-                dead_letter_queue: Some(queue.clone()),
-                max_receive_count: *max_receive_count,
-            }
-        }
-        None => Policy::default(),
-    };
+    if let Some(DeadLetterPolicy { queue, .. }) = spec.dead_letter() {
+        checked(queue)?;
+    }
+    let policy = QueuePolicy::of(spec);
     let jetstream = broker.jetstream();
     jetstream
         .create_or_update_stream(stream_config(name, &policy))
@@ -140,7 +119,7 @@ pub(crate) async fn make_plain(broker: &NatsBroker, name: &str) -> Result<stream
     checked(name)?;
     let stream = broker
         .jetstream()
-        .get_or_create_stream(stream_config(name, &Policy::default()))
+        .get_or_create_stream(stream_config(name, &QueuePolicy::default()))
         .await
         .map_err(|e| failed("create stream", name, Report(&e)))?;
     Ok(stream)
@@ -196,35 +175,34 @@ pub(crate) async fn take(
         )
         .await
         .map_err(|e| failed("declare consumer", name, Report(&e)))?;
-    let mut taken = Vec::new();
-    while taken.len() < max {
-        let wanted = (max - taken.len()).min(256);
-        let mut batch = consumer
-            .fetch()
-            .max_messages(wanted)
-            .messages()
-            .await
-            .map_err(|e| failed("fetch", name, Report(&e)))?;
-        let mut got = 0;
-        while let Some(message) = batch.next().await {
-            let message = message.map_err(|e| failed("fetch", name, Report(&*e)))?;
-            got += 1;
-            let incoming = headers::incoming(message.headers.as_ref());
-            message
-                .double_ack()
+    drain_dead_letters(max, |wanted| {
+        let consumer = &consumer;
+        async move {
+            let mut batch = consumer
+                .fetch()
+                .max_messages(wanted)
+                .messages()
                 .await
-                .map_err(|e| failed("ack", name, Report(&*e)))?;
-            taken.push(DeadLetter::new(
-                message.payload.clone(),
-                incoming.headers,
-                incoming.key,
-            ));
+                .map_err(|e| failed("fetch", name, Report(&e)))?;
+            let (mut took, mut letters) = (0, Vec::new());
+            while let Some(message) = batch.next().await {
+                let message = message.map_err(|e| failed("fetch", name, Report(&*e)))?;
+                took += 1;
+                let incoming = headers::incoming(message.headers.as_ref());
+                message
+                    .double_ack()
+                    .await
+                    .map_err(|e| failed("ack", name, Report(&*e)))?;
+                letters.push(DeadLetter::new(
+                    message.payload.clone(),
+                    incoming.headers,
+                    incoming.key,
+                ));
+            }
+            Ok((took, letters))
         }
-        if got < wanted {
-            break;
-        }
-    }
-    Ok(taken)
+    })
+    .await
 }
 
 #[cfg(test)]
@@ -233,21 +211,22 @@ mod tests {
 
     #[test]
     fn a_dead_letter_policy_round_trips_through_the_stream_description() {
-        let policy = Policy {
+        let policy = QueuePolicy {
             dead_letter_queue: Some("orders-dead".into()),
             max_receive_count: 10,
+            visibility_timeout: None,
         };
-        let description = policy.describe();
-        assert_eq!(Policy::read(description.as_deref()), policy);
+        let description = describe(&policy);
+        assert_eq!(read_policy(description.as_deref()), policy);
     }
 
     #[test]
     fn a_description_that_is_not_conveyors_holds_no_policy() {
         assert_eq!(
-            Policy::read(Some("orders of the EU shop")),
-            Policy::default()
+            read_policy(Some("orders of the EU shop")),
+            QueuePolicy::default()
         );
-        assert_eq!(Policy::read(None), Policy::default());
-        assert_eq!(Policy::default().describe(), None);
+        assert_eq!(read_policy(None), QueuePolicy::default());
+        assert_eq!(describe(&QueuePolicy::default()), None);
     }
 }

@@ -12,7 +12,7 @@ use conveyor::kit::{Keep, LeaseTimes, PullOptions, PullSubscriber, Renewed, Take
 use conveyor::{Bytes, Error, Report, Source, SubscribeSettings};
 use tokio::time::Instant;
 
-use crate::admin::{self, Policy};
+use crate::admin;
 use crate::broker::{DEFAULT_CONSUMER, NatsBroker};
 use crate::error::NatsError;
 use crate::headers;
@@ -110,7 +110,7 @@ impl Source for NatsQueue {
         let stream = admin::make_plain(&self.broker, &self.name)
             .await
             .map_err(subscribe_error)?;
-        let policy = Policy::read(stream.cached_info().config.description.as_deref());
+        let policy = admin::read_policy(stream.cached_info().config.description.as_deref());
         let broker_settings = self.broker.settings().clone();
         let consumer: PullConsumer = stream
             .get_or_create_consumer(

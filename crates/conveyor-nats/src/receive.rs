@@ -18,11 +18,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::{Client, StatusCode, Subject, Subscriber};
-use conveyor::kit::{Receive, ReceiveFailed, Received, Rejected, Verdict, past_max_receives};
+use conveyor::kit::{QueuePolicy, Receive, ReceiveFailed, Received, Rejected, Verdict};
 use conveyor::{Bytes, Report};
 use futures_util::StreamExt;
 
-use crate::admin::Policy;
 use crate::error::NatsError;
 use crate::headers;
 use crate::queue::Held;
@@ -44,7 +43,7 @@ pub(crate) struct ReceiveSetup {
     /// How long a pull request waits on the server for a first message.
     pub(crate) receive_wait: Duration,
     pub(crate) lease: Duration,
-    pub(crate) policy: Policy,
+    pub(crate) policy: QueuePolicy,
 }
 
 /// The pump's receive on one queue.
@@ -104,10 +103,7 @@ impl ReceiveSetup {
         // attempt.
         let early_once = incoming.delayed && delivered > 1;
         let attempts = delivered.saturating_sub(u32::from(early_once));
-        let policy = &self.policy;
-        if policy.dead_letter_queue.is_some()
-            && let Some(reason) = past_max_receives(attempts, policy.max_receive_count)
-        {
+        if let Some(reason) = self.policy.dead_letter_reason(attempts) {
             let rejected = Rejected {
                 reason,
                 attempt: attempts,

@@ -1,53 +1,14 @@
 //! The portable broker calls on Redis: declaring a queue (its stream, group and policy),
 //! deleting it, its depth, and taking its dead letters.
 
-use std::collections::HashMap;
-use std::time::Duration;
-
-use conveyor::{DeadLetter, DeadLetterPolicy, Error, QueueDepth, QueueSpec, Report};
+use conveyor::kit::{QueuePolicy, drain_dead_letters};
+use conveyor::{DeadLetter, Error, QueueDepth, QueueSpec, Report};
 
 use crate::broker::{GROUP, Keys, RedisBroker, policy};
 use crate::error::failed;
 use crate::fields::{Entries, Entry};
 
 /// What a queue's policy hash keeps.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Policy {
-    pub(crate) dead_letter_queue: Option<String>,
-    pub(crate) max_receive_count: u32,
-    pub(crate) visibility: Option<Duration>,
-}
-
-impl Policy {
-    pub(crate) fn from_fields(fields: &HashMap<String, String>) -> Policy {
-        Policy {
-            dead_letter_queue: fields.get("dead_letter_queue").cloned(),
-            max_receive_count: fields
-                .get("max_receive_count")
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(0),
-            visibility: fields
-                .get("visibility_ms")
-                .and_then(|n| n.parse().ok())
-                .map(Duration::from_millis),
-        }
-    }
-
-    fn fields(&self) -> Vec<(&'static str, String)> {
-        let mut fields = Vec::new();
-        if let Some(queue) = &self.dead_letter_queue {
-            fields.push(("dead_letter_queue", queue.clone()));
-            fields.push(("max_receive_count", self.max_receive_count.to_string()));
-        }
-        if let Some(visibility) = self.visibility {
-            fields.push(("visibility_ms", visibility.as_millis().to_string()));
-        }
-        fields
-    }
-}
-
-/// Makes the stream and group if missing (the group reads from the stream's start, so
-/// nothing published before is missed).
 pub(crate) async fn make_group(broker: &RedisBroker, keys: &Keys) -> Result<(), Error> {
     let made: redis::RedisResult<()> = redis::cmd("XGROUP")
         .arg("CREATE")
@@ -76,15 +37,7 @@ pub(crate) async fn declare(broker: &RedisBroker, spec: &QueueSpec) -> Result<()
     }
     let keys = Keys::of(name);
     make_group(broker, &keys).await?;
-    let policy = Policy {
-        dead_letter_queue: spec
-            .dead_letter()
-            .map(|DeadLetterPolicy { queue, .. }| queue.clone()),
-        max_receive_count: spec
-            .dead_letter()
-            .map_or(0, |policy| policy.max_receive_count),
-        visibility: spec.visibility(),
-    };
+    let policy = QueuePolicy::of(spec);
     let mut pipe = redis::pipe();
     pipe.atomic().cmd("DEL").arg(&keys.policy).ignore();
     let fields = policy.fields();
@@ -131,7 +84,7 @@ pub(crate) async fn depth(broker: &RedisBroker, name: &str) -> Result<QueueDepth
     let keys = Keys::of(name);
     let visibility = policy(broker, &keys)
         .await?
-        .visibility
+        .visibility_timeout
         .unwrap_or(broker.settings().visibility_timeout);
     let mut commands = broker.commands();
     let (length, delayed): (u64, u64) = redis::pipe()
@@ -186,76 +139,56 @@ pub(crate) async fn take(
     name: &str,
     max: usize,
 ) -> Result<Vec<DeadLetter>, Error> {
-    let mut commands = broker.commands();
-    let mut taken = Vec::new();
-    while taken.len() < max {
-        let wanted = (max - taken.len()).min(256);
-        let Entries(range) = redis::cmd("XRANGE")
-            .arg(name)
-            .arg("-")
-            .arg("+")
-            .arg("COUNT")
-            .arg(wanted)
-            .query_async(&mut commands)
-            .await
-            .map_err(|e| failed("XRANGE", name, Report(&e)))?;
-        if range.is_empty() {
-            break;
-        }
-        let got = range.len();
-        let ids: Vec<&str> = range.iter().map(|entry| entry.id.as_str()).collect();
-        // Acknowledged first, so that none stays pending in the group (a peek may have
-        // read it), where depth would count it ready; a queue with no group has none.
-        let acked: redis::RedisResult<()> = redis::cmd("XACK")
-            .arg(name)
-            .arg(GROUP)
-            .arg(&ids)
-            .query_async(&mut commands)
-            .await;
-        if let Err(e) = acked
-            && e.code() != Some("NOGROUP")
-        {
-            return Err(failed("XACK", name, Report(&e)));
-        }
-        let mut delete = redis::cmd("XDEL");
-        delete.arg(name);
-        for Entry { id, message } in range {
-            delete.arg(&id);
-            if let Some(incoming) = message {
-                taken.push(DeadLetter::new(
-                    incoming.payload,
-                    incoming.headers,
-                    incoming.key,
-                ));
+    let commands = broker.commands();
+    drain_dead_letters(max, |wanted| {
+        let mut commands = commands.clone();
+        async move {
+            let Entries(range) = redis::cmd("XRANGE")
+                .arg(name)
+                .arg("-")
+                .arg("+")
+                .arg("COUNT")
+                .arg(wanted)
+                .query_async(&mut commands)
+                .await
+                .map_err(|e| failed("XRANGE", name, Report(&e)))?;
+            if range.is_empty() {
+                return Ok((0, Vec::new()));
             }
+            let took = range.len();
+            let ids: Vec<&str> = range.iter().map(|entry| entry.id.as_str()).collect();
+            // Acknowledged first, so that none stays pending in the group (a peek may have
+            // read it), where depth would count it ready; a queue with no group has none.
+            let acked: redis::RedisResult<()> = redis::cmd("XACK")
+                .arg(name)
+                .arg(GROUP)
+                .arg(&ids)
+                .query_async(&mut commands)
+                .await;
+            if let Err(e) = acked
+                && e.code() != Some("NOGROUP")
+            {
+                return Err(failed("XACK", name, Report(&e)));
+            }
+            let mut delete = redis::cmd("XDEL");
+            delete.arg(name);
+            let mut letters = Vec::new();
+            for Entry { id, message } in range {
+                delete.arg(&id);
+                if let Some(incoming) = message {
+                    letters.push(DeadLetter::new(
+                        incoming.payload,
+                        incoming.headers,
+                        incoming.key,
+                    ));
+                }
+            }
+            delete
+                .query_async::<()>(&mut commands)
+                .await
+                .map_err(|e| failed("XDEL", name, Report(&e)))?;
+            Ok((took, letters))
         }
-        delete
-            .query_async::<()>(&mut commands)
-            .await
-            .map_err(|e| failed("XDEL", name, Report(&e)))?;
-        if got < wanted {
-            break;
-        }
-    }
-    Ok(taken)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_policy_round_trips_through_its_hash_fields() {
-        let policy = Policy {
-            dead_letter_queue: Some("orders-dead".into()),
-            max_receive_count: 10,
-            visibility: Some(Duration::from_secs(120)),
-        };
-        let fields: HashMap<String, String> = policy
-            .fields()
-            .into_iter()
-            .map(|(name, value)| (name.to_string(), value))
-            .collect();
-        assert_eq!(Policy::from_fields(&fields), policy);
-    }
+    })
+    .await
 }

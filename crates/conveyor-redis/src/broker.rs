@@ -369,11 +369,13 @@ impl conveyor::Broker for RedisBroker {
 pub(crate) async fn policy(
     broker: &RedisBroker,
     keys: &Keys,
-) -> Result<crate::admin::Policy, Error> {
+) -> Result<conveyor::kit::QueuePolicy, Error> {
     let fields: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
         .arg(&keys.policy)
         .query_async(&mut broker.commands())
         .await
         .map_err(|e| failed("HGETALL", &keys.stream, Report(&e)))?;
-    Ok(crate::admin::Policy::from_fields(&fields))
+    Ok(conveyor::kit::QueuePolicy::from_fields(|name| {
+        fields.get(name).map(String::as_str)
+    }))
 }

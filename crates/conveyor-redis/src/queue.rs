@@ -10,15 +10,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use conveyor::kit::{
-    Keep, LeaseTimes, PullOptions, PullSubscriber, Receive, ReceiveFailed, Received, Rejected,
-    Renewed, Taken, Verdict, past_max_receives,
+    Keep, LeaseTimes, PullOptions, PullSubscriber, QueuePolicy, Receive, ReceiveFailed, Received,
+    Rejected, Renewed, Taken, Verdict,
 };
 use conveyor::{Error, Publisher, Report, Source, SubscribeSettings};
 use redis::aio::ConnectionManager;
 use redis::streams::StreamPendingCountReply;
 use tokio::time::Instant;
 
-use crate::admin::{self, Policy};
+use crate::admin;
 use crate::broker::{GROUP, Keys, RedisBroker, epoch_ms, policy};
 use crate::error::call_error;
 use crate::fields::{self, Entries, Entry, ReadEntries};
@@ -103,7 +103,7 @@ impl Source for RedisQueue {
         let policy = policy(&self.broker, &keys).await.map_err(subscribe_error)?;
         let broker_settings = self.broker.settings().clone();
         let lease = policy
-            .visibility
+            .visibility_timeout
             .unwrap_or(broker_settings.visibility_timeout);
         let reads = crate::broker::connect(
             self.broker.client(),
@@ -194,7 +194,7 @@ struct RedisReceive {
     read_now: redis::Pipeline,
     lease: Duration,
     receive_wait: Duration,
-    policy: Policy,
+    policy: QueuePolicy,
     /// When this consumer last swept, if it has.
     swept_at: Option<Instant>,
     /// When the next delayed message is due (ms since the epoch), as the last sweep found.
@@ -447,9 +447,7 @@ impl Receive for RedisReceive {
                 attempts,
             };
             let tag = into.hold(held, self.lease);
-            if self.policy.dead_letter_queue.is_some()
-                && let Some(reason) = past_max_receives(attempts, self.policy.max_receive_count)
-            {
+            if let Some(reason) = self.policy.dead_letter_reason(attempts) {
                 let rejected = Rejected {
                     reason,
                     attempt: attempts,

@@ -12,6 +12,9 @@
 //!   and makes the settlement calls in batches ([`Keeper`]); [`CallHealth`] tells the
 //!   mount whether the broker's calls fail. A [`Rejected`] message waits in its verdict
 //!   for its dead letter.
+//! - Queues on brokers that keep no policy of their own: a queue's dead-letter policy
+//!   and visibility timeout as the transport stores it ([`QueuePolicy`]), and taking its
+//!   dead letters a batch at a time ([`drain_dead_letters`]).
 //! - Pacing: the pause between retries of a failing broker call or a reconnect, doubling
 //!   ([`RetryPause`]), with jitter where many clients retry at once ([`jittered`]), and
 //!   the instant a delay ends ([`due_after`]).
@@ -28,6 +31,7 @@ mod keeper;
 mod lease;
 mod options;
 mod pace;
+mod policy;
 mod pull;
 mod settle;
 mod settler;
@@ -41,6 +45,7 @@ pub use keeper::{Keep, Keeper, KeeperSignals, Renewed};
 pub use lease::{LeaseTimes, Leases, Taken};
 pub use options::PullOptions;
 pub use pace::{RetryPause, due_after, jittered};
+pub use policy::{QueuePolicy, drain_dead_letters};
 pub use pull::{PullSubscriber, Receive, ReceiveFailed, Received};
 pub use settle::{SettleQueue, TagTable};
 pub use settler::Alive;
