@@ -11,9 +11,9 @@ pub(crate) const KEY: &str = "key";
 pub(crate) const ATTEMPTS: &str = "attempts";
 const HEADER: &str = "h:";
 
-/// The header a delivery's partition key is described by in the AsyncAPI document; on
-/// the wire it is the entry's `key` field.
-pub const PARTITION_KEY_FIELD: &str = "key";
+/// Where a message's partition key travels, named as every transport names it: on the
+/// wire it is the entry's `key` field, and the AsyncAPI document describes it by this.
+pub const PARTITION_KEY_HEADER: &str = KEY;
 
 /// The fields of a message to add.
 pub(crate) fn outgoing(parts: &MessageParts) -> Vec<(Vec<u8>, Vec<u8>)> {

@@ -56,7 +56,7 @@ mod scripts;
 
 pub use broker::{GROUP, RedisBroker, RedisBrokerBuilder};
 pub use error::RedisError;
-pub use fields::PARTITION_KEY_FIELD;
+pub use fields::PARTITION_KEY_HEADER;
 pub use queue::RedisQueue;
 
 /// A Redis subscription: the kit's pulling subscriber.

@@ -78,7 +78,7 @@ impl Source for RedisQueue {
     /// AsyncAPI has no Redis bindings: an `x-redis` one names the stream and its group.
     fn describe(&self, queue: &str) -> conveyor::asyncapi::QueueDescription {
         let binding = serde_json::json!({ "stream": queue, "group": GROUP });
-        conveyor::asyncapi::QueueDescription::new(Some(fields::PARTITION_KEY_FIELD))
+        conveyor::asyncapi::QueueDescription::new(Some(fields::PARTITION_KEY_HEADER))
             .channel_binding("x-redis", binding)
     }
 
