@@ -195,8 +195,8 @@ impl SqsBrokerBuilder {
     /// How long an ack waits for others to share its `DeleteMessageBatch` (default 5 ms);
     /// at most a sixth of the visibility timeout, or `build` refuses it: a message waiting
     /// longer for its delete could be handed out again.
-    pub fn settle_linger(mut self, interval: Duration) -> Self {
-        self.settings.settle_linger = interval;
+    pub fn settle_linger(mut self, linger: Duration) -> Self {
+        self.settings.settle_linger = linger;
         self
     }
 
@@ -602,7 +602,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_settle_flush_interval_over_a_sixth_of_the_visibility_timeout_is_refused() {
+    async fn a_settle_linger_over_a_sixth_of_the_visibility_timeout_is_refused() {
         let build = |flush| {
             emulator()
                 .visibility_timeout(Duration::from_secs(30))
