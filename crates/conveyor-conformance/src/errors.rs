@@ -15,6 +15,58 @@ pub fn assert_says_each_part_once(label: &str, how: &str, text: &str) {
     }
 }
 
+/// Each error `every` makes (its label, the error), alone and as the source of each core
+/// error a transport wraps one in (`Subscribe`, `Publish`, `Refused`, `Transport`), each
+/// under its label: for [`assert_each_cause_said_once`] (call it twice for `again`).
+pub fn alone_and_wrapped<E>(every: impl Fn() -> Vec<(&'static str, E)>) -> Vec<(String, BoxError)>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    type Wrap = fn(BoxError) -> conveyor::Error;
+    let ways: [(&str, Wrap); 4] = [
+        ("Subscribe", |source| conveyor::Error::Subscribe {
+            queue: "orders".into(),
+            source,
+        }),
+        ("Publish", |source| conveyor::Error::Publish {
+            destination: "orders".into(),
+            source,
+        }),
+        ("Refused", |source| conveyor::Error::Refused {
+            destination: "orders".into(),
+            source,
+        }),
+        ("Transport", |source| conveyor::Error::Transport {
+            transport: "a transport",
+            source,
+        }),
+    ];
+    let mut all: Vec<(String, BoxError)> = Vec::new();
+    for (how, wrap) in ways {
+        for (label, error) in every() {
+            all.push((format!("{label} in {how}"), Box::new(wrap(Box::new(error)))));
+        }
+    }
+    for (label, error) in every() {
+        all.push((label.to_string(), Box::new(error)));
+    }
+    all
+}
+
+/// [`assert_each_cause_said_once`] of each error `every` makes, alone and wrapped in each
+/// core error ([`alone_and_wrapped`]).
+pub async fn assert_alone_and_wrapped_say_each_cause_once<E>(
+    every: impl Fn() -> Vec<(&'static str, E)>,
+) where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let again = alone_and_wrapped(&every)
+        .into_iter()
+        .map(|(_, error)| error)
+        .collect();
+    assert_each_cause_said_once(alone_and_wrapped(&every), again).await;
+}
+
 /// An error and every one of its sources, joined by `: ` with nothing left out, as
 /// anyhow's `{:#}`, eyre and `std::error::Report` show a chain.
 pub fn chain_walked(error: &(dyn std::error::Error + 'static)) -> String {

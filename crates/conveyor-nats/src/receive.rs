@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::{Client, StatusCode, Subject, Subscriber};
-use conveyor::kit::{QueuePolicy, Receive, ReceiveFailed, Received, Rejected, Verdict};
+use conveyor::kit::{QueuePolicy, Receive, ReceiveFailed, Received, ReceivedMessage, Verdict};
 use conveyor::{Bytes, Report};
 use futures_util::StreamExt;
 
@@ -103,25 +103,12 @@ impl ReceiveSetup {
         // attempt.
         let early_once = incoming.delayed && delivered > 1;
         let attempts = delivered.saturating_sub(u32::from(early_once));
-        if let Some(reason) = self.policy.dead_letter_reason(attempts) {
-            let rejected = Rejected {
-                reason,
-                attempt: attempts,
-                payload: message.payload,
-                headers: incoming.headers,
-                partition_key: incoming.key,
-            };
-            into.settle(tag, Verdict::Reject(Box::new(rejected)));
-            return;
-        }
-        into.push(
-            into.delivery(tag, message.payload)
-                .with_headers(incoming.headers)
-                .with_partition_key(incoming.key)
-                .with_receive_count(attempts.max(1))
-                .with_redelivered(attempts > 1)
-                .arrived_now(),
-        );
+        let received = ReceivedMessage {
+            payload: message.payload,
+            headers: incoming.headers,
+            partition_key: incoming.key,
+        };
+        into.deliver_or_dead_letter(tag, received, attempts, &self.policy);
     }
 }
 

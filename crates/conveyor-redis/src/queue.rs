@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use conveyor::kit::{
     Keep, LeaseTimes, PullOptions, PullSubscriber, QueuePolicy, Receive, ReceiveFailed, Received,
-    Rejected, Renewed, Taken, Verdict,
+    ReceivedMessage, Renewed, Taken, Verdict,
 };
 use conveyor::{Error, Publisher, Report, Source, SubscribeSettings};
 use redis::aio::ConnectionManager;
@@ -447,25 +447,12 @@ impl Receive for RedisReceive {
                 attempts,
             };
             let tag = into.hold(held, self.lease);
-            if let Some(reason) = self.policy.dead_letter_reason(attempts) {
-                let rejected = Rejected {
-                    reason,
-                    attempt: attempts,
-                    payload: incoming.payload,
-                    headers: incoming.headers,
-                    partition_key: incoming.key,
-                };
-                into.settle(tag, Verdict::Reject(Box::new(rejected)));
-                continue;
-            }
-            into.push(
-                into.delivery(tag, incoming.payload)
-                    .with_headers(incoming.headers)
-                    .with_partition_key(incoming.key)
-                    .with_receive_count(attempts)
-                    .with_redelivered(attempts > 1)
-                    .arrived_now(),
-            );
+            let received = ReceivedMessage {
+                payload: incoming.payload,
+                headers: incoming.headers,
+                partition_key: incoming.key,
+            };
+            into.deliver_or_dead_letter(tag, received, attempts, &self.policy);
         }
         if !gone.is_empty() {
             let _: redis::RedisResult<()> = redis::cmd("XACK")

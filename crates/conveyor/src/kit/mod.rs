@@ -46,7 +46,7 @@ pub use lease::{LeaseTimes, Leases, Taken};
 pub use options::PullOptions;
 pub use pace::{RetryPause, due_after, jittered};
 pub use policy::{QueuePolicy, drain_dead_letters};
-pub use pull::{PullSubscriber, Receive, ReceiveFailed, Received};
+pub use pull::{PullSubscriber, Receive, ReceiveFailed, Received, ReceivedMessage};
 pub use settle::{SettleQueue, TagTable};
 pub use settler::Alive;
 pub use sync::{lock, wait_for};

@@ -24,11 +24,13 @@ use super::keeper::{Keep, Keeper, KeeperSignals};
 use super::lease::Leases;
 use super::options::PullOptions;
 use super::pace::RetryPause;
+use super::policy::QueuePolicy;
 use super::settler::{Alive, LeaseSettler};
 use super::sync::{lock, wait_for};
-use super::verdict::Verdict;
+use super::verdict::{Rejected, Verdict};
 use crate::{
-    Background, ConnectionProbe, Delivery, Error, Report, Settle, SubscribeSettings, Subscriber,
+    Background, ConnectionProbe, Delivery, Error, Headers, PartitionKey, Report, Settle,
+    SubscribeSettings, Subscriber,
 };
 
 /// A transport's receive side: its receive call, made by the pump.
@@ -93,10 +95,58 @@ impl<D> Received<'_, D> {
         self.deliveries.push(delivery);
     }
 
+    /// Hands the held message `tag` over as a delivery of its `attempts`-th receive, or,
+    /// past its queue's max receive count (`policy`), sends it to the dead-letter queue
+    /// without running it: for a transport that counts receives itself, as SQS's redrive
+    /// policy does on the broker.
+    pub fn deliver_or_dead_letter(
+        &mut self,
+        tag: u64,
+        message: ReceivedMessage,
+        attempts: u32,
+        policy: &QueuePolicy,
+    ) {
+        let ReceivedMessage {
+            payload,
+            headers,
+            partition_key,
+        } = message;
+        if let Some(reason) = policy.dead_letter_reason(attempts) {
+            let rejected = Rejected {
+                reason,
+                attempt: attempts,
+                payload,
+                headers,
+                partition_key,
+            };
+            self.settle(tag, Verdict::Reject(Box::new(rejected)));
+            return;
+        }
+        let delivery = self
+            .delivery(tag, payload)
+            .with_headers(headers)
+            .with_partition_key(partition_key)
+            .with_receive_count(attempts.max(1))
+            .with_redelivered(attempts > 1)
+            .arrived_now();
+        self.push(delivery);
+    }
+
     /// Whether no delivery has been handed over yet.
     pub fn is_empty(&self) -> bool {
         self.deliveries.is_empty()
     }
+}
+
+/// What a receive brought of one message.
+#[derive(Debug)]
+pub struct ReceivedMessage {
+    /// The payload.
+    pub payload: Bytes,
+    /// The headers.
+    pub headers: Headers,
+    /// The partition key, if it has one.
+    pub partition_key: Option<PartitionKey>,
 }
 
 /// A receive that failed.
