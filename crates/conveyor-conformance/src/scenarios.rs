@@ -456,6 +456,45 @@ pub async fn batches_are_never_empty_and_never_larger_than_their_size<F: Fixture
     fixture.delete(queue).await;
 }
 
+/// On a pulling transport whose queue caps what one receive asks for: with ten messages
+/// waiting in `queue`, a batch mount of up to ten on `source` (that queue, capped at
+/// `most`, below ten) gets at most `most` at a time, since a batch holds what one receive
+/// brought, and gets `most` first. Without the cap the first batch would hold all ten.
+pub async fn a_receive_brings_at_most_its_queues_receive_batch<P, S>(
+    publisher: &P,
+    queue: &str,
+    source: S,
+    most: usize,
+) where
+    P: Publisher,
+    S: conveyor::Source,
+{
+    const JOBS: u64 = 10;
+    let messages = (0..JOBS)
+        .map(|id| Message::json(&Job::new(id)))
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap_or_else(|error| panic!("cannot encode a job: {error}"));
+    if let Err(error) = publisher.publish_batch(queue, messages).await {
+        panic!("cannot publish to `{queue}`: {error}");
+    }
+    let seen = Sizes::default();
+    let app = App::new("conformance")
+        .with_state(seen.clone())
+        .mount(source, sizes, |m| m.batch(JOBS as usize))
+        .start()
+        .await
+        .unwrap_or_else(|error| panic!("the app does not start: {error}"));
+    let total = || kit::lock(&seen.0).iter().sum::<usize>();
+    eventually("every job in some batch", || async {
+        total() >= JOBS as usize
+    })
+    .await;
+    stop(app).await;
+    let sizes = kit::lock(&seen.0).clone();
+    assert!(sizes.iter().all(|&n| (1..=most).contains(&n)), "{sizes:?}");
+    assert_eq!(sizes.first(), Some(&most), "{sizes:?}");
+}
+
 #[derive(Clone, Default)]
 struct Attempts(Arc<Mutex<Vec<u32>>>);
 

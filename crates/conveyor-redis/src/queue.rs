@@ -44,10 +44,18 @@ const MOVE_DUE_BATCH: usize = 1000;
 const SWEEP_EVERY: Duration = Duration::from_millis(100);
 
 /// A Redis stream to mount a handler on, from [`RedisBroker::queue`].
+///
+/// ```no_run
+/// # async fn run(broker: conveyor_redis::RedisBroker) {
+/// // Read at most 16 entries per call (default: what the mount can hold).
+/// let orders = broker.queue("orders").receive_batch(16);
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct RedisQueue {
     broker: RedisBroker,
     name: String,
+    receive_batch: Option<usize>,
 }
 
 impl fmt::Debug for RedisQueue {
@@ -60,7 +68,19 @@ impl fmt::Debug for RedisQueue {
 
 impl RedisQueue {
     pub(crate) fn new(broker: RedisBroker, name: String) -> Self {
-        RedisQueue { broker, name }
+        RedisQueue {
+            broker,
+            name,
+            receive_batch: None,
+        }
+    }
+
+    /// The most entries one read asks for (default: as many as the mount can hold, its
+    /// batch size or else its `max_in_flight`; this only lowers it). Zero fails the app's
+    /// start with [`Error::Config`].
+    pub fn receive_batch(mut self, messages: usize) -> Self {
+        self.receive_batch = Some(messages);
+        self
     }
 }
 
@@ -96,6 +116,12 @@ impl Source for RedisQueue {
         if self.name.is_empty() {
             return Err(Error::config("a queue needs a name"));
         }
+        if self.receive_batch == Some(0) {
+            return Err(Error::config(format!(
+                "receive_batch(0) on Redis queue `{}`: a read takes at least one entry",
+                self.name
+            )));
+        }
         let keys = Keys::of(&self.name);
         admin::make_group(&self.broker, &keys)
             .await
@@ -115,7 +141,11 @@ impl Source for RedisQueue {
         .map_err(|e| subscribe_error(crate::error::failed("connect", &self.name, Report(&e))))?;
         let consumer = conveyor::kit::unique_id();
         let held = settings.max_in_flight.max(1);
-        let wanted = settings.batch_size.map_or(held, |size| size.max(1)).max(1);
+        let wanted = settings
+            .batch_size
+            .map_or(held, |size| size.max(1))
+            .min(self.receive_batch.unwrap_or(usize::MAX))
+            .max(1);
         let wake = Arc::new(Wake::default());
         let keep = RedisKeep {
             wake: wake.clone(),
