@@ -495,6 +495,20 @@ pub async fn a_receive_brings_at_most_its_queues_receive_batch<P, S>(
     assert_eq!(sizes.first(), Some(&most), "{sizes:?}");
 }
 
+/// A queue whose receive batch is zero (`source`) fails the app's start with a
+/// configuration error that names it.
+pub async fn a_receive_batch_of_zero_fails_the_start<S: conveyor::Source>(source: S) {
+    let started = App::new("zero")
+        .mount(source, |_: Bytes| async {}, |m| m)
+        .start()
+        .await;
+    assert!(
+        matches!(&started, Err(conveyor::Error::Config(message)) if message.contains("receive_batch(0)")),
+        "{:?}",
+        started.err()
+    );
+}
+
 #[derive(Clone, Default)]
 struct Attempts(Arc<Mutex<Vec<u32>>>);
 

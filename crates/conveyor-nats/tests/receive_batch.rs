@@ -2,8 +2,6 @@
 
 mod common;
 
-use conveyor::{App, Bytes, Error};
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pull_request_asks_for_at_most_the_queues_receive_batch() {
     let broker = common::broker().await;
@@ -18,17 +16,6 @@ async fn a_pull_request_asks_for_at_most_the_queues_receive_batch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_receive_batch_of_zero_fails_the_start() {
     let broker = common::broker().await;
-    let started = App::new("zero")
-        .mount(
-            broker.queue("never-used").receive_batch(0),
-            |_: Bytes| async {},
-            |m| m,
-        )
-        .start()
-        .await;
-    assert!(
-        matches!(&started, Err(Error::Config(message)) if message.contains("receive_batch(0)")),
-        "{:?}",
-        started.err()
-    );
+    let source = broker.queue("never-used").receive_batch(0);
+    conveyor_conformance::scenarios::a_receive_batch_of_zero_fails_the_start(source).await;
 }

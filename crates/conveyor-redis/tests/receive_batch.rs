@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use conveyor::{App, Broker, Bytes, Error, QueueSpec};
+use conveyor::{Broker, QueueSpec};
 use conveyor_redis::RedisBroker;
 
 async fn broker() -> RedisBroker {
@@ -36,17 +36,6 @@ async fn a_read_asks_for_at_most_the_queues_receive_batch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_receive_batch_of_zero_fails_the_start() {
     let broker = broker().await;
-    let started = App::new("zero")
-        .mount(
-            broker.queue("never-used").receive_batch(0),
-            |_: Bytes| async {},
-            |m| m,
-        )
-        .start()
-        .await;
-    assert!(
-        matches!(&started, Err(Error::Config(message)) if message.contains("receive_batch(0)")),
-        "{:?}",
-        started.err()
-    );
+    let source = broker.queue("never-used").receive_batch(0);
+    conveyor_conformance::scenarios::a_receive_batch_of_zero_fails_the_start(source).await;
 }
